@@ -1,0 +1,212 @@
+"""The ``dcco`` command line: pretrain, evaluate, supervised, compare, demo.
+
+The only module that parses arguments and prints. Errors in user input (config keys, data
+files, run directories) end with a one-line message naming the problem and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from dcco import __version__
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, help="run config, a TOML file (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set train.rounds=200 "
+                        "--set model.widths=[16,32,64]; repeatable")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="where to write the run (default: runs/<config>-<method>-<time>)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dcco",
+        description="Federated training of dual encoders on small non-IID clients: DCCO "
+                    "(Vemulapalli et al., ICLR 2023) and its baselines.",
+    )
+    parser.add_argument("--version", action="version", version=f"dcco {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("pretrain", help="pretrain an encoder with a federated or centralized method",
+                       description="Pretrain a dual encoder. Writes config, metrics, atomic "
+                                   "checkpoints, a summary and plots into a run directory.")
+    p.add_argument("config", type=Path, nargs="?", help="run config, a TOML file (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="SECTION.KEY=VALUE",
+                   help="override one config value, e.g. --set train.rounds=200; repeatable")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="where to write the run (default: runs/<config>-<method>-<time>)")
+    p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
+                   help="continue an interrupted run from its last checkpoint (bit-identical on CPU)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+    p = sub.add_parser("evaluate", help="evaluate a pretrained run (linear probe or finetuning)",
+                       description="Evaluate the encoder of a run directory on its data set's "
+                                   "test split; the projector is discarded. The result is added "
+                                   "to the run's summary.json.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--protocol", choices=["linear", "finetune"], default="linear",
+                   help="linear: frozen encoder + LARS linear classifier; finetune: whole "
+                        "network with Adam (default: linear)")
+    p.add_argument("--labels", type=int, default=None,
+                   help="labelled training samples, class-balanced (default: eval.labels of "
+                        "the run's config; 500 uses the paper's 500-label probe settings)")
+
+    p = sub.add_parser("supervised", help="supervised training from scratch on the labelled subset",
+                       description="Train the same encoder architecture from scratch on the "
+                                   "labelled subset (the paper's supervised baseline).")
+    _add_config_args(p)
+    p.add_argument("--labels", type=int, default=None, help="labelled training samples")
+
+    p = sub.add_parser("compare", help="one table across runs (Markdown and CSV)",
+                       description="Print one table across run directories and write it as "
+                                   "Markdown and CSV.")
+    p.add_argument("run_dirs", type=Path, nargs="+")
+    p.add_argument("--out", type=Path, default=Path("comparison"),
+                   help="output prefix: writes PREFIX.md and PREFIX.csv (default: comparison)")
+
+    p = sub.add_parser("demo", help="the main job: all methods on non-IID Fashion-MNIST, ~10 min",
+                       description="Pretrain dcco, cco_fedavg, contrastive_fedavg and "
+                                   "centralized_cco with the same budget on Fashion-MNIST with "
+                                   "one-class clients, evaluate each with a linear probe, and "
+                                   "compare with supervised-from-scratch and a random encoder.")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="output folder (default: runs/demo-<time>)")
+    p.add_argument("--data-dir", type=Path, default=None, help="where the data set lives")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="SECTION.KEY=VALUE", help="override a value of the demo config")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bars")
+    return parser
+
+
+def _default_run_dir(stem: str, method: str) -> Path:
+    return Path("runs") / f"{stem}-{method}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool) -> dict:
+    from dcco.progress import Progress
+    from dcco.report import plot_run_curves
+    from dcco.train import run_pretraining
+
+    bar = Progress(cfg.train.rounds, label="round", enabled=None if progress else False)
+
+    def on_round(m, latest):
+        extra = {"loss": m.loss}
+        if "knn" in latest:
+            extra["knn"] = latest["knn"]
+        bar.update(m.round, **extra)
+
+    with bar:
+        summary = run_pretraining(cfg, run, train, test, resume=resume, on_round=on_round)
+    plot_run_curves(run)
+    return summary
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from dcco.config import load_config
+    from dcco.experiments import load_splits
+    from dcco.rundir import RunDir
+
+    if args.resume is not None:
+        if args.config is not None or args.overrides:
+            raise ValueError("--resume takes the config stored in the run directory; "
+                             "do not pass CONFIG or --set with it")
+        run = RunDir.open(args.resume)
+        cfg = run.config()
+        _say(f"resuming {run.path} ({cfg.train.method})")
+    else:
+        if args.config is None:
+            raise ValueError("pretrain needs a CONFIG file (or --resume RUN_DIR)")
+        cfg = load_config(args.config, args.overrides)
+        path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
+        run = RunDir.create(path, cfg)
+        _say(f"pretraining {cfg.train.method} into {run.path}")
+    train, test = load_splits(cfg)
+    summary = _pretrain_with_progress(cfg, run, train, test, args.resume is not None,
+                                      not args.no_progress)
+    knn = summary.get("knn")
+    _say(f"done: {summary['rounds']} rounds, final loss {summary['final_loss']:.4g}"
+         + (f", k-NN accuracy {100 * knn:.1f}%" if knn is not None else "")
+         + f"; run directory {run.path}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from dcco.experiments import evaluate_run
+    from dcco.rundir import RunDir
+
+    run = RunDir.open(args.run_dir)
+    result = evaluate_run(run, args.protocol, args.labels)
+    _say(f"{run.path}: {args.protocol} evaluation with {result.num_labels} labels: "
+         f"test accuracy {100 * result.accuracy:.2f}% ({result.seconds:.0f} s)")
+    return 0
+
+
+def cmd_supervised(args: argparse.Namespace) -> int:
+    from dcco.config import load_config
+    from dcco.experiments import supervised_run
+    from dcco.rundir import RunDir
+
+    cfg = load_config(args.config, args.overrides)
+    run = RunDir.create(args.run_dir or _default_run_dir(args.config.stem, "supervised"), cfg)
+    result = supervised_run(cfg, run, args.labels)
+    _say(f"supervised from scratch with {result.num_labels} labels: test accuracy "
+         f"{100 * result.accuracy:.2f}%; run directory {run.path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from dcco.report import comparison_rows, text_table, write_tables
+    from dcco.rundir import RunDir
+
+    runs = [RunDir.open(p) for p in args.run_dirs]
+    header, rows = comparison_rows(runs)
+    sys.stdout.write(text_table(header, rows))
+    md, csv_path = write_tables(header, rows, args.out)
+    _say(f"wrote {md} and {csv_path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from dcco.demo import run_demo
+
+    out = args.run_dir or Path("runs") / f"demo-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    start = time.perf_counter()
+    table = run_demo(out, data_dir=args.data_dir, overrides=args.overrides,
+                     progress=not args.no_progress, say=_say)
+    sys.stdout.write("\n" + table)
+    _say(f"\ntotal {time.perf_counter() - start:.0f} s; table, plots and runs in {out}")
+    return 0
+
+
+COMMANDS = {"pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cmd_supervised,
+            "compare": cmd_compare, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("\ninterrupted; resume a pretraining with dcco pretrain --resume RUN_DIR",
+              file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, json.JSONDecodeError) as e:
+        # ConfigError, DataError, RunDirError and CheckpointError are ValueErrors: user input.
+        print(f"dcco {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""The run configuration: frozen dataclasses nested into one ``RunConfig``, loaded from TOML.
+
+Every section is the narrow config of one module (``data``, ``model``, ``augment``, ``loss``,
+``train``, ``optim``, ``eval``), with the paper's values as defaults. Loading checks every key
+against the field names and types: an unknown key or a bad value is a ``ConfigError`` that names
+the key and says what is allowed. Optional fields take the string ``"none"``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from dcco.augment import AugmentConfig
+from dcco.evaluate import EvalConfig
+from dcco.methods.base import LossConfig
+from dcco.methods.registry import METHODS
+from dcco.models import ModelConfig
+from dcco.optim import OptimConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid."""
+
+
+DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data, and how it is split into clients (Hsu, Qi & Brown 2019)."""
+
+    dataset: DatasetName = "fashion_mnist"
+    data_dir: str | None = None
+    """Searched first; then $DCCO_DATA, ~/.cache/dcco and the Debian dataset folder."""
+    alpha: float = 0.0
+    """Dirichlet concentration of each client's class mix: 0 = one class per client, 1000 ≈ IID."""
+    samples_per_client: int = 4
+    num_clients: int | None = None
+    """None: as many clients as the training split allows."""
+
+    def __post_init__(self) -> None:
+        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise ValueError(f"data.alpha must be a finite number >= 0, got {self.alpha}")
+        if self.samples_per_client < 1:
+            raise ValueError(
+                f"data.samples_per_client must be >= 1, got {self.samples_per_client}"
+            )
+        if self.num_clients is not None and self.num_clients < 1:
+            raise ValueError(f"data.num_clients must be >= 1, got {self.num_clients}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Pretraining: the method, the round budget and how rounds run."""
+
+    method: str = "dcco"
+    rounds: int = 100_000
+    """Federated rounds, or centralized steps (paper: 100K rounds on CIFAR-100)."""
+    clients_per_round: int = 128
+    """K. Centralized methods use K × samples_per_client as their batch size."""
+    local_lr: float = 1.0
+    """Client SGD learning rate (paper: 1.0), one local step per round."""
+    backend: Literal["batched", "reference"] = "batched"
+    seed: int = 0
+    device: str = "auto"
+    """"auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
+    dtype: Literal["float32", "float64"] = "float32"
+    log_every: int = 10
+    checkpoint_every: int = 500
+    knn_every: int = 0
+    """Rounds between k-NN monitor evaluations; 0 = only at the end."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"train.method {self.method!r} is not a method; choose one of "
+                f"{', '.join(sorted(METHODS))}"
+            )
+        for name in ("rounds", "clients_per_round", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.knn_every < 0:
+            raise ValueError(f"train.knn_every must be >= 0, got {self.knn_every}")
+        if not self.local_lr > 0:
+            raise ValueError(f"train.local_lr must be > 0, got {self.local_lr}")
+        if self.seed < 0:
+            raise ValueError(f"train.seed must be >= 0, got {self.seed}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(
+                f"train.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a pretraining run needs, section by section."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        method = METHODS[self.train.method]
+        if self.data.samples_per_client < method.min_client_samples:
+            raise ValueError(
+                f"train.method {method.name!r} computes its loss within each client and needs "
+                f"data.samples_per_client >= {method.min_client_samples}, got "
+                f"{self.data.samples_per_client}"
+            )
+
+    @property
+    def projector(self) -> tuple[int, ...]:
+        """The projector widths: the model's, or the method's paper default."""
+        return self.model.projector or METHODS[self.train.method].default_projector
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: RunConfig | None = None) -> RunConfig:
+    """Read a TOML run config, apply ``section.key=value`` overrides, and validate it all.
+
+    Args:
+        path: a TOML file, or None for the defaults (``base``).
+        overrides: e.g. ``["train.rounds=10", "model.widths=[16, 32, 64]"]``; the value is read
+            as TOML, or taken as a plain string when it is not valid TOML.
+        base: the config that the file and overrides modify (default: ``RunConfig()``).
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return from_dict(RunConfig, raw, "", base=base or RunConfig())
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    section = raw.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"'{parts[0]}' must be a [section] table")
+    section[parts[1]] = value
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str, base: Any = None) -> Any:
+    """Build dataclass ``cls`` from ``data``, checking names and types; ``base`` gives defaults."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix}' must be a table of keys, got {data!r}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in fields(cls) if f.init]
+    for key in data:
+        if key not in names:
+            where = f"section [{prefix}]" if prefix else "the config"
+            raise ConfigError(
+                f"unknown key '{_join(prefix, key)}' in {where}; allowed: {', '.join(names)}"
+            )
+    kwargs = {}
+    for name in names:
+        if name not in data:
+            continue
+        key = _join(prefix, name)
+        default = getattr(base, name) if base is not None else None
+        kwargs[name] = _coerce(data[name], hints[name], key, default)
+    try:
+        return replace(base, **kwargs) if base is not None else cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{e}") from None
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _coerce(value: Any, tp: Any, key: str, default: Any) -> Any:
+    """``value`` checked (and converted, list → tuple) against the annotation ``tp``."""
+    if is_dataclass(tp):
+        return from_dict(tp, value, key, base=default)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value == "none" and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, key, default)
+    if origin is Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {allowed}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{key}[{i}]", None) for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{key} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{key}[{i}]", None) for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"config field {key} has an unsupported type {tp!r}")  # a bug of ours
+
+
+def to_toml(cfg: Any) -> str:
+    """The config as TOML text that ``load_config`` reads back to an equal config."""
+    lines: list[str] = []
+    for section, values in asdict(cfg).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return '"none"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+__all__ = [
+    "ConfigError", "DataConfig", "TrainConfig", "RunConfig", "load_config", "to_toml",
+    "from_dict",
+]

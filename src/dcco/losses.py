@@ -1,0 +1,130 @@
+"""Dual-encoder losses: CCO (Barlow Twins, paper eq. 1) from statistics, and NT-Xent.
+
+Pure functions of tensors. Nothing here communicates: aggregation belongs to the round.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dcco.stats import STATS_DTYPE, Moments
+
+LAMBDA = 20.0
+"""λ, the trade-off between the invariance and redundancy terms (paper appendix B)."""
+BN_EPS = 1e-5
+"""Added to each variance before the square root, as ``torch.nn.BatchNorm1d`` does."""
+TEMPERATURE = 0.1
+"""NT-Xent temperature (paper appendix B, following SimCLR)."""
+
+
+def cross_correlation(m: Moments, eps: float = BN_EPS) -> Tensor:
+    """C_ij of paper eq. 1 from batch averages, with eps placed as BatchNorm places it.
+
+    C_ij = (⟨F_i G_j⟩ − ⟨F_i⟩⟨G_j⟩) / (√(⟨F_i²⟩ − ⟨F_i⟩² + eps) · √(⟨G_j²⟩ − ⟨G_j⟩² + eps)),
+    which equals (1/N) Σ_n ẑ1_ni ẑ2_nj for BatchNorm-normalised (biased variance) encodings.
+
+    Returns:
+        C, shape (d_f, d_g).
+    """
+    var_f = m.mean_ff - m.mean_f * m.mean_f
+    var_g = m.mean_gg - m.mean_g * m.mean_g
+    cov = m.mean_fg - torch.outer(m.mean_f, m.mean_g)
+    return cov / torch.outer(torch.sqrt(var_f + eps), torch.sqrt(var_g + eps))
+
+
+def cco_from_correlation(c: Tensor, lambd: float = LAMBDA) -> Tensor:
+    """Paper eq. 1: Σ_i (1 − C_ii)² + λ Σ_i 1/(d−1) Σ_{j≠i} C_ij²."""
+    d = c.shape[0]
+    on_diag = torch.diagonal(c)
+    off_diag_sq = (c * c).sum() - (on_diag * on_diag).sum()
+    return ((1 - on_diag) ** 2).sum() + lambd / (d - 1) * off_diag_sq
+
+
+def cco_loss(m: Moments, lambd: float = LAMBDA, eps: float = BN_EPS) -> Tensor:
+    """The CCO loss of paper eq. 1 from batch averages (float64 scalar)."""
+    return cco_from_correlation(cross_correlation(m, eps), lambd)
+
+
+def cco_loss_per_segment(
+    f: Tensor,
+    g: Tensor,
+    segment_ids: Tensor,
+    num_segments: int,
+    lambd: float = LAMBDA,
+    eps: float = BN_EPS,
+) -> Tensor:
+    """The CCO loss of each segment (client) computed on its own samples only.
+
+    Equal to ``cco_loss`` of each segment's moments, but never forms a d×d matrix per segment:
+    with ẑ the segment-normalised encodings, Σ_ij C_ij² = (1/N_k²) Σ_{n,m∈k} (ẑ1_n·ẑ1_m)(ẑ2_n·ẑ2_m),
+    so two block-masked N×N Gram matrices serve all segments at once.
+
+    Args:
+        f, g: encodings, shape (N, d), with d ≥ 2.
+        segment_ids: int64 (N,), the segment of each sample, in [0, num_segments).
+        num_segments: K.
+
+    Returns:
+        float64 (K,), the loss of each segment.
+    """
+    f64, g64 = f.to(STATS_DTYPE), g.to(STATS_DTYPE)
+    d = f64.shape[1]
+    count = torch.zeros(num_segments, dtype=STATS_DTYPE, device=f.device)
+    count = count.index_add(0, segment_ids, torch.ones_like(segment_ids, dtype=STATS_DTYPE))
+    z1 = _segment_normalise(f64, segment_ids, count, eps)
+    z2 = _segment_normalise(g64, segment_ids, count, eps)
+    diag = _segment_sum(z1 * z2, segment_ids, num_segments) / count[:, None]  # (K, d): C_ii
+    same = segment_ids[:, None] == segment_ids[None, :]
+    gram = torch.where(same, (z1 @ z1.T) * (z2 @ z2.T), torch.zeros((), dtype=STATS_DTYPE))
+    frob = _segment_sum(gram.sum(1), segment_ids, num_segments) / count**2  # Σ_ij C_ij²
+    off_diag_sq = frob - (diag * diag).sum(1)
+    return ((1 - diag) ** 2).sum(1) + lambd / (d - 1) * off_diag_sq
+
+
+def _segment_sum(x: Tensor, segment_ids: Tensor, num_segments: int) -> Tensor:
+    out = torch.zeros((num_segments, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    return out.index_add(0, segment_ids, x)
+
+
+def _segment_normalise(x: Tensor, segment_ids: Tensor, count: Tensor, eps: float) -> Tensor:
+    """(x − segment mean) / √(segment biased variance + eps), per feature."""
+    k = count.shape[0]
+    centred = x - (_segment_sum(x, segment_ids, k) / count[:, None])[segment_ids]
+    var = _segment_sum(centred * centred, segment_ids, k) / count[:, None]
+    return centred / torch.sqrt(var + eps)[segment_ids]
+
+
+def nt_xent_per_anchor(
+    z1: Tensor, z2: Tensor, temperature: float = TEMPERATURE, groups: Tensor | None = None
+) -> Tensor:
+    """NT-Xent (SimCLR) loss of each of the 2N views, contrasted within its group.
+
+    Each view's positive is the other view of its sample; its negatives are the other views of
+    its group (all 2N − 2 when ``groups`` is None). A client's FedAvg loss is the mean over its
+    views; ``groups`` lets one call serve all clients of a round.
+
+    Args:
+        z1, z2: projections of the two views, shape (N, d); they are L2-normalised here.
+        temperature: τ.
+        groups: optional int64 (N,) group (client) of each sample.
+
+    Returns:
+        (2N,) losses, first the N anchors of view 1 then those of view 2.
+    """
+    n = z1.shape[0]
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    logits = (z @ z.T) / temperature
+    mask = torch.eye(2 * n, dtype=torch.bool, device=z.device)
+    if groups is not None:
+        g2 = torch.cat([groups, groups])
+        mask = mask | (g2[:, None] != g2[None, :])
+    logits = logits.masked_fill(mask, float("-inf"))
+    positives = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    return F.cross_entropy(logits, positives, reduction="none")
+
+
+def nt_xent(z1: Tensor, z2: Tensor, temperature: float = TEMPERATURE) -> Tensor:
+    """The NT-Xent loss of a batch: the mean over its 2N views (SimCLR, Chen et al. 2020)."""
+    return nt_xent_per_anchor(z1, z2, temperature).mean()

@@ -1,0 +1,33 @@
+"""CCO + FedAvg: each client minimises the CCO loss of its own samples (paper §4 baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
+
+from dcco.losses import cco_loss, cco_loss_per_segment
+from dcco.methods.base import LossConfig, Segments
+from dcco.stats import Moments, encoding_stats
+
+
+@dataclass(frozen=True)
+class CCOFedAvg:
+    loss: LossConfig = LossConfig()
+
+    name: ClassVar[str] = "cco_fedavg"
+    federated: ClassVar[bool] = True
+    needs_statistics: ClassVar[bool] = False
+    min_client_samples: ClassVar[int] = 2
+    default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
+
+    def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
+        return cco_loss(encoding_stats(f, g).moments(), self.loss.lambd, self.loss.eps)
+
+    def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
+                   shared: Moments | None) -> Tensor:
+        per_client = cco_loss_per_segment(
+            f, g, segments.ids, segments.num_clients, self.loss.lambd, self.loss.eps
+        )
+        return (segments.weights().to(per_client.device) * per_client).sum()

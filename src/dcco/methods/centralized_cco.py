@@ -1,0 +1,31 @@
+"""Centralized CCO: Barlow Twins minibatch training on the pooled data (the paper's upper bound)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
+
+from dcco.losses import cco_loss
+from dcco.methods.base import LossConfig, Segments
+from dcco.stats import Moments, encoding_stats
+
+
+@dataclass(frozen=True)
+class CentralizedCCO:
+    loss: LossConfig = LossConfig()
+
+    name: ClassVar[str] = "centralized_cco"
+    federated: ClassVar[bool] = False
+    needs_statistics: ClassVar[bool] = False
+    min_client_samples: ClassVar[int] = 1
+    default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
+
+    def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
+        """The CCO loss of a whole minibatch (the 'client' is the data centre)."""
+        return cco_loss(encoding_stats(f, g).moments(), self.loss.lambd, self.loss.eps)
+
+    def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
+                   shared: Moments | None) -> Tensor:
+        return self.client_loss(f, g, shared)

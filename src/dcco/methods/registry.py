@@ -1,0 +1,24 @@
+"""The one place where method names are resolved. Adding a method: a module plus a line here."""
+
+from __future__ import annotations
+
+from dcco.methods.base import LossConfig, Method
+from dcco.methods.cco_fedavg import CCOFedAvg
+from dcco.methods.centralized_cco import CentralizedCCO
+from dcco.methods.contrastive_fedavg import ContrastiveFedAvg
+from dcco.methods.dcco import DCCO
+
+METHODS: dict[str, type] = {
+    cls.name: cls for cls in (DCCO, CCOFedAvg, ContrastiveFedAvg, CentralizedCCO)
+}
+
+
+def build_method(name: str, loss: LossConfig | None = None) -> Method:
+    """The method called ``name``, with the given loss hyper-parameters."""
+    try:
+        cls = METHODS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}"
+        ) from None
+    return cls(loss or LossConfig())

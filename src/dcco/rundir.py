@@ -1,0 +1,134 @@
+"""The run directory: one folder per run, holding everything needed to trust and resume it.
+
+    config.toml               the resolved run config (reloadable with ``dcco.config.load_config``)
+    version.json              dcco and torch versions, git commit, host, command line
+    metrics.jsonl             one JSON object per logged round (loss, lr, rounds/s, clients, samples)
+                              and per k-NN evaluation ({"round": r, "knn": acc})
+    checkpoint.safetensors    model + optimiser state + rounds done; rewritten atomically
+    summary.json              the final results, including every evaluation run on it
+    plots/*.png               loss curve, k-NN curve
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import dcco
+from dcco.checkpoint import atomic_write_text
+from dcco.config import RunConfig, load_config, to_toml
+
+
+class RunDirError(ValueError):
+    """A run directory is missing, incomplete, or would be overwritten."""
+
+
+def code_version() -> dict[str, str]:
+    """dcco's version and, when run from a git checkout, its commit (with '+dirty' if modified)."""
+    info = {"dcco": dcco.__version__, "torch": torch.__version__,
+            "python": platform.python_version(), "host": platform.node(),
+            "machine": f"{platform.machine()} {platform.system()}"}
+    root = Path(dcco.__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        info["git_commit"] = commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        info["git_commit"] = "unknown"
+    return info
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return asdict(value)
+    raise TypeError(f"not JSON serialisable: {value!r}")
+
+
+class RunDir:
+    """Paths and files of one run directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    config_path = property(lambda self: self.path / "config.toml")
+    metrics_path = property(lambda self: self.path / "metrics.jsonl")
+    checkpoint_path = property(lambda self: self.path / "checkpoint.safetensors")
+    summary_path = property(lambda self: self.path / "summary.json")
+    plots_path = property(lambda self: self.path / "plots")
+
+    @classmethod
+    def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
+        """A new run directory; refuses to touch one that already holds a run."""
+        run = cls(path)
+        if run.path.exists() and any(run.path.iterdir()):
+            raise RunDirError(
+                f"run directory {run.path} already exists and is not empty; resume it with "
+                f"--resume {run.path}, or choose another --run-dir"
+            )
+        run.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run.config_path, to_toml(cfg))
+        version = code_version() | {"command": " ".join(sys.argv)}
+        atomic_write_text(run.path / "version.json", json.dumps(version, indent=2) + "\n")
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        """An existing run directory (it must hold a config)."""
+        run = cls(path)
+        if not run.config_path.is_file():
+            raise RunDirError(f"{run.path} is not a dcco run directory (no config.toml)")
+        return run
+
+    def config(self) -> RunConfig:
+        return load_config(self.config_path)
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(record, default=_jsonable) + "\n")
+            fh.flush()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every metrics record; a torn last line (from a kill mid-write) is ignored."""
+        if not self.metrics_path.is_file():
+            return []
+        records = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+    def truncate_metrics(self, rounds_done: int) -> None:
+        """Drop records past the checkpoint, so a resumed run logs each round exactly once."""
+        kept = [r for r in self.metrics() if r.get("round", 0) <= rounds_done]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def summary(self) -> dict[str, Any]:
+        if not self.summary_path.is_file():
+            return {}
+        try:
+            return json.loads(self.summary_path.read_text())
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"{self.summary_path} is corrupt: {e}") from None
+
+    def update_summary(self, **entries: Any) -> dict[str, Any]:
+        """Merge ``entries`` into summary.json (nested dicts are merged one level deep)."""
+        summary = self.summary()
+        for key, value in entries.items():
+            if isinstance(value, dict) and isinstance(summary.get(key), dict):
+                summary[key] = summary[key] | value
+            else:
+                summary[key] = value
+        text = json.dumps(summary, indent=2, default=_jsonable) + "\n"
+        atomic_write_text(self.summary_path, text)
+        return summary

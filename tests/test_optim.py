@@ -1,0 +1,48 @@
+"""Server optimisers and the learning-rate schedule."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from dcco.optim import LARS, OptimConfig, build_optimizer, scheduled_lr
+
+
+def test_scheduled_lr__warmup_then_cosine_to_zero():
+    lrs = [scheduled_lr(s, 110, 1.0, warmup_steps=10) for s in range(110)]
+    assert lrs[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert lrs[10] == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(0.5)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert scheduled_lr(110, 110, 1.0, 10) == pytest.approx(0.0)
+    assert scheduled_lr(50, 100, 2.0, schedule="constant") == 2.0
+
+
+def test_lars__trust_ratio_scales_matrices_and_skips_vectors():
+    w = nn.Parameter(torch.full((2, 2), 3.0))  # ‖w‖ = 6
+    b = nn.Parameter(torch.ones(2))
+    opt = LARS([dict(params=[w]), dict(params=[b], exclude=True, weight_decay=0.0)], lr=0.5,
+               momentum=0.0, weight_decay=0.1, trust_coefficient=0.01)
+    w.grad, b.grad = torch.full((2, 2), 1.0), torch.full((2,), 2.0)
+    opt.step()
+    g = torch.full((2, 2), 1.0) + 0.1 * 3.0  # gradient + weight decay
+    ratio = 0.01 * 6.0 / float(g.norm())
+    torch.testing.assert_close(w.detach(), torch.full((2, 2), 3.0) - 0.5 * ratio * g)
+    torch.testing.assert_close(b.detach(), torch.ones(2) - 0.5 * 2.0)  # plain SGD
+
+
+def test_build_optimizer__lars_excludes_biases_and_norm_parameters():
+    net = nn.Sequential(nn.Linear(3, 4), nn.GroupNorm(2, 4))
+    opt = build_optimizer(net.named_parameters(), OptimConfig(name="lars", weight_decay=1e-3))
+    excluded = [g for g in opt.param_groups if g["exclude"]]
+    assert len(excluded) == 1 and excluded[0]["weight_decay"] == 0.0
+    assert {p.ndim for p in excluded[0]["params"]} == {1} and len(excluded[0]["params"]) == 3
+
+
+def test_optim_config__rejects_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="optim.lr"):
+        OptimConfig(lr=0.0)
+    with pytest.raises(ValueError, match="optim.momentum"):
+        OptimConfig(momentum=1.5)
+    assert math.isclose(OptimConfig().lr, 5e-3)
