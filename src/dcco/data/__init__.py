@@ -1,0 +1,1 @@
+"""Data: loaders (``datasets``) and client partitioning (``partition``)."""

@@ -1,0 +1,124 @@
+"""The command line end to end on tiny data: config errors, pretrain/evaluate/compare, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from dcco.cli import main
+
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+
+
+def dcco(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dcco.cli", *args], capture_output=True,
+                          text=True, env=ENV, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("train.rounds_per_epoch=3", "train.rounds_per_epoch"),  # unknown key
+        ("train.rounds=ten", "train.rounds"),  # wrong type
+        ("train.method=byol", "train.method"),  # unknown method
+        ("optim.lr=-1.0", "optim.lr"),  # out of range
+        ("modle.widths=[4,8,8]", "modle"),  # unknown section
+    ],
+)
+def test_cli_pretrain__bad_config_exits_nonzero_naming_the_key(tiny_config, tmp_path, override,
+                                                              needle, capsys):
+    code = main(["pretrain", str(tiny_config()), "--set", override,
+                 "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert needle in err and "error" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_pretrain__unknown_key_in_file_is_named(tmp_path, capsys):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[train]\nmethod = 'dcco'\nlocal_steps = 2\n")
+    assert main(["pretrain", str(cfg), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "train.local_steps" in err and "allowed:" in err
+
+
+def test_cli__pretrain_evaluate_compare_end_to_end(tiny_config, tmp_path, capsys):
+    runs = []
+    for method in ("dcco", "cco_fedavg"):
+        run = tmp_path / method
+        assert main(["pretrain", str(tiny_config(method)), "--run-dir", str(run),
+                     "--no-progress"]) == 0
+        runs.append(run)
+        for name in ("config.toml", "version.json", "metrics.jsonl", "checkpoint.safetensors",
+                     "summary.json", "plots/loss.png", "plots/knn.png"):
+            assert (run / name).is_file(), name
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses = [r for r in records if "loss" in r]
+        assert [r["round"] for r in losses] == [2, 4, 6]
+        assert all({"lr", "rounds_per_sec", "clients", "samples"} <= r.keys() for r in losses)
+        assert losses[0]["clients"] == 4 and losses[0]["samples"] == 8
+    assert main(["evaluate", str(runs[0]), "--protocol", "linear"]) == 0
+    assert main(["evaluate", str(runs[0]), "--protocol", "finetune", "--labels", "20"]) == 0
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert {"linear@40", "finetune@20"} <= summary["evaluations"].keys()
+    assert 0.0 <= summary["evaluations"]["linear@40"]["accuracy"] <= 1.0
+    capsys.readouterr()
+    assert main(["compare", *map(str, runs), "--out", str(tmp_path / "table")]) == 0
+    out = capsys.readouterr().out
+    assert "dcco" in out and "cco_fedavg" in out and "linear@40" in out
+    md = (tmp_path / "table.md").read_text()
+    assert md.count("\n") == 4 and "| dcco |" in md
+    assert (tmp_path / "table.csv").read_text().startswith("run,method,")
+
+
+def test_cli_pretrain__refuses_to_overwrite_an_existing_run(tiny_config, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    before = (run / "checkpoint.safetensors").read_bytes()
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (run / "checkpoint.safetensors").read_bytes() == before
+
+
+def test_cli_pretrain__sigkill_then_resume_gives_bit_identical_weights(tiny_config, tmp_path):
+    cfg = tiny_config(rounds=120, checkpoint_every=10)
+    reference = tmp_path / "uninterrupted"
+    done = dcco("pretrain", str(cfg), "--run-dir", str(reference))
+    assert done.returncode == 0, done.stderr
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "dcco.cli", "pretrain", str(cfg),
+                             "--run-dir", str(killed)], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until a checkpoint exists and a few rounds more ran
+        if metrics.is_file() and any(json.loads(line).get("round", 0) >= 24
+                                     for line in metrics.read_text().splitlines()[:-1]):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "summary.json").exists(), "the run finished before it was killed"
+
+    resumed = dcco("pretrain", "--resume", str(killed))
+    assert resumed.returncode == 0, resumed.stderr
+    a = load_file(reference / "checkpoint.safetensors")
+    b = load_file(killed / "checkpoint.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].equal(b[key]), key
+    rounds = [json.loads(x)["round"] for x in metrics.read_text().splitlines()
+              if "loss" in json.loads(x)]
+    assert rounds == list(range(2, 121, 2))  # every logged round exactly once
