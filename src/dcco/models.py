@@ -255,7 +255,8 @@ def _initialise(module: nn.Module, gen: torch.Generator) -> None:
 def build_backbone(cfg: ModelConfig, in_channels: int, seed: int, tower: int = 0) -> ResNet:
     """The configured ResNet, initialised from ``(seed, "init", tower)``."""
     make = resnet14 if cfg.arch == "resnet14" else resnet50
-    net = make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps)
+    with torch.random.fork_rng(devices=[]):  # torch's own default init must not move the RNG
+        net = make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps)
     _initialise(net, generator(seed, "init", "backbone", tower))
     return net
 
@@ -266,8 +267,9 @@ def build_dual_encoder(cfg: ModelConfig, in_channels: int, projector_dims: tuple
     towers = []
     for tower in range(1 if cfg.shared else 2):
         backbone = build_backbone(cfg, in_channels, seed, tower)
-        projector = Projector(backbone.feature_dim, tuple(projector_dims), cfg.gn_groups,
-                              cfg.ws_eps)
+        with torch.random.fork_rng(devices=[]):
+            projector = Projector(backbone.feature_dim, tuple(projector_dims), cfg.gn_groups,
+                                  cfg.ws_eps)
         _initialise(projector, generator(seed, "init", "projector", tower))
         towers.append((backbone, projector))
     return DualEncoder(*towers[0], second=towers[1] if len(towers) > 1 else None)
