@@ -20,7 +20,7 @@ ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
 
 def dcco(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dcco.cli", *args], capture_output=True,
-                          text=True, env=ENV, cwd=cwd, timeout=300)
+                          text=True, env=ENV, cwd=cwd, timeout=300, check=False)
 
 
 @pytest.mark.parametrize(
@@ -78,6 +78,20 @@ def test_cli__pretrain_evaluate_compare_end_to_end(tiny_config, tmp_path, capsys
     md = (tmp_path / "table.md").read_text()
     assert md.count("\n") == 4 and "| dcco |" in md
     assert (tmp_path / "table.csv").read_text().startswith("run,method,")
+    assert (tmp_path / "table-linear-40.png").is_file()
+
+
+def test_cli_pretrain__short_run_on_real_fashion_mnist(tmp_path):
+    """The README's pretraining command on the real data (installed by .ci/run)."""
+    config = Path(__file__).parents[1] / "configs" / "fmnist_small.toml"
+    run = tmp_path / "real"
+    done = dcco("pretrain", str(config), "--run-dir", str(run), "--set", "train.rounds=2",
+                "--set", "train.clients_per_round=8", "--set", "eval.knn_bank=500",
+                "--set", "eval.knn_queries=100", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["dataset"] == "fashion_mnist"
+    assert 0.0 < summary["knn"] <= 1.0
 
 
 def test_cli_pretrain__refuses_to_overwrite_an_existing_run(tiny_config, tmp_path, capsys):

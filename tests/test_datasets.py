@@ -8,8 +8,8 @@ import tarfile
 
 import numpy as np
 import pytest
-
 from conftest import make_fashion_mnist, write_idx
+
 from dcco.data.datasets import DEBIAN_FASHION_MNIST, DataError, load_dataset
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import make_fashion_mnist
+
 from dcco.data.datasets import load_dataset
 from dcco.evaluate import (
     EvalConfig,

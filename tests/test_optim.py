@@ -1,5 +1,6 @@
 """Server optimisers and the learning-rate schedule."""
 
+import itertools
 import math
 
 import pytest
@@ -14,7 +15,7 @@ def test_scheduled_lr__warmup_then_cosine_to_zero():
     assert lrs[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
     assert lrs[10] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.5)
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
     assert scheduled_lr(110, 110, 1.0, 10) == pytest.approx(0.0)
     assert scheduled_lr(50, 100, 2.0, schedule="constant") == 2.0
 
@@ -22,7 +23,7 @@ def test_scheduled_lr__warmup_then_cosine_to_zero():
 def test_lars__trust_ratio_scales_matrices_and_skips_vectors():
     w = nn.Parameter(torch.full((2, 2), 3.0))  # ‖w‖ = 6
     b = nn.Parameter(torch.ones(2))
-    opt = LARS([dict(params=[w]), dict(params=[b], exclude=True, weight_decay=0.0)], lr=0.5,
+    opt = LARS([{"params": [w]}, {"params": [b], "exclude": True, "weight_decay": 0.0}], lr=0.5,
                momentum=0.0, weight_decay=0.1, trust_coefficient=0.01)
     w.grad, b.grad = torch.full((2, 2), 1.0), torch.full((2,), 2.0)
     opt.step()

@@ -182,7 +182,7 @@ def _jitter(x: Tensor, u: list[Tensor], cfg: AugmentConfig) -> Tensor:
 def _blur(x: Tensor, sigma: Tensor) -> Tensor:
     """Gaussian blur with a kernel of about a tenth of the image side (BYOL: 23 px at 224)."""
     side = min(x.shape[-2:])
-    k = max(3, int(round(0.1 * side)) | 1)
+    k = max(3, round(0.1 * side) | 1)
     sig = sigma.to(x.dtype)[:, None].expand(-1, 2).contiguous()
     return kornia.filters.gaussian_blur2d(x, (k, k), sig, border_type="reflect")
 
@@ -202,7 +202,7 @@ def augment_view(images: Tensor, sample_ids: Tensor, seed: int, round_index: int
     if images.dtype != torch.uint8 or images.ndim != 4:
         raise ValueError(f"images must be uint8 (B, C, H, W), got {images.dtype} "
                          f"{tuple(images.shape)}")
-    b, c, h, w = images.shape
+    _b, c, h, w = images.shape
     u = [uniform(seed, round_index, sample_ids, view, s).to(images.device) for s in range(40)]
     x = images.to(dtype) / 255.0
     grid = _crop_flip_grid(u[:30], u[30] < cfg.flip_p, cfg, h, w, dtype)

@@ -72,6 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("comparison"),
                    help="output prefix: writes PREFIX.md and PREFIX.csv (default: comparison)")
 
+    p = sub.add_parser("reproduce", help="run a declarative experiment grid (paper Table 1)",
+                       description="Run every cell of a grid file, skipping finished cells "
+                                   "and resuming interrupted ones, then write the results table "
+                                   "(mean ± std over seeds) and a plot.")
+    p.add_argument("grid", type=Path, help="grid file, e.g. experiments/table1_fmnist.toml")
+    p.add_argument("--scale", default="small", help="which [scale.NAME] to use (default: small)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder of the cells' run directories (default: runs/<grid>-<scale>)")
+    p.add_argument("--results", type=Path, default=None,
+                   help="also write the results section into this Markdown file "
+                        "(e.g. docs/results.md)")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing; render the table from the finished cells")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bars")
+
     p = sub.add_parser("demo", help="the main job: all methods on non-IID Fashion-MNIST, ~10 min",
                        description="Pretrain dcco, cco_fedavg, contrastive_fedavg and "
                                    "centralized_cco with the same budget on Fashion-MNIST with "
@@ -167,14 +182,15 @@ def cmd_supervised(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from dcco.report import comparison_rows, text_table, write_tables
+    from dcco.report import comparison_rows, plot_comparison, text_table, write_tables
     from dcco.rundir import RunDir
 
     runs = [RunDir.open(p) for p in args.run_dirs]
     header, rows = comparison_rows(runs)
     sys.stdout.write(text_table(header, rows))
     md, csv_path = write_tables(header, rows, args.out)
-    _say(f"wrote {md} and {csv_path}")
+    plots = plot_comparison(runs, args.out)
+    _say(f"wrote {md}, {csv_path}" + "".join(f", {p}" for p in plots))
     return 0
 
 
@@ -190,8 +206,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    from dcco.experiments import load_splits
+    from dcco.reproduce import (
+        load_grid,
+        plan_cells,
+        plot_trend,
+        results_markdown,
+        results_table,
+        run_cell,
+        write_section,
+    )
+
+    grid = load_grid(args.grid, args.scale)
+    out = args.out or Path("runs") / f"{args.grid.stem}-{args.scale}"
+    cells = plan_cells(grid, out)
+    if not args.table_only:
+        splits = load_splits(grid.base)
+        todo = [c for c in cells if c.na is None]
+        _say(f"{len(cells)} cells ({len(cells) - len(todo)} n/a) into {out}")
+
+        def pretrain(cfg, run, train, test, resume):
+            return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
+
+        for i, cell in enumerate(todo, 1):
+            run_cell(cell, grid.evaluations, splits, pretrain,
+                     lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"))
+    out.mkdir(parents=True, exist_ok=True)
+    table = results_table(grid, cells)
+    sys.stdout.write("\n" + table)
+    plot = plot_trend(grid, cells, grid.evaluations[0], out / "trend.png") if grid.evaluations \
+        else None
+    device = "CUDA " + torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    machine = (f"{platform.machine()}, {torch.get_num_threads()} threads, {device}; "
+               f"torch {torch.__version__}")
+    command = "dcco " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("dcco") else \
+        f"dcco reproduce {args.grid} --scale {args.scale}"
+    text = results_markdown(grid, cells, command, machine, None)
+    (out / "results.md").write_text(text)
+    if args.results is not None:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        if plot is not None:
+            target = args.results.parent / f"{args.grid.stem}-{args.scale}-trend.png"
+            target.write_bytes(plot.read_bytes())
+            text = results_markdown(grid, cells, command, machine, target.name)
+        write_section(args.results, text, tag=f"reproduce:{args.grid.stem}:{args.scale}")
+        _say(f"wrote {args.results}")
+    return 0
+
+
 COMMANDS = {"pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cmd_supervised,
-            "compare": cmd_compare, "demo": cmd_demo}
+            "compare": cmd_compare, "demo": cmd_demo, "reproduce": cmd_reproduce}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -264,6 +264,11 @@ def _toml_value(value: Any) -> str:
 
 
 __all__ = [
-    "ConfigError", "DataConfig", "TrainConfig", "RunConfig", "load_config", "to_toml",
+    "ConfigError",
+    "DataConfig",
+    "RunConfig",
+    "TrainConfig",
     "from_dict",
+    "load_config",
+    "to_toml",
 ]

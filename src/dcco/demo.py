@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from dcco.augment import AugmentConfig
 from dcco.checkpoint import atomic_write_text
 from dcco.config import DataConfig, RunConfig, TrainConfig, load_config, to_toml
 from dcco.evaluate import EvalConfig
@@ -34,11 +35,13 @@ METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
 
 DEMO_CONFIG = RunConfig(
     data=DataConfig(dataset="fashion_mnist", alpha=0.0, samples_per_client=4),
-    model=ModelConfig(arch="resnet14", widths=(16, 32, 64), projector=None),
-    train=TrainConfig(method="dcco", rounds=150, clients_per_round=64, log_every=10,
-                      checkpoint_every=25, knn_every=50),
-    optim=OptimConfig(name="adam", lr=5e-3, warmup_steps=10),
-    eval=EvalConfig(labels=1000),
+    model=ModelConfig(arch="resnet14", widths=(16, 32, 64), projector=(128, 128, 128)),
+    augment=AugmentConfig(crop_scale=(0.25, 1.0)),
+    train=TrainConfig(method="dcco", rounds=200, clients_per_round=32, log_every=10,
+                      checkpoint_every=50, knn_every=100),
+    optim=OptimConfig(name="lars", lr=1.5, weight_decay=1e-6, warmup_steps=10),
+    eval=EvalConfig(labels=1000, probe_steps=300, probe_batch=256, scratch_epochs=30,
+                    knn_bank=5000, knn_queries=1000),
 )
 """A budget for 2 CPU cores; see README for what it shows."""
 

@@ -139,7 +139,7 @@ def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, 
     head = nn.Linear(z.shape[1], num_classes)
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
-    opt = LARS([dict(params=[head.weight]), dict(params=[head.bias], exclude=True)], lr=lr,
+    opt = LARS([{"params": [head.weight]}, {"params": [head.bias], "exclude": True}], lr=lr,
                momentum=momentum)
     gen = generator(seed, "probe")
     for step in range(steps):

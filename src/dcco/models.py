@@ -71,7 +71,7 @@ def _standardise(weight: Tensor, eps: float) -> Tensor:
 class WSConv2d(nn.Conv2d):
     """A convolution with weight standardisation (Qiao et al. 2019)."""
 
-    def __init__(self, *args, eps: float = 1e-5, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, eps: float = 1e-5, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.eps = eps
 
@@ -83,7 +83,7 @@ class WSConv2d(nn.Conv2d):
 class WSLinear(nn.Linear):
     """A linear layer with weight standardisation per output unit."""
 
-    def __init__(self, *args, eps: float = 1e-5, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, eps: float = 1e-5, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.eps = eps
 

@@ -84,12 +84,12 @@ class LARS(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, lr: float, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 1e-3) -> None:
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, exclude=False)
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
+                        "trust_coefficient": trust_coefficient, "exclude": False}
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
+    def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             for p in group["params"]:
@@ -127,12 +127,12 @@ def build_optimizer(named_params: Iterable[tuple[str, nn.Parameter]],
     matrices = [p for _, p in params if p.ndim > 1]
     vectors = [p for _, p in params if p.ndim <= 1]
     if cfg.name == "lars":
-        groups = [dict(params=matrices), dict(params=vectors, exclude=True, weight_decay=0.0)]
+        groups = [{"params": matrices}, {"params": vectors, "exclude": True, "weight_decay": 0.0}]
         return LARS(
             [g for g in groups if g["params"]], lr=cfg.lr, momentum=cfg.momentum,
             weight_decay=cfg.weight_decay, trust_coefficient=cfg.trust_coefficient,
         )
-    groups = [dict(params=matrices), dict(params=vectors, weight_decay=0.0)]
+    groups = [{"params": matrices}, {"params": vectors, "weight_decay": 0.0}]
     return torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
         weight_decay=cfg.weight_decay,

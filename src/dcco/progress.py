@@ -6,9 +6,12 @@ files) it stays silent except for the final line, so logs are not flooded with c
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import TextIO
+
+from typing_extensions import Self
 
 
 def _duration(seconds: float) -> str:
@@ -32,7 +35,7 @@ class Progress:
         self._last_draw = 0.0
         self._postfix = ""
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -62,7 +65,7 @@ class Progress:
         bar = "█" * filled + "·" * (width - filled)
         rate = self.rate
         eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-        eta_text = _duration(eta) if eta == eta else "--:--"
+        eta_text = _duration(eta) if math.isfinite(eta) else "--:--"
         return (f"{self.label} {self.done}/{self.total} |{bar}| {frac:4.0%}  {self._postfix}  "
                 f"{rate:.2f} {self.label}s/s  ETA {eta_text}")
 

@@ -123,6 +123,20 @@ def plot_loss_curves(runs: Sequence[RunDir], path: Path) -> Path:
     return path
 
 
+def plot_comparison(runs: Sequence[RunDir], prefix: Path) -> list[Path]:
+    """One bar chart of accuracy per run for each evaluation protocol: PREFIX-<protocol>.png."""
+    summaries = [r.summary() for r in runs]
+    protocols = sorted({p for s in summaries for p in s.get("evaluations", {})})
+    written = []
+    for protocol in protocols:
+        pairs = [(f"{r.path.name}", s["evaluations"][protocol]["accuracy"])
+                 for r, s in zip(runs, summaries) if protocol in s.get("evaluations", {})]
+        path = prefix.parent / f"{prefix.name}-{protocol.replace('@', '-')}.png"
+        written.append(plot_accuracy_bars([p[0] for p in pairs], [p[1] for p in pairs], path,
+                                          f"test accuracy, {protocol}"))
+    return written
+
+
 def plot_accuracy_bars(labels: Sequence[str], accuracies: Sequence[float], path: Path,
                        title: str) -> Path:
     """A bar chart of accuracy (in %) per method."""

@@ -40,7 +40,8 @@ def code_version() -> dict[str, str]:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=5, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5,
+                               check=False).stdout.strip()
         info["git_commit"] = commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = "unknown"

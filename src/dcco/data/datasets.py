@@ -41,14 +41,14 @@ FASHION_MNIST_MD5 = {
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                          "Shirt", "Sneaker", "Bag", "Ankle boot")
 CIFAR = {
-    "cifar10": dict(folder="cifar-10-batches-py", archive="cifar-10-python.tar.gz",
-                    md5="c58f30108f718f92721af3b95e74349a", label_key=b"labels",
-                    train=[f"data_batch_{i}" for i in range(1, 6)], test=["test_batch"],
-                    meta="batches.meta", names_key=b"label_names", classes=10),
-    "cifar100": dict(folder="cifar-100-python", archive="cifar-100-python.tar.gz",
-                     md5="eb9058c3a382ffc7106e4002c42a8d85", label_key=b"fine_labels",
-                     train=["train"], test=["test"], meta="meta",
-                     names_key=b"fine_label_names", classes=100),
+    "cifar10": {"folder": "cifar-10-batches-py", "archive": "cifar-10-python.tar.gz",
+                    "md5": "c58f30108f718f92721af3b95e74349a", "label_key": b"labels",
+                    "train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
+                    "meta": "batches.meta", "names_key": b"label_names", "classes": 10},
+    "cifar100": {"folder": "cifar-100-python", "archive": "cifar-100-python.tar.gz",
+                     "md5": "eb9058c3a382ffc7106e4002c42a8d85", "label_key": b"fine_labels",
+                     "train": ["train"], "test": ["test"], "meta": "meta",
+                     "names_key": b"fine_label_names", "classes": 100},
 }
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
 DOWNLOAD_TIMEOUT_S = 10
@@ -161,7 +161,11 @@ def _load_fashion_mnist(split: Split, data_dir: str | Path | None,
 def read_idx(path: Path, expected_ndim: int) -> np.ndarray:
     """An IDX file (LeCun's MNIST format, gzipped or not) of unsigned bytes as a numpy array."""
     try:
-        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read()
+        else:
+            raw = path.read_bytes()
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise DataError(f"cannot read {path}: {e}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
@@ -273,14 +277,14 @@ def _unpickle(path: Path) -> dict:
             obj = pickle.load(fh, encoding="bytes")
     except FileNotFoundError:
         raise DataError(f"{path} is missing") from None
-    except Exception as e:  # pickle raises many types on garbage input
+    except Exception as e:  # noqa: BLE001 (unpickling garbage raises almost any type)
         raise DataError(f"{path} is not a readable CIFAR pickle: {type(e).__name__}: {e}") from None
     if not isinstance(obj, dict):
         raise DataError(f"{path} does not hold a CIFAR batch dictionary")
     return obj
 
 
-def _field(batch: dict, key: bytes, path: Path):  # noqa: ANN202
+def _field(batch: dict, key: bytes, path: Path):
     if key in batch:
         return batch[key]
     if key.decode() in batch:

@@ -3,4 +3,4 @@
 from dcco.methods.base import LossConfig, Method, Segments
 from dcco.methods.registry import METHODS, build_method
 
-__all__ = ["LossConfig", "Method", "Segments", "METHODS", "build_method"]
+__all__ = ["METHODS", "LossConfig", "Method", "Segments", "build_method"]

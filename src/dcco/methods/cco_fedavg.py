@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from torch import Tensor
@@ -14,7 +14,7 @@ from dcco.stats import Moments, encoding_stats
 
 @dataclass(frozen=True)
 class CCOFedAvg:
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = field(default_factory=LossConfig)
 
     name: ClassVar[str] = "cco_fedavg"
     federated: ClassVar[bool] = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -15,7 +15,7 @@ from dcco.stats import Moments
 
 @dataclass(frozen=True)
 class ContrastiveFedAvg:
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = field(default_factory=LossConfig)
 
     name: ClassVar[str] = "contrastive_fedavg"
     federated: ClassVar[bool] = True

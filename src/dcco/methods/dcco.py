@@ -7,7 +7,7 @@ loss sees the large-batch statistics while gradients flow only through its own s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from torch import Tensor
@@ -19,7 +19,7 @@ from dcco.stats import Moments, anchored, encoding_stats
 
 @dataclass(frozen=True)
 class DCCO:
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = field(default_factory=LossConfig)
 
     name: ClassVar[str] = "dcco"
     federated: ClassVar[bool] = True

@@ -1,0 +1,153 @@
+"""The experiment grid on tiny data: a two-cell grid runs, a rerun skips it, the table renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dcco.cli import main
+from dcco.config import ConfigError
+from dcco.reproduce import load_grid, plan_cells
+
+GRID = """
+[grid]
+methods = ["cco_fedavg", "dcco", "supervised"]
+evaluations = ["linear@20"]
+seeds = [0]
+
+[[setting]]
+name = "non-IID 1"
+alpha = 0.0
+samples_per_client = 1
+clients_per_round = 4
+
+[[setting]]
+name = "IID 2"
+alpha = 1000.0
+samples_per_client = 2
+clients_per_round = 4
+
+[base.data]
+dataset = "fashion_mnist"
+data_dir = "{data_dir}"
+
+[base.model]
+widths = [4, 8, 8]
+projector = [16, 16, 16]
+
+[base.train]
+rounds = 3
+knn_every = 0
+log_every = 1
+
+[base.eval]
+probe_steps = 10
+scratch_epochs = 1
+scratch_batch = 16
+knn_bank = 50
+knn_queries = 20
+
+[scale.tiny]
+set = ["train.rounds=2"]
+"""
+
+
+@pytest.fixture
+def grid_file(tmp_path: Path, tiny_fmnist: Path) -> Path:
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID.format(data_dir=tiny_fmnist))
+    return path
+
+
+def test_plan_cells__marks_one_sample_fedavg_na_and_shares_supervised(grid_file, tmp_path):
+    grid = load_grid(grid_file, "tiny")
+    cells = plan_cells(grid, tmp_path / "out")
+    names = sorted(c.path.name for c in cells)
+    assert names == ["iid-2-cco_fedavg-s0", "iid-2-dcco-s0", "non-iid-1-cco_fedavg-s0",
+                     "non-iid-1-dcco-s0", "supervised-s0"]
+    na = {c.path.name: c.na for c in cells if c.na}
+    assert list(na) == ["non-iid-1-cco_fedavg-s0"] and "2 samples per client" in na[
+        "non-iid-1-cco_fedavg-s0"]
+    iid = next(c for c in cells if c.path.name == "iid-2-dcco-s0")
+    assert (iid.cfg.data.alpha, iid.cfg.data.samples_per_client, iid.cfg.train.rounds) == (
+        1000.0, 2, 2)
+
+
+def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_path, capsys):
+    out, results = tmp_path / "out", tmp_path / "results.md"
+    results.write_text("# Results\n\nhand-written text stays\n")
+    args = ["reproduce", str(grid_file), "--scale", "tiny", "--out", str(out), "--results",
+            str(results), "--no-progress"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "pretraining" in first and "supervised from scratch" in first
+    stamp = (out / "iid-2-dcco-s0" / "checkpoint.safetensors").stat().st_mtime_ns
+    assert main(args) == 0
+    second = capsys.readouterr().out
+    assert "pretraining" not in second and "evaluation" not in second
+    assert (out / "iid-2-dcco-s0" / "checkpoint.safetensors").stat().st_mtime_ns == stamp
+    text = results.read_text()
+    assert text.startswith("# Results") and "hand-written text stays" in text
+    assert text.count("reproduce:grid:tiny:begin") == 1
+    dcco_row = next(line for line in text.splitlines() if line.startswith("| dcco |"))
+    assert "—" not in dcco_row and "n/a" not in dcco_row
+    fedavg_row = next(line for line in text.splitlines() if line.startswith("| cco_fedavg |"))
+    assert fedavg_row.split("|")[2].strip() == "n/a"
+    assert "5 runs complete" not in text and "4 of 4 runs complete" in text
+    assert (tmp_path / "grid-tiny-trend.png").is_file()
+
+
+def test_load_grid__errors_name_the_key(grid_file, tmp_path):
+    with pytest.raises(ConfigError, match="no scale 'huge'"):
+        load_grid(grid_file, "huge")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(grid_file.read_text().replace('"dcco", "supervised"', '"dcco", "byol"'))
+    with pytest.raises(ConfigError, match="grid.methods"):
+        load_grid(bad, "tiny")
+    bad.write_text(grid_file.read_text().replace("rounds = 3", "roundz = 3"))
+    with pytest.raises(ConfigError, match="train.roundz"):
+        load_grid(bad, "tiny")
+
+
+@pytest.mark.parametrize("scale", ["small", "full"])
+def test_table1_grid__shipped_file_loads_at_both_scales(scale, tmp_path):
+    grid = load_grid(Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml", scale)
+    cells = plan_cells(grid, tmp_path)
+    assert [s.samples_per_client * s.clients_per_round for s in grid.settings] == [512] * 7
+    assert sum(c.na is not None for c in cells) == 2 * len(grid.seeds)  # FedAvg at 1 sample
+    if scale == "full":
+        assert grid.base.model.stage_widths == (64, 128, 256) and grid.base.train.rounds == 100_000
+    else:
+        assert len(grid.seeds) >= 3
+
+
+def test_cifar100_paper_preset__runs_on_tiny_cifar_files(tmp_path):
+    """configs/cifar100_paper.toml (appendix B) on generated cifar-100-python files."""
+    import pickle
+
+    import numpy as np
+
+    from dcco.config import load_config
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    for split, n in (("train", 400), ("test", 100)):
+        with open(folder / split, "wb") as fh:
+            pickle.dump({b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         b"fine_labels": list(np.arange(n) % 100)}, fh)
+    preset = Path(__file__).parents[1] / "configs" / "cifar100_paper.toml"
+    cfg = load_config(preset)
+    assert (cfg.data.dataset, cfg.data.alpha, cfg.data.samples_per_client) == ("cifar100", 0.0, 4)
+    assert (cfg.train.rounds, cfg.train.clients_per_round, cfg.train.local_lr) == (100_000, 128,
+                                                                                   1.0)
+    assert (cfg.optim.name, cfg.optim.lr, cfg.loss.lambd) == ("adam", 5e-3, 20.0)
+    assert cfg.projector == (1024, 1024, 1024) and cfg.augment.blur_p == (0.0, 0.0)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(preset), "--run-dir", str(run), "--no-progress",
+                 "--set", f'data.data_dir="{tmp_path}"', "--set", "train.rounds=1",
+                 "--set", "train.clients_per_round=8", "--set", "model.widths=[4,8,8]",
+                 "--set", "model.projector=[32,32,32]", "--set", "eval.knn_bank=50",
+                 "--set", "eval.knn_queries=20"]) == 0
+    assert (run / "checkpoint.safetensors").is_file()
