@@ -15,7 +15,7 @@ def test_scheduled_lr__warmup_then_cosine_to_zero():
     assert lrs[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
     assert lrs[10] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.5)
-    assert all(a >= b for a, b in itertools.pairwise(lrs))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
     assert scheduled_lr(110, 110, 1.0, 10) == pytest.approx(0.0)
     assert scheduled_lr(50, 100, 2.0, schedule="constant") == 2.0
 

@@ -114,7 +114,8 @@ def test_load_grid__errors_name_the_key(grid_file, tmp_path):
 def test_table1_grid__shipped_file_loads_at_both_scales(scale, tmp_path):
     grid = load_grid(Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml", scale)
     cells = plan_cells(grid, tmp_path)
-    assert [s.samples_per_client * s.clients_per_round for s in grid.settings] == [512] * 7
+    batch = 512 if scale == "full" else 128
+    assert [s.samples_per_client * s.clients_per_round for s in grid.settings] == [batch] * 7
     assert sum(c.na is not None for c in cells) == 2 * len(grid.seeds)  # FedAvg at 1 sample
     if scale == "full":
         assert grid.base.model.stage_widths == (64, 128, 256) and grid.base.train.rounds == 100_000

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dcco.augment import AugmentConfig
 from dcco.checkpoint import atomic_write_text
-from dcco.config import DataConfig, RunConfig, TrainConfig, load_config, to_toml
+from dcco.config import DataConfig, RunConfig, TrainConfig, load_config
 from dcco.evaluate import EvalConfig
 from dcco.experiments import (
     eval_key,
@@ -29,7 +29,7 @@ from dcco.experiments import (
 from dcco.models import ModelConfig
 from dcco.optim import OptimConfig
 from dcco.report import markdown_table, plot_accuracy_bars, plot_loss_curves, write_tables
-from dcco.rundir import RunDir, RunDirError
+from dcco.rundir import RunDir
 
 METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
 
@@ -44,16 +44,6 @@ DEMO_CONFIG = RunConfig(
                     knn_bank=5000, knn_queries=1000),
 )
 """A budget for 2 CPU cores; see README for what it shows."""
-
-
-def _open_or_create(path: Path, cfg: RunConfig) -> tuple[RunDir, bool]:
-    """(run, exists): an existing run must have been made with the same config."""
-    if (path / "config.toml").is_file():
-        run = RunDir.open(path)
-        if to_toml(run.config()) != to_toml(cfg):
-            raise RunDirError(f"{path} holds a run with another config; use a new --run-dir")
-        return run, True
-    return RunDir.create(path, cfg), False
 
 
 def run_demo(out: Path, data_dir: Path | None = None, overrides: list[str] | None = None,
@@ -74,7 +64,7 @@ def run_demo(out: Path, data_dir: Path | None = None, overrides: list[str] | Non
     rows, runs = [], []
     for method in METHODS:
         cfg = with_method(base, method)
-        run, existed = _open_or_create(out / method, cfg)
+        run, existed = RunDir.open_or_create(out / method, cfg)
         summary = run.summary()
         if summary.get("rounds") != cfg.train.rounds:
             say(f"\n[{method}] pretraining" + (" (resuming)" if existed else ""))
@@ -89,7 +79,7 @@ def run_demo(out: Path, data_dir: Path | None = None, overrides: list[str] | Non
         rows.append((method, summary))
         runs.append(run)
     for name, fn in (("supervised", supervised_run), ("random_init", random_encoder_run)):
-        run, _ = _open_or_create(out / name, base)
+        run, _ = RunDir.open_or_create(out / name, base)
         if not run.summary().get("evaluations"):
             say(f"\n[{name}] " + ("supervised training from scratch" if name == "supervised"
                                   else "linear probe of a randomly initialised encoder"))

@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dcco.config import ConfigError, RunConfig, load_config, to_toml
+from dcco.config import ConfigError, RunConfig, load_config
 from dcco.data.datasets import ImageDataset
 from dcco.experiments import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.methods.registry import METHODS
-from dcco.rundir import RunDir, RunDirError
+from dcco.rundir import RunDir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,11 +83,24 @@ def load_grid(path: str | Path, scale: str) -> Grid:
     scales = raw.get("scale", {})
     if scale not in scales:
         raise ConfigError(f"{path} has no scale {scale!r}; choose one of {', '.join(scales)}")
-    unknown = set(scales[scale]) - {"set", "seeds"}
+    unknown = set(scales[scale]) - {"set", "seeds", "global_batch"}
     if unknown:
-        raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds")
+        raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
+                          f"global_batch")
     base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", [])))
-    settings = tuple(Setting(**s) for s in raw.get("setting", []))
+    try:
+        settings = tuple(Setting(**s) for s in raw.get("setting", []))
+    except TypeError as e:
+        raise ConfigError(f"{path}: a [[setting]] needs exactly name, alpha, samples_per_client "
+                          f"and clients_per_round ({e})") from None
+    batch = scales[scale].get("global_batch")
+    if batch is not None:  # the same client structure at another global batch size
+        for s in settings:
+            if batch % s.samples_per_client:
+                raise ConfigError(f"scale.{scale}.global_batch = {batch} is not a multiple of "
+                                  f"the {s.samples_per_client} samples per client of {s.name!r}")
+        settings = tuple(replace(s, clients_per_round=batch // s.samples_per_client)
+                         for s in settings)
     g = raw.get("grid", {})
     methods = tuple(g.get("methods", []))
     for m in methods:
@@ -150,7 +163,7 @@ def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[ImageDatase
 
     if cell.na is not None:
         return
-    run, existed = _open_or_create(cell.path, cell.cfg)
+    run, existed = RunDir.open_or_create(cell.path, cell.cfg)
     train, test = splits
     device = resolve_device(cell.cfg.train.device)
     if cell.method != SUPERVISED and run.summary().get("rounds") != cell.cfg.train.rounds:
@@ -177,16 +190,6 @@ def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[ImageDatase
             result = evaluate_model(model, protocol, ecfg, cell.seed, train, test, device)
             run.update_summary(evaluations={eval_key(protocol, labels): asdict(result)})
         done = run.summary().get("evaluations", {})
-
-
-def _open_or_create(path: Path, cfg: RunConfig) -> tuple[RunDir, bool]:
-    if (path / "config.toml").is_file():
-        run = RunDir.open(path)
-        if to_toml(run.config()) != to_toml(cfg):
-            raise RunDirError(f"{path} holds a run with another config; the grid changed — "
-                              f"use a new --out or delete that cell")
-        return run, True
-    return RunDir.create(path, cfg), False
 
 
 def cell_accuracy(cell: Cell, evaluation: str) -> float | None:

@@ -82,6 +82,21 @@ class RunDir:
         return run
 
     @classmethod
+    def open_or_create(cls, path: str | Path, cfg: RunConfig) -> tuple[RunDir, bool]:
+        """(run, existed): reuse a run made with the same config, or create it.
+
+        Used by multi-run jobs (demo, experiment grids) so that rerunning them resumes.
+        """
+        path = Path(path)
+        if (path / "config.toml").is_file():
+            run = cls.open(path)
+            if to_toml(run.config()) != to_toml(cfg):
+                raise RunDirError(f"{path} holds a run with another config; use a new output "
+                                  f"folder or delete that run")
+            return run, True
+        return cls.create(path, cfg), False
+
+    @classmethod
     def open(cls, path: str | Path) -> RunDir:
         """An existing run directory (it must hold a config)."""
         run = cls(path)
