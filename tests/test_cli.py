@@ -136,3 +136,21 @@ def test_cli_pretrain__sigkill_then_resume_gives_bit_identical_weights(tiny_conf
     rounds = [json.loads(x)["round"] for x in metrics.read_text().splitlines()
               if "loss" in json.loads(x)]
     assert rounds == list(range(2, 121, 2))  # every logged round exactly once
+
+
+def test_cli_supervised__writes_a_run_with_its_accuracy(tiny_config, tmp_path, capsys):
+    run = tmp_path / "sup"
+    assert main(["supervised", str(tiny_config()), "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["method"] == "supervised"
+    assert 0.0 <= summary["evaluations"]["supervised@40"]["accuracy"] <= 1.0
+    assert "supervised from scratch with 40 labels" in capsys.readouterr().out
+
+
+def test_cli__help_documents_every_command():
+    top = dcco("--help")
+    assert top.returncode == 0
+    for command in ("pretrain", "evaluate", "supervised", "compare", "demo", "reproduce"):
+        assert command in top.stdout
+        sub = dcco(command, "--help")
+        assert sub.returncode == 0 and "usage: dcco " + command in sub.stdout
