@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from dcco.client import client_statistics, client_update, trainable_parameters
 from dcco.methods.base import Method, Segments
+from dcco.server import aggregate_updates
 from dcco.stats import encoding_stats, merge
 
 Backend = Literal["batched", "reference"]
@@ -90,11 +91,7 @@ def _reference_round(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         shared = merge([client_statistics(model, a, b) for a, b in views]).moments()
     updates = [client_update(model, method, a, b, shared, local_lr) for a, b in views]
     total = sum(u.num_samples for u in updates)
-    pseudo = {}
-    for name, p in trainable_parameters(model):  # exchange 2: weighted average of updates
-        acc = torch.zeros_like(p)
-        for u in updates:
-            acc -= (u.num_samples / total) * u.delta[name]
-        pseudo[name] = acc
+    # exchange 2: the server's sample-weighted average of the updates
+    pseudo = aggregate_updates(updates, dict(trainable_parameters(model)))
     loss = sum(u.num_samples / total * u.loss for u in updates)
     return RoundResult(pseudo, float(loss), len(updates), total)
