@@ -199,8 +199,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     out = args.run_dir or Path("runs") / f"demo-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     start = time.perf_counter()
-    table = run_demo(out, data_dir=args.data_dir, overrides=args.overrides,
-                     progress=not args.no_progress, say=_say)
+    def pretrain(cfg, run, train, test, resume):
+        return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
+
+    table = run_demo(out, pretrain, data_dir=args.data_dir, overrides=args.overrides, say=_say)
     sys.stdout.write("\n" + table)
     _say(f"\ntotal {time.perf_counter() - start:.0f} s; table, plots and runs in {out}")
     return 0

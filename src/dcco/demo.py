@@ -46,11 +46,15 @@ DEMO_CONFIG = RunConfig(
 """A budget for 2 CPU cores; see README for what it shows."""
 
 
-def run_demo(out: Path, data_dir: Path | None = None, overrides: list[str] | None = None,
-             progress: bool = True, say: Callable[[str], None] = lambda s: None) -> str:
-    """Run (or resume) the demo into ``out``; returns the results table as Markdown."""
-    from dcco.cli import _pretrain_with_progress  # the progress bar lives in the CLI layer
+def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = None,
+             overrides: list[str] | None = None,
+             say: Callable[[str], None] = lambda s: None) -> str:
+    """Run (or resume) the demo into ``out``; returns the results table as Markdown.
 
+    Args:
+        pretrain: ``pretrain(cfg, run, train, test, resume) -> summary``, e.g.
+            ``dcco.train.run_pretraining`` wrapped with a progress bar by the CLI.
+    """
     base = load_config(None, overrides, base=DEMO_CONFIG)
     if data_dir is not None:
         base = load_config(None, [f'data.data_dir="{data_dir}"'], base=base)
@@ -68,7 +72,7 @@ def run_demo(out: Path, data_dir: Path | None = None, overrides: list[str] | Non
         summary = run.summary()
         if summary.get("rounds") != cfg.train.rounds:
             say(f"\n[{method}] pretraining" + (" (resuming)" if existed else ""))
-            summary = _pretrain_with_progress(cfg, run, train, test, existed, progress)
+            summary = pretrain(cfg, run, train, test, existed)
         if key not in summary.get("evaluations", {}):
             say(f"[{method}] linear probe with {cfg.eval.labels} labels")
             evaluate_run(run, "linear", None, splits)

@@ -7,6 +7,7 @@ is a pure function of (seed, r), so a run restored from a checkpoint continues b
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from dcco.data.datasets import ImageDataset
 from dcco.data.partition import Partition, dirichlet_partition
 from dcco.evaluate import knn_accuracy
 from dcco.methods.base import Segments
-from dcco.methods.registry import build_method
+from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.rundir import RunDir
@@ -75,7 +76,7 @@ class RoundPlan:
 def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundPlan:
     """Which samples round ``round_index`` uses, and which client each belongs to."""
     seed, k = cfg.train.seed, cfg.train.clients_per_round
-    if build_method(cfg.train.method).federated:
+    if METHODS[cfg.train.method].federated:
         clients = sample_clients(seed, round_index, partition.num_clients, k)
         ids, segment_ids = partition.gather(clients)
         return RoundPlan(ids, Segments(segment_ids, partition.sizes[clients]))
@@ -160,7 +161,7 @@ class Pretraining:
         set_lr(self.optimizer, lr)
         result = run_round(self.model, self.method, x1, x2, plan.segments,
                            self.cfg.train.backend, self.cfg.train.local_lr)
-        if not torch.isfinite(torch.tensor(result.loss)):
+        if not math.isfinite(result.loss):
             raise FloatingPointError(
                 f"round {r + 1}: the loss is {result.loss}; training diverged (try a lower "
                 f"optim.lr); the model was left as it was before this round"
