@@ -1,18 +1,24 @@
 """Evaluation protocols of the paper (§4, appendix B); the projector is discarded in all of them.
 
-- linear probe: frozen encoder, a linear classifier trained with LARS on cached features;
-- full finetuning: the whole backbone plus a linear head trained with Adam (flip augmentation);
-- supervised from scratch: the same backbone, freshly initialised, trained on the same labels;
-- case-level probe: image encodings of a case average-pooled before the classifier (DERM);
-- k-NN monitor: weighted k-NN on L2-normalised features (Wu et al. 2018), for fast feedback.
+- linear probe: the encoder frozen, a linear classifier trained with LARS on its features,
+  which are computed once and cached (no augmentation, so every step would recompute them);
+- full finetuning: a copy of the backbone plus a linear head trained with Adam, flips only;
+- supervised from scratch: the same backbone freshly initialised, trained on the same labels;
+- case-level probe: the image encodings of a case average-pooled before the linear classifier
+  (the paper's DERM protocol, §4 "Networks");
+- k-NN monitor: weighted k-NN on L2-normalised features (Wu et al. 2018), cheap enough to run
+  during pretraining.
 
-Accuracy is always measured on the full test split.
+Every protocol trains on a class-balanced labelled subset of the training split
+(``labelled_subset``) and reports top-1 accuracy on the full test split. Nothing here prints
+or touches the disk; results are ``EvalResult`` values that the caller records.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -22,52 +28,67 @@ from torch import Tensor, nn
 from dcco.augment import eval_view, flip_view
 from dcco.data.datasets import ImageDataset
 from dcco.models import ModelConfig, build_backbone
-from dcco.optim import LARS, scheduled_lr, set_lr
+from dcco.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
 from dcco.seeding import derive_seed, generator
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Evaluation settings; defaults are the paper's CIFAR-100 protocols with 5,000 labels."""
+    """Evaluation settings (section ``[eval]``); defaults are the paper's CIFAR-100 protocols
+    with 5,000 labels (appendix B). ``for_labels(500)`` gives the 500-label probe."""
 
     labels: int = 5000
     """Labelled training samples, class-balanced."""
     probe_steps: int = 1000
+    """Linear probe: LARS steps (paper: 1000 for 5K labels, 400 for 500)."""
     probe_batch: int = 512
+    """Linear probe batch (paper: 512 for 5K labels, 128 for 500)."""
     probe_lr: float = 2.0
+    """Linear probe initial learning rate, cosine-decayed (paper: 2.0 for 5K, 2.5 for 500)."""
     probe_momentum: float = 0.9
     finetune_steps: int = 100
+    """Full finetuning: Adam steps (paper: 100)."""
     finetune_batch: int = 256
     finetune_lr: float = 5e-3
     scratch_epochs: int = 100
+    """Supervised from scratch: epochs over the labelled subset (paper: 100)."""
     scratch_batch: int = 256
     scratch_lr: float = 0.01
     knn_k: int = 200
+    """Neighbours voting in the k-NN monitor (Wu et al. 2018 use 200)."""
     knn_temperature: float = 0.1
+    """τ in the vote weight exp(cos / τ)."""
     knn_bank: int | None = 10000
-    """Training images in the k-NN bank; None = all."""
+    """Training images in the k-NN bank; None: all."""
     knn_queries: int | None = 2000
-    """Test images queried by the k-NN monitor; None = all."""
+    """Test images the k-NN monitor classifies; None: all."""
     feature_batch: int = 1024
+    """Images per forward pass when computing features or test predictions."""
 
     def __post_init__(self) -> None:
         for name in ("labels", "probe_steps", "probe_batch", "finetune_steps", "finetune_batch",
                      "scratch_epochs", "scratch_batch", "knn_k", "feature_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"eval.{name} must be an integer >= 1, got {value!r}")
         for name in ("probe_lr", "finetune_lr", "scratch_lr", "knn_temperature"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"eval.{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"eval.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.probe_momentum < 1:
-            raise ValueError(f"eval.probe_momentum must be in [0, 1), got {self.probe_momentum}")
+            raise ValueError(f"eval.probe_momentum must be in [0, 1), got {self.probe_momentum!r}")
         for name in ("knn_bank", "knn_queries"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"eval.{name} must be >= 1 or \"none\", got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"eval.{name} must be an integer >= 1 or none, got {value!r}")
 
     @classmethod
     def for_labels(cls, labels: int, base: EvalConfig | None = None) -> EvalConfig:
-        """``base`` with ``labels`` labels; 500 labels take the paper's 500-label probe
-        (400 steps, batch 128, lr 2.5)."""
+        """``base`` (default: the paper's settings) with ``labels`` labelled samples.
+
+        The paper gives probe settings for two label counts: 5,000 (the defaults) and 500
+        (400 steps, batch 128, lr 2.5). Exactly 500 labels takes the latter; every other count
+        keeps ``base``'s probe settings.
+        """
         base = base or cls()
         if labels == 500:
             return replace(base, labels=500, probe_steps=400, probe_batch=128, probe_lr=2.5)
@@ -76,229 +97,477 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """The outcome of one evaluation (written to summary.json)."""
+    """The outcome of one evaluation (recorded as JSON in a run's summary)."""
 
     protocol: str
+    """``linear``, ``finetune``, ``supervised`` or ``case_linear``."""
     accuracy: float
     """Top-1 accuracy on the full test split, in [0, 1]."""
     num_labels: int
+    """Labelled training samples (cases, for the case-level probe)."""
     steps: int
+    """Optimiser steps taken."""
     seconds: float
+    """Wall-clock time of the whole protocol, feature extraction and testing included."""
+    num_test: int
+    """Test samples (cases) scored."""
+    train_accuracy: float | None = None
+    """Top-1 accuracy on the labelled training samples, in [0, 1]: linear probes only, where
+    the features are at hand (elsewhere it would cost another pass over the images)."""
+
+
+# ------------------------------------------------------------------------ labels and features
 
 
 def labelled_subset(labels: Tensor, n: int, num_classes: int, seed: int) -> Tensor:
-    """``n`` training sample ids, class-balanced (remainder to the lowest classes), seeded.
+    """``n`` training sample ids, class-balanced and seeded.
+
+    Class c gets ⌊n / num_classes⌋ samples, plus one for the first ``n mod num_classes``
+    classes. Each class's picks are the head of a seeded permutation of its samples (stream
+    ``(seed, "labels")``), so a smaller subset is nearly always contained in a larger one.
+
+    Args:
+        labels: int (N,), the training split's labels in [0, num_classes).
+        n: how many labelled samples, 1 ≤ n.
+        num_classes: number of classes.
+        seed: the run seed.
 
     Returns:
-        int64 (n,), sorted.
+        int64 (n,) sample ids, sorted, on the CPU.
+
+    Raises:
+        ValueError: ``n`` or a label is out of range, or a class has fewer samples than its
+            share.
     """
-    labels = torch.as_tensor(labels)
-    per = [n // num_classes + (1 if c < n % num_classes else 0) for c in range(num_classes)]
+    labels = torch.as_tensor(labels).cpu()
+    if labels.ndim != 1 or labels.dtype.is_floating_point:
+        raise ValueError(f"labels must be an integer vector, got {labels.dtype} "
+                         f"{tuple(labels.shape)}")
+    if n < 1 or num_classes < 1:
+        raise ValueError(f"labelled subset needs n >= 1 and num_classes >= 1, got n={n}, "
+                         f"num_classes={num_classes}")
+    if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
+        raise ValueError(f"labels must lie in [0, {num_classes}), got "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
     gen = generator(seed, "labels")
     chosen = []
-    for c, k in enumerate(per):
+    for c in range(num_classes):
+        share = n // num_classes + (1 if c < n % num_classes else 0)
         pool = torch.nonzero(labels == c).flatten()
-        if pool.numel() < k:
-            raise ValueError(f"a class-balanced subset of {n} labels needs {k} samples of class "
-                             f"{c}, but the training split has {pool.numel()}")
-        chosen.append(pool[torch.randperm(pool.numel(), generator=gen)[:k]])
+        if pool.numel() < share:
+            raise ValueError(f"a class-balanced subset of {n} labels needs {share} samples of "
+                             f"class {c}, but the training split has {pool.numel()}")
+        chosen.append(pool[torch.randperm(pool.numel(), generator=gen)[:share]])
     return torch.sort(torch.cat(chosen)).values
 
 
+def _default_dtype(model: nn.Module) -> torch.dtype:
+    param = next(model.parameters(), None)
+    return torch.float32 if param is None else param.dtype
+
+
 @torch.no_grad()
-def extract_features(encoder: nn.Module, images: Tensor, batch_size: int,
-                     device: torch.device) -> Tensor:
-    """Features of un-augmented images: float32 (N, D). ``encoder`` maps a batch to (B, D)."""
-    was_training = encoder.training
-    encoder.eval()
-    dtype = next(encoder.parameters()).dtype
-    out = [encoder(eval_view(images[i:i + batch_size].to(device), dtype)).float().cpu()
-           for i in range(0, images.shape[0], batch_size)]
-    encoder.train(was_training)
+def _batched(fn: Callable[[Tensor], Tensor], model: nn.Module, images: Tensor, batch_size: int,
+             device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``fn`` of the un-augmented images, in batches, with ``model`` in eval mode (its mode is
+    restored afterwards): float32 (N, ·) on ``device``."""
+    if images.shape[0] == 0:
+        raise ValueError("cannot compute features of an empty image set")
+    was_training = model.training
+    model.eval()
+    try:
+        out = [fn(eval_view(images[i:i + batch_size].to(device), dtype)).float()
+               for i in range(0, images.shape[0], batch_size)]
+    finally:
+        model.train(was_training)
     return torch.cat(out)
 
 
-def _encoder(model: nn.Module) -> nn.Module:
-    """The backbone of a dual encoder (its first tower), or the module itself."""
-    return model.backbone if hasattr(model, "backbone") else model
+def extract_features(model: nn.Module, images: Tensor, batch_size: int, device: torch.device,
+                     dtype: torch.dtype | None = None, tower: int = 0) -> Tensor:
+    """Backbone features of un-augmented images, the projector discarded.
+
+    Args:
+        model: a ``DualEncoder`` (its ``features(x, tower)``) or a backbone ((B, C, H, W) →
+            (B, D)), on ``device``.
+        images: uint8 (N, C, H, W), on any device; moved to ``device`` a batch at a time.
+        batch_size: images per forward pass.
+        device: where the model runs.
+        dtype: input dtype; default the model's parameter dtype.
+        tower: which tower of a two-tower dual encoder (0: the first).
+
+    Returns:
+        float32 (N, D) on ``device``.
+    """
+    encode = (lambda x: model.features(x, tower)) if hasattr(model, "features") else model
+    return _batched(encode, model, images, batch_size, device, dtype or _default_dtype(model))
 
 
 def _accuracy(logits: Tensor, labels: Tensor) -> float:
-    return float((logits.argmax(1) == labels).double().mean())
+    return float((logits.argmax(1) == labels.to(logits.device)).double().mean())
+
+
+def _batch_order(n: int, batch: int, steps: int, gen: torch.Generator) -> Tensor:
+    """Sample positions for every step: int64 (steps, min(batch, n)), consecutive slices of a
+    stream of seeded permutations of range(n), so each sample is drawn once per epoch."""
+    size = min(batch, n)
+    epochs = -(-steps * size // n)
+    stream = torch.cat([torch.randperm(n, generator=gen) for _ in range(epochs)])
+    return stream[: steps * size].view(steps, size)
+
+
+def _linear_head(in_dim: int, num_classes: int, gen: torch.Generator | None,
+                 device: torch.device, dtype: torch.dtype) -> nn.Linear:
+    """A linear layer initialised from ``gen`` (uniform ±1/√in_dim, PyTorch's scale) or to
+    zero when ``gen`` is None; the global RNG is not touched."""
+    head = nn.utils.skip_init(nn.Linear, in_dim, num_classes, device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in (head.weight, head.bias):
+            if gen is None:
+                p.zero_()
+            else:
+                bound = in_dim ** -0.5
+                p.copy_(torch.empty(p.shape, dtype=torch.float64).uniform_(-bound, bound,
+                                                                           generator=gen))
+    return head
+
+
+# ------------------------------------------------------------------------------ linear probe
 
 
 def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, steps: int,
                             batch: int, lr: float, momentum: float, seed: int) -> nn.Linear:
-    """A linear classifier on fixed features, LARS with cosine decay (paper appendix B).
+    """A linear classifier on fixed features: LARS, cosine decay (paper appendix B).
 
-    Features are standardised with the training mean/std first (folded into the returned
-    layer), as probes commonly do, so one learning rate suits every encoder.
+    The features are standardised with the training mean and standard deviation first, as
+    a frozen batch norm would (our choice; the paper does not say), so one learning rate suits
+    encoders whose feature scales differ. The standardisation is folded into the returned
+    layer, which therefore applies to raw features. The layer starts at zero.
+
+    Args:
+        features: float (N, D) training features, on any device (training runs there).
+        labels: int64 (N,) in [0, num_classes).
+        num_classes: outputs of the classifier.
+        steps: LARS steps; batches walk through seeded permutations (stream
+            ``(seed, "probe")``).
+        batch: samples per step (at most N).
+        lr: initial learning rate.
+        momentum: LARS momentum.
+        seed: the run seed.
+
+    Returns:
+        A linear layer (D → num_classes) on the features' device, in float32.
     """
-    mean, std = features.mean(0), features.std(0) + 1e-6
+    features = features.float()
+    labels = labels.to(features.device)
+    mean, std = features.mean(0), features.std(0, correction=0) + 1e-6
     z = (features - mean) / std
-    head = nn.Linear(z.shape[1], num_classes)
-    nn.init.zeros_(head.weight)
-    nn.init.zeros_(head.bias)
-    opt = LARS([{"params": [head.weight]}, {"params": [head.bias], "exclude": True}], lr=lr,
-               momentum=momentum)
-    gen = generator(seed, "probe")
+    head = _linear_head(z.shape[1], num_classes, None, z.device, z.dtype)
+    opt = build_optimizer(head.named_parameters(),
+                          OptimConfig(name="lars", lr=lr, momentum=momentum))
+    order = _batch_order(z.shape[0], batch, steps, generator(seed, "probe")).to(z.device)
     for step in range(steps):
         set_lr(opt, scheduled_lr(step, steps, lr))
-        idx = torch.randint(0, z.shape[0], (min(batch, z.shape[0]),), generator=gen)
+        idx = order[step]
         loss = F.cross_entropy(head(z[idx]), labels[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    with torch.no_grad():  # fold the standardisation into the layer
-        folded = nn.Linear(z.shape[1], num_classes)
-        folded.weight.copy_(head.weight / std)
-        folded.bias.copy_(head.bias - (head.weight * (mean / std)).sum(1))
-    return folded
+    with torch.no_grad():  # W((x − μ)/σ) + b = (W/σ) x + (b − (W/σ) μ)
+        head.weight.div_(std)
+        head.bias.sub_(head.weight @ mean)
+    return head
+
+
+def linear_probe_features(train_features: Tensor, train_labels: Tensor, test_features: Tensor,
+                          test_labels: Tensor, num_classes: int, cfg: EvalConfig, seed: int,
+                          protocol: str = "linear") -> EvalResult:
+    """The linear evaluation protocol on precomputed features (images or pooled cases).
+
+    Args:
+        train_features, test_features: float (N, D) and (M, D), on one device.
+        train_labels, test_labels: int64 (N,) and (M,).
+        num_classes: number of classes.
+        cfg: ``probe_steps``, ``probe_batch``, ``probe_lr``, ``probe_momentum``.
+        seed: the run seed.
+        protocol: the name recorded in the result.
+    """
+    start = time.perf_counter()
+    head = train_linear_classifier(train_features, train_labels, num_classes, cfg.probe_steps,
+                                   cfg.probe_batch, cfg.probe_lr, cfg.probe_momentum, seed)
+    with torch.no_grad():
+        train_acc = _accuracy(head(train_features.float()), train_labels)
+        acc = _accuracy(head(test_features.float()), test_labels)
+    return EvalResult(protocol=protocol, accuracy=acc, num_labels=int(train_labels.numel()),
+                      steps=cfg.probe_steps, seconds=time.perf_counter() - start,
+                      train_accuracy=train_acc, num_test=int(test_labels.numel()))
 
 
 def linear_probe(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
                  label_ids: Tensor, cfg: EvalConfig, seed: int,
                  device: torch.device) -> EvalResult:
-    """Linear evaluation: frozen encoder, LARS-trained linear classifier on its features."""
+    """Linear evaluation: the encoder frozen (and untouched), a LARS-trained linear classifier
+    on its features of the labelled images, scored on the whole test split.
+
+    Args:
+        model: a ``DualEncoder`` or a backbone, on ``device``.
+        train_set, test_set: the splits.
+        label_ids: int64 (n,) labelled sample ids of ``train_set`` (``labelled_subset``).
+        cfg: the probe settings and ``feature_batch``.
+        seed: the run seed.
+        device: where features are computed and the classifier trained.
+    """
     start = time.perf_counter()
-    encoder = _encoder(model)
-    train_x = extract_features(encoder, train_set.images[label_ids], cfg.feature_batch, device)
-    test_x = extract_features(encoder, test_set.images, cfg.feature_batch, device)
-    head = train_linear_classifier(train_x, train_set.labels[label_ids], train_set.num_classes,
-                                   cfg.probe_steps, cfg.probe_batch, cfg.probe_lr,
-                                   cfg.probe_momentum, seed)
-    with torch.no_grad():
-        acc = _accuracy(head(test_x), test_set.labels)
-    return EvalResult("linear", acc, int(label_ids.numel()), cfg.probe_steps,
-                      time.perf_counter() - start)
+    train_x = extract_features(model, train_set.images[label_ids], cfg.feature_batch, device)
+    test_x = extract_features(model, test_set.images, cfg.feature_batch, device)
+    result = linear_probe_features(train_x, train_set.labels[label_ids], test_x,
+                                   test_set.labels, train_set.num_classes, cfg, seed)
+    return replace(result, seconds=time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------ cases (DERM)
+
+
+def case_features(features: Tensor, case_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Average-pool image encodings per case (the paper's DERM protocol, §4).
+
+    Args:
+        features: float (N, D) image encodings.
+        case_ids: int (N,), the case of each image (any integers, any order).
+
+    Returns:
+        The distinct case ids, sorted, int64 (M,), and each case's mean encoding (M, D), both
+        on the features' device.
+    """
+    if case_ids.shape != features.shape[:1]:
+        raise ValueError(f"case_ids must be ({features.shape[0]},), got {tuple(case_ids.shape)}")
+    keys, slot = torch.unique(case_ids.to(features.device), return_inverse=True)
+    sums = torch.zeros(keys.numel(), features.shape[1], dtype=features.dtype,
+                       device=features.device).index_add_(0, slot, features)
+    counts = torch.bincount(slot, minlength=keys.numel()).to(features.dtype)
+    return keys.long(), sums / counts[:, None]
+
+
+def case_labels(labels: Tensor, case_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """The label of each case, from per-image labels.
+
+    Args:
+        labels: int64 (N,), each image's label.
+        case_ids: int (N,), each image's case.
+
+    Returns:
+        The distinct case ids, sorted, int64 (M,) (as ``case_features``), and their labels
+        int64 (M,).
+
+    Raises:
+        ValueError: the images of one case carry different labels.
+    """
+    keys, slot = torch.unique(case_ids.to(labels.device), return_inverse=True)
+    first = torch.full((keys.numel(),), -1, dtype=torch.int64, device=labels.device)
+    first.scatter_(0, slot, labels.long())  # some image's label per case
+    clash = first[slot] != labels
+    if bool(clash.any()):
+        case = int(keys[slot[clash.nonzero()[0, 0]]])
+        raise ValueError(f"the images of case {case} carry different labels")
+    return keys.long(), first
+
+
+def linear_probe_cases(model: nn.Module, train_set: ImageDataset, train_cases: Tensor,
+                       test_set: ImageDataset, test_cases: Tensor, cfg: EvalConfig, seed: int,
+                       device: torch.device) -> EvalResult:
+    """Case-level linear evaluation: each case's image encodings average-pooled, then the
+    linear probe on the pooled encodings, scored per test case (paper §4, DERM).
+
+    Args:
+        model: a ``DualEncoder`` or a backbone, on ``device`` (left untouched).
+        train_set: the labelled training images (every image of every labelled case; pick
+            the cases first and ``subset`` the images).
+        train_cases, test_cases: int (N,) and (M,), each image's case id.
+        test_set: the test images.
+        cfg, seed, device: as for ``linear_probe``.
+    """
+    start = time.perf_counter()
+    pooled = []
+    for split, cases in ((train_set, train_cases), (test_set, test_cases)):
+        feats = extract_features(model, split.images, cfg.feature_batch, device)
+        _, x = case_features(feats, cases)
+        _, y = case_labels(split.labels.to(device), cases)
+        pooled.append((x, y))
+    (train_x, train_y), (test_x, test_y) = pooled
+    result = linear_probe_features(train_x, train_y, test_x, test_y, train_set.num_classes, cfg,
+                                   seed, protocol="case_linear")
+    return replace(result, seconds=time.perf_counter() - start)
+
+
+# --------------------------------------------------------------- finetuning and from scratch
 
 
 class Classifier(nn.Module):
-    """A backbone with a linear head."""
+    """A backbone with a linear head: images (B, C, H, W) → logits (B, num_classes)."""
 
-    def __init__(self, backbone: nn.Module, feature_dim: int, num_classes: int) -> None:
+    def __init__(self, backbone: nn.Module, head: nn.Linear) -> None:
         super().__init__()
-        self.backbone, self.head = backbone, nn.Linear(feature_dim, num_classes)
+        self.backbone, self.head = backbone, head
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.backbone(x))
 
 
+def _classifier(backbone: nn.Module, num_classes: int, seed: int, protocol: str) -> Classifier:
+    """``backbone`` plus a head initialised from the stream ``(seed, protocol, "head")``."""
+    p = next(backbone.parameters())
+    head = _linear_head(backbone.feature_dim, num_classes, generator(seed, protocol, "head"),
+                        p.device, p.dtype)
+    return Classifier(backbone, head)
+
+
 def _train_classifier(net: Classifier, train_set: ImageDataset, label_ids: Tensor, steps: int,
-                      batch: int, lr: float, seed: int, device: torch.device) -> None:
-    """Adam with cosine decay on the labelled subset, flip augmentation only."""
-    params = list(net.parameters())
-    opt = torch.optim.Adam(params, lr=lr)
-    dtype = params[0].dtype
-    gen = generator(seed, "classifier")
-    aug_seed = derive_seed(seed, "classifier-augment")
+                      batch: int, lr: float, seed: int, protocol: str) -> None:
+    """Adam with cosine decay on the labelled subset, random flips only (appendix B).
+
+    Batches walk through seeded permutations (stream ``(seed, protocol, "batches")``); the
+    flip of sample i at step t is a hash of ``(seed, protocol, "flip")``, t and i.
+    """
+    p = next(net.parameters())
+    images = train_set.images[label_ids].to(p.device)  # the subset lives on the device
+    labels = train_set.labels[label_ids].to(p.device)
+    ids = label_ids.to(p.device)
+    opt = build_optimizer(net.named_parameters(), OptimConfig(name="adam", lr=lr))
+    order = _batch_order(ids.numel(), batch, steps, generator(seed, protocol, "batches"))
+    order = order.to(p.device)
+    flip_seed = derive_seed(seed, protocol, "flip")
     net.train()
     for step in range(steps):
         set_lr(opt, scheduled_lr(step, steps, lr))
-        pick = label_ids[torch.randint(0, label_ids.numel(), (min(batch, label_ids.numel()),),
-                                       generator=gen)]
-        x = flip_view(train_set.images[pick].to(device), pick.to(device), aug_seed, step, dtype)
-        loss = F.cross_entropy(net(x), train_set.labels[pick].to(device))
+        pick = order[step]
+        x = flip_view(images[pick], ids[pick], flip_seed, step, p.dtype)
+        loss = F.cross_entropy(net(x), labels[pick])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    net.eval()
 
 
-@torch.no_grad()
-def _test_accuracy(net: nn.Module, test_set: ImageDataset, batch: int,
-                   device: torch.device) -> float:
-    logits = extract_features(net, test_set.images, batch, device)
-    return _accuracy(logits, test_set.labels)
+def _scored(net: Classifier, protocol: str, test_set: ImageDataset, num_labels: int,
+            steps: int, batch: int, start: float) -> EvalResult:
+    """The test accuracy of a trained classifier, as a result."""
+    p = next(net.parameters())
+    test_logits = _batched(net, net, test_set.images, batch, p.device, p.dtype)
+    return EvalResult(protocol=protocol, accuracy=_accuracy(test_logits, test_set.labels),
+                      num_labels=num_labels, steps=steps, seconds=time.perf_counter() - start,
+                      num_test=len(test_set))
 
 
 def finetune(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
              label_ids: Tensor, cfg: EvalConfig, seed: int,
              device: torch.device) -> tuple[EvalResult, Classifier]:
-    """Full finetuning of a copy of the pretrained backbone plus a linear head (Adam).
+    """Full finetuning: a copy of the pretrained backbone plus a linear head, trained with
+    Adam (``finetune_steps``, ``finetune_batch``, ``finetune_lr``, cosine; appendix B).
+
+    Args:
+        model: a ``DualEncoder`` (its first backbone is used) or a backbone; left untouched.
+        train_set, test_set, label_ids, cfg, seed: as for ``linear_probe``.
+        device: where the copy is trained.
 
     Returns:
-        The result and the finetuned network; ``model`` itself is left untouched.
+        The result and the finetuned network (backbone copy + head, in eval mode).
     """
     start = time.perf_counter()
-    backbone = copy.deepcopy(_encoder(model))
-    net = Classifier(backbone, backbone.feature_dim, train_set.num_classes).to(device)
-    net = net.to(next(backbone.parameters()).dtype)
+    backbone = copy.deepcopy(getattr(model, "backbone", model)).to(device)
+    net = _classifier(backbone, train_set.num_classes, seed, "finetune")
     _train_classifier(net, train_set, label_ids, cfg.finetune_steps, cfg.finetune_batch,
-                      cfg.finetune_lr, seed, device)
-    acc = _test_accuracy(net, test_set, cfg.feature_batch, device)
-    return (EvalResult("finetune", acc, int(label_ids.numel()), cfg.finetune_steps,
-                       time.perf_counter() - start), net)
+                      cfg.finetune_lr, seed, "finetune")
+    result = _scored(net, "finetune", test_set, int(label_ids.numel()), cfg.finetune_steps,
+                     cfg.feature_batch, start)
+    return result, net
 
 
 def supervised_from_scratch(model_cfg: ModelConfig, in_channels: int, train_set: ImageDataset,
                             test_set: ImageDataset, label_ids: Tensor, cfg: EvalConfig,
                             seed: int, device: torch.device) -> EvalResult:
-    """The same backbone, freshly initialised, trained on the labelled subset (Adam, cosine)."""
-    start = time.perf_counter()
-    backbone = build_backbone(model_cfg, in_channels, derive_seed(seed, "scratch"))
-    net = Classifier(backbone, backbone.feature_dim, train_set.num_classes).to(device)
-    steps = max(1, cfg.scratch_epochs * -(-label_ids.numel() // cfg.scratch_batch))
-    _train_classifier(net, train_set, label_ids, steps, cfg.scratch_batch, cfg.scratch_lr,
-                      seed, device)
-    acc = _test_accuracy(net, test_set, cfg.feature_batch, device)
-    return EvalResult("supervised", acc, int(label_ids.numel()), steps,
-                      time.perf_counter() - start)
-
-
-def case_features(features: Tensor, case_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Average-pool image encodings per case (the paper's DERM protocol).
+    """Supervised training from scratch: the configured backbone, freshly initialised
+    (``build_backbone`` with seed ``derive_seed(seed, "scratch")``), plus a linear head,
+    trained with Adam for ``scratch_epochs`` epochs of the labelled subset (appendix B).
 
     Args:
-        features: (N, D) image encodings.
-        case_ids: int (N,), the case of each image.
-
-    Returns:
-        The sorted distinct case ids (M,) and their mean encodings (M, D).
+        model_cfg: the architecture of the pretrained encoders it is compared with.
+        in_channels: image channels.
+        train_set, test_set, label_ids, seed, device: as for ``finetune``.
+        cfg: ``scratch_epochs``, ``scratch_batch``, ``scratch_lr``, ``feature_batch``.
     """
-    keys, slot = torch.unique(case_ids, return_inverse=True)
-    sums = torch.zeros(keys.numel(), features.shape[1], dtype=features.dtype)
-    sums.index_add_(0, slot, features)
-    counts = torch.bincount(slot, minlength=keys.numel()).to(features.dtype)
-    return keys, sums / counts[:, None]
-
-
-def case_linear_probe(train_features: Tensor, train_cases: Tensor, case_labels: dict[int, int],
-                      test_features: Tensor, test_cases: Tensor, num_classes: int,
-                      cfg: EvalConfig, seed: int) -> EvalResult:
-    """Linear probe on case-pooled encodings; ``case_labels`` maps a case id to its label."""
     start = time.perf_counter()
-    tr_keys, tr_x = case_features(train_features, train_cases)
-    te_keys, te_x = case_features(test_features, test_cases)
-    tr_y = torch.tensor([case_labels[int(k)] for k in tr_keys])
-    te_y = torch.tensor([case_labels[int(k)] for k in te_keys])
-    head = train_linear_classifier(tr_x, tr_y, num_classes, cfg.probe_steps, cfg.probe_batch,
-                                   cfg.probe_lr, cfg.probe_momentum, seed)
-    with torch.no_grad():
-        acc = _accuracy(head(te_x), te_y)
-    return EvalResult("case_linear", acc, int(tr_keys.numel()), cfg.probe_steps,
-                      time.perf_counter() - start)
+    backbone = build_backbone(model_cfg, in_channels, derive_seed(seed, "scratch")).to(device)
+    net = _classifier(backbone, train_set.num_classes, seed, "scratch")
+    steps = cfg.scratch_epochs * -(-label_ids.numel() // cfg.scratch_batch)
+    _train_classifier(net, train_set, label_ids, steps, cfg.scratch_batch, cfg.scratch_lr, seed,
+                      "scratch")
+    return _scored(net, "supervised", test_set, int(label_ids.numel()), steps,
+                   cfg.feature_batch, start)
+
+
+# ------------------------------------------------------------------------------ k-NN monitor
 
 
 def knn_predict(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes: int, k: int,
-                temperature: float) -> Tensor:
-    """Weighted k-NN (Wu et al. 2018): votes exp(cos/τ) of the k nearest bank features."""
-    bank, queries = F.normalize(bank, dim=1), F.normalize(queries, dim=1)
-    sims, idx = (queries @ bank.T).topk(min(k, bank.shape[0]), dim=1)
-    votes = torch.zeros(queries.shape[0], num_classes)
-    votes.scatter_add_(1, bank_labels[idx], torch.exp(sims / temperature))
-    return votes.argmax(1)
+                temperature: float, chunk: int = 1024) -> Tensor:
+    """Weighted k-NN classification (Wu et al. 2018).
+
+    Each query's k most cosine-similar bank features vote for their labels with weight
+    exp(s / τ); the class with the largest vote wins.
+
+    Args:
+        bank: float (N, D) reference features.
+        bank_labels: int64 (N,) their labels.
+        queries: float (M, D), on the bank's device.
+        num_classes: number of classes.
+        k: neighbours (at most N are used).
+        temperature: τ > 0.
+        chunk: queries per similarity block, bounding memory to chunk × N.
+
+    Returns:
+        int64 (M,) predicted labels, on the queries' device.
+    """
+    bank = F.normalize(bank.float(), dim=1)
+    bank_labels = bank_labels.to(bank.device)
+    preds = []
+    for q in F.normalize(queries.float(), dim=1).split(chunk):
+        sims, idx = (q @ bank.T).topk(min(k, bank.shape[0]), dim=1)
+        # subtracting each query's top similarity changes no argmax and keeps exp finite
+        weights = torch.exp((sims - sims[:, :1]) / temperature)
+        votes = torch.zeros(q.shape[0], num_classes, device=q.device)
+        preds.append(votes.scatter_add_(1, bank_labels[idx], weights).argmax(1))
+    return torch.cat(preds)
 
 
 def knn_accuracy(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset, k: int,
                  temperature: float, bank_size: int | None, num_queries: int | None, seed: int,
-                 device: torch.device) -> float:
-    """k-NN top-1 accuracy of the encoder's features: a cheap monitor during pretraining."""
+                 device: torch.device, batch_size: int = 1024) -> float:
+    """Weighted k-NN top-1 accuracy of the encoder's features: the pretraining monitor.
+
+    The bank (training images) and the queries (test images) are random subsets drawn from
+    the stream ``(seed, "knn")``, the same ones at every call, so successive values during a
+    run are comparable.
+
+    Args:
+        model: a ``DualEncoder`` or a backbone, on ``device``; its mode is restored.
+        train_set, test_set: the splits.
+        k, temperature: see ``knn_predict``.
+        bank_size, num_queries: subset sizes; None (or more than the split holds): all.
+        seed: the run seed.
+        device: where features are computed.
+        batch_size: images per forward pass.
+
+    Returns:
+        Accuracy in [0, 1] on the queried test images.
+    """
+    if k < 1 or not temperature > 0:
+        raise ValueError(f"k-NN needs k >= 1 and temperature > 0, got k={k}, "
+                         f"temperature={temperature}")
     gen = generator(seed, "knn")
     bank_ids = torch.randperm(len(train_set), generator=gen)[:bank_size or len(train_set)]
     query_ids = torch.randperm(len(test_set), generator=gen)[:num_queries or len(test_set)]
-    encoder = _encoder(model)
-    bank = extract_features(encoder, train_set.images[bank_ids], 1024, device)
-    queries = extract_features(encoder, test_set.images[query_ids], 1024, device)
+    bank = extract_features(model, train_set.images[bank_ids], batch_size, device)
+    queries = extract_features(model, test_set.images[query_ids], batch_size, device)
     pred = knn_predict(bank, train_set.labels[bank_ids], queries, train_set.num_classes, k,
                        temperature)
-    return float((pred == test_set.labels[query_ids]).double().mean())
+    return float((pred == test_set.labels[query_ids].to(pred.device)).double().mean())

@@ -1,10 +1,13 @@
 """Encoders of the paper (§4): ResNets with weight standardisation and group norm, a projector
 MLP, and the dual encoder that pairs them.
 
-Every convolution and every hidden projector layer is weight-standardised (Qiao et al. 2019)
-and followed by group norm (Wu & He 2018) with 32 groups; the last projection layer is a plain
-linear layer. Neither operation mixes samples, so a batch's outputs are exactly the outputs of
-its samples run one by one — what lets the simulator run all of a round's clients in one batch.
+"Weight standardization and group normalization with 32 groups are used at every layer except
+the last projection layer" (paper §4): every convolution is a ``WSConv2d`` (Qiao et al. 2019)
+followed by group norm (Wu & He 2018), every hidden projector layer a ``WSLinear`` followed by
+group norm, and the last projection layer a plain ``nn.Linear``. Neither operation mixes
+samples (there is no batch norm anywhere), so a batch's outputs and gradients are exactly those
+of its samples run one by one: what lets the simulator run all of a round's clients in one
+batch, and a shared dual encoder run both views in one forward pass.
 """
 
 from __future__ import annotations
@@ -19,98 +22,139 @@ from torch import Tensor, nn
 
 from dcco.seeding import generator
 
-DEFAULT_WIDTHS = {"resnet14": (64, 128, 256), "resnet50": (64, 128, 256, 512)}
+Arch = Literal["resnet14", "resnet50"]
+
+RESNET14_WIDTHS = (64, 128, 256)
+RESNET50_WIDTHS = (64, 128, 256, 512)
+WS_EPS = 1e-5
+"""Added to each output unit's weight variance in weight standardisation (Qiao et al.'s code adds
+1e-5 to the standard deviation). At initialisation it is about 1% of a 256-wide 3×3 conv's
+weight variance and 3% of a 1024-input projector layer's, shrinking the standardised weight by
+0.6% and 1.5%; every standardised layer is followed by group norm, which undoes such a
+near-uniform shrink, so eps in effect only guards a unit whose weights are all equal."""
+PROJECTOR_MIN_GROUP = 8
+"""Channels per group-norm group in the projector, at least. A projector's activations are
+vectors, so a group of one channel would normalise every entry to zero; the paper's widths
+(1024 and 256 with 32 groups) give 32 and 8 channels per group, and narrower projectors keep
+that floor of 8 by using fewer groups."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The encoder architecture (paper §4)."""
 
-    arch: Literal["resnet14", "resnet50"] = "resnet14"
+    arch: Arch = "resnet14"
+    """resnet14: CIFAR-style 6n+2 network, n=2 (paper, CIFAR-100); resnet50: ImageNet
+    bottleneck network (paper, DERM)."""
     widths: tuple[int, ...] | None = None
-    """Channels per stage; None → resnet14 (64, 128, 256), resnet50 (64, 128, 256, 512)."""
+    """Channels per stage; None: resnet14 (64, 128, 256), resnet50 (64, 128, 256, 512). A
+    resnet50 stage outputs 4× its width (bottleneck expansion)."""
     projector: tuple[int, ...] | None = None
-    """Projector widths; None → the method's paper default ([1024]*3 CCO, [256, 256, 128] NT-Xent)."""
+    """Projector widths; None: the method's paper default ([1024]*3 CCO, [256, 256, 128]
+    NT-Xent), resolved by ``dcco.config.RunConfig.projector``."""
     shared: bool = True
     """One network for both inputs (the paper's self-supervised setting) or two towers."""
     gn_groups: int = 32
-    ws_eps: float = 1e-5
-    """Added to the weight variance in weight standardisation."""
+    """Group-norm groups: 32 (paper), fewer where a width is not divisible (``group_count``)."""
+    ws_eps: float = WS_EPS
+    """Added to the weight variance in weight standardisation (see ``WS_EPS``)."""
 
     def __post_init__(self) -> None:
-        stages = len(DEFAULT_WIDTHS[self.arch])
-        if self.widths is not None and (
-            len(self.widths) != stages or any(w < 1 for w in self.widths)
-        ):
+        if self.arch not in ("resnet14", "resnet50"):
+            raise ValueError(f"model.arch must be 'resnet14' or 'resnet50', got {self.arch!r}")
+        stages = len(_default_widths(self.arch))
+        if self.widths is not None and (len(self.widths) != stages or not _positive(self.widths)):
             raise ValueError(
-                f"model.widths must be {stages} positive integers for {self.arch}, "
-                f"got {list(self.widths)}"
+                f"model.widths must be {stages} positive integers for {self.arch} (or none), "
+                f"got {self.widths!r}"
             )
-        if self.projector is not None and (
-            len(self.projector) == 0 or any(w < 1 for w in self.projector)
-        ):
-            raise ValueError(f"model.projector must be positive widths, got {self.projector}")
-        if self.gn_groups < 1:
-            raise ValueError(f"model.gn_groups must be >= 1, got {self.gn_groups}")
-        if not self.ws_eps > 0:
-            raise ValueError(f"model.ws_eps must be > 0, got {self.ws_eps}")
+        if self.projector is not None and (len(self.projector) == 0
+                                           or not _positive(self.projector)):
+            raise ValueError(
+                f"model.projector must be one or more positive integers (or none), "
+                f"got {self.projector!r}"
+            )
+        if not _positive((self.gn_groups,)):
+            raise ValueError(f"model.gn_groups must be an integer >= 1, got {self.gn_groups!r}")
+        if not (self.ws_eps > 0 and math.isfinite(self.ws_eps)):
+            raise ValueError(f"model.ws_eps must be a finite number > 0, got {self.ws_eps!r}")
 
     @property
     def stage_widths(self) -> tuple[int, ...]:
-        return self.widths or DEFAULT_WIDTHS[self.arch]
+        """The widths, or the architecture's default."""
+        return self.widths if self.widths is not None else _default_widths(self.arch)
 
 
-def _standardise(weight: Tensor, eps: float) -> Tensor:
-    """(W − mean) / √(var + eps) over everything but the output unit."""
+def _default_widths(arch: str) -> tuple[int, ...]:
+    return RESNET14_WIDTHS if arch == "resnet14" else RESNET50_WIDTHS
+
+
+def _positive(values: tuple[int, ...]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
+
+
+def standardised_weight(weight: Tensor, eps: float = WS_EPS) -> Tensor:
+    """Weight standardisation (Qiao et al. 2019): each output unit's weights shifted to mean 0
+    and scaled to variance 1 (biased, over all its inputs and kernel positions).
+
+    Args:
+        weight: (out, in) or (out, in, kh, kw).
+        eps: added to the variance.
+
+    Returns:
+        (W − mean) / √(var + eps), the shape of ``weight``.
+    """
     dims = tuple(range(1, weight.ndim))
-    mean = weight.mean(dim=dims, keepdim=True)
-    var = weight.var(dim=dims, keepdim=True, unbiased=False)
-    return (weight - mean) / torch.sqrt(var + eps)
+    var, mean = torch.var_mean(weight, dim=dims, keepdim=True, correction=0)
+    return (weight - mean) * torch.rsqrt(var + eps)
 
 
 class WSConv2d(nn.Conv2d):
-    """A convolution with weight standardisation (Qiao et al. 2019)."""
+    """A 2-D convolution whose weight is standardised per output channel in every forward."""
 
-    def __init__(self, *args, eps: float = 1e-5, **kwargs) -> None:
+    def __init__(self, *args, eps: float = WS_EPS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, _standardise(self.weight, self.eps), self.bias, self.stride,
-                        self.padding, self.dilation, self.groups)
+        """(N, C_in, H, W) → (N, C_out, H', W')."""
+        return self._conv_forward(x, standardised_weight(self.weight, self.eps), self.bias)
 
 
 class WSLinear(nn.Linear):
-    """A linear layer with weight standardisation per output unit."""
+    """A linear layer whose weight is standardised per output unit in every forward."""
 
-    def __init__(self, *args, eps: float = 1e-5, **kwargs) -> None:
+    def __init__(self, *args, eps: float = WS_EPS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, _standardise(self.weight, self.eps), self.bias)
+        """(N, in_features) → (N, out_features)."""
+        return F.linear(x, standardised_weight(self.weight, self.eps), self.bias)
 
 
-def gn_groups(num_channels: int, groups: int = 32, min_group_size: int = 1) -> int:
-    """The largest divisor of ``num_channels`` that is at most ``groups`` and leaves at least
-    ``min_group_size`` channels per group (32 groups, fewer for narrow widths)."""
-    return max(g for g in range(1, min(groups, num_channels) + 1)
-               if num_channels % g == 0 and num_channels // g >= min(min_group_size, num_channels))
+def group_count(num_channels: int, groups: int = 32, min_group_size: int = 1) -> int:
+    """Group-norm groups for a width: the largest divisor of ``num_channels`` that is at most
+    ``groups`` and leaves at least ``min_group_size`` channels per group (1 if none does).
+
+    The paper uses 32 groups; a narrow width not divisible by 32 gets the largest divisor below
+    it instead (16 → 16, 24 → 24, 48 → 24, 1024 → 32), so narrow demo networks keep the
+    paper's normalisation as closely as their widths allow.
+    """
+    fits = [g for g in range(1, min(groups, num_channels) + 1)
+            if num_channels % g == 0 and num_channels // g >= min_group_size]
+    return max(fits, default=1)
 
 
 def group_norm(num_channels: int, groups: int = 32, min_group_size: int = 1) -> nn.GroupNorm:
-    return nn.GroupNorm(gn_groups(num_channels, groups, min_group_size), num_channels)
-
-
-PROJECTOR_MIN_GROUP = 8
-"""Channels per group-norm group in the projector, at least. A projector's activations are
-vectors, so a group of one channel would normalise every entry to zero; the paper's widths
-(1024 and 256 with 32 groups) give 32 and 8 channels per group, and narrow test projectors
-keep that floor of 8 by using fewer groups."""
+    """``nn.GroupNorm`` over ``num_channels`` with ``group_count(...)`` groups (see there)."""
+    return nn.GroupNorm(group_count(num_channels, groups, min_group_size), num_channels)
 
 
 class _Block(nn.Module):
-    """Conv → GN (→ ReLU) units; the basic or bottleneck residual block."""
+    """A residual block of WSConv → GN units: basic (3×3, 3×3) or bottleneck (1×1, 3×3, 1×1,
+    expansion 4, stride on the 3×3 as in torchvision). The shortcut is the identity, or a
+    1×1 WSConv → GN where the shape changes."""
 
     def __init__(self, c_in: int, width: int, stride: int, bottleneck: bool, groups: int,
                  eps: float) -> None:
@@ -129,8 +173,10 @@ class _Block(nn.Module):
             self.shortcut = nn.Sequential(
                 WSConv2d(c_in, c_out, 1, stride, bias=False, eps=eps), group_norm(c_out, groups)
             )
+        self.out_channels = c_out
 
     def forward(self, x: Tensor) -> Tensor:
+        """(N, c_in, H, W) → (N, c_out, H / stride, W / stride)."""
         h = x
         for i, (conv, norm) in enumerate(zip(self.convs, self.norms)):
             h = norm(conv(h))
@@ -141,104 +187,185 @@ class _Block(nn.Module):
 
 
 class ResNet(nn.Module):
-    """A GN+WS residual network returning pooled features (N, feature_dim)."""
+    """A GN+WS residual network (He et al. 2016) that returns globally average-pooled features.
+
+    Args:
+        in_channels: image channels (1 for Fashion-MNIST, 3 for CIFAR).
+        widths: channels per stage; the first is also the stem's.
+        blocks: residual blocks per stage; each stage after the first halves the resolution.
+        bottleneck: bottleneck blocks (expansion 4) instead of basic ones.
+        imagenet_stem: 7×7 stride-2 conv and 3×3 stride-2 max-pool instead of one 3×3 conv.
+        gn_groups: group-norm groups (``group_count``).
+        ws_eps: weight-standardisation eps.
+
+    Attributes:
+        feature_dim: channels of the pooled output.
+    """
 
     def __init__(self, in_channels: int, widths: tuple[int, ...], blocks: tuple[int, ...],
-                 bottleneck: bool, imagenet_stem: bool, groups: int = 32,
-                 eps: float = 1e-5) -> None:
+                 bottleneck: bool, imagenet_stem: bool, gn_groups: int = 32,
+                 ws_eps: float = WS_EPS) -> None:
         super().__init__()
+        if in_channels < 1 or len(widths) != len(blocks) or min(widths, default=0) < 1:
+            raise ValueError(f"ResNet needs in_channels >= 1 and {len(blocks)} positive widths, "
+                             f"got in_channels={in_channels}, widths={widths}")
         stem = widths[0]
+        kernel, stride = (7, 2) if imagenet_stem else (3, 1)
+        units: list[nn.Module] = [
+            WSConv2d(in_channels, stem, kernel, stride, padding=kernel // 2, bias=False,
+                     eps=ws_eps),
+            group_norm(stem, gn_groups), nn.ReLU()]
         if imagenet_stem:
-            self.stem = nn.Sequential(
-                WSConv2d(in_channels, stem, 7, 2, padding=3, bias=False, eps=eps),
-                group_norm(stem, groups), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1))
-        else:
-            self.stem = nn.Sequential(
-                WSConv2d(in_channels, stem, 3, 1, padding=1, bias=False, eps=eps),
-                group_norm(stem, groups), nn.ReLU())
+            units.append(nn.MaxPool2d(3, 2, padding=1))
+        self.stem = nn.Sequential(*units)
         layers, c_in = [], stem
         for i, (width, n) in enumerate(zip(widths, blocks)):
             for j in range(n):
                 stride = 2 if (i > 0 and j == 0) else 1
-                layers.append(_Block(c_in, width, stride, bottleneck, groups, eps))
-                c_in = 4 * width if bottleneck else width
+                layers.append(_Block(c_in, width, stride, bottleneck, gn_groups, ws_eps))
+                c_in = layers[-1].out_channels
         self.layers = nn.Sequential(*layers)
         self.feature_dim = c_in
 
     def forward(self, x: Tensor) -> Tensor:
+        """Images (N, in_channels, H, W) → pooled features (N, feature_dim)."""
         return self.layers(self.stem(x)).mean(dim=(2, 3))
 
 
-def resnet14(in_channels: int, widths: tuple[int, ...] = DEFAULT_WIDTHS["resnet14"],
-             groups: int = 32, eps: float = 1e-5) -> ResNet:
-    """CIFAR-style ResNet (6n+2, n=2): 3×3 stem, three stages of two basic blocks, strides 1, 2, 2."""
-    return ResNet(in_channels, widths, (2, 2, 2), False, False, groups, eps)
+class ResNet14(ResNet):
+    """CIFAR-style ResNet with 6n+2 layers, n=2 (He et al. 2016 §4.2): a 3×3 stem conv, three
+    stages of two basic blocks with strides 1, 2, 2, global average pooling. The 14th layer is
+    the head (projector or classifier) on top. 28×28 inputs end at 7×7, 32×32 at 8×8."""
+
+    def __init__(self, in_channels: int, widths: tuple[int, ...] = RESNET14_WIDTHS,
+                 gn_groups: int = 32, ws_eps: float = WS_EPS) -> None:
+        super().__init__(in_channels, tuple(widths), (2, 2, 2), bottleneck=False,
+                         imagenet_stem=False, gn_groups=gn_groups, ws_eps=ws_eps)
 
 
-def resnet50(in_channels: int, widths: tuple[int, ...] = DEFAULT_WIDTHS["resnet50"],
-             groups: int = 32, eps: float = 1e-5) -> ResNet:
-    """ImageNet ResNet50: 7×7 stride-2 stem and max-pool, bottleneck stages [3, 4, 6, 3]."""
-    return ResNet(in_channels, widths, (3, 4, 6, 3), True, True, groups, eps)
+class ResNet50(ResNet):
+    """ImageNet ResNet50: a 7×7 stride-2 stem conv and max-pool, bottleneck stages [3, 4, 6, 3]
+    with expansion 4 (feature_dim = 4 × widths[-1]). 32×32 inputs end at 1×1 maps: group norm
+    there normalises over channels alone, which needs several channels per group (64 at the
+    paper's widths)."""
+
+    def __init__(self, in_channels: int, widths: tuple[int, ...] = RESNET50_WIDTHS,
+                 gn_groups: int = 32, ws_eps: float = WS_EPS) -> None:
+        super().__init__(in_channels, tuple(widths), (3, 4, 6, 3), bottleneck=True,
+                         imagenet_stem=True, gn_groups=gn_groups, ws_eps=ws_eps)
 
 
 class Projector(nn.Sequential):
-    """MLP: (WSLinear → GN → ReLU) per hidden layer, then a plain linear layer (paper §4)."""
+    """The projection MLP (paper §4): (WSLinear → GN → ReLU) per hidden layer, then a plain
+    linear layer without normalisation. Hidden group norms keep at least
+    ``PROJECTOR_MIN_GROUP`` channels per group.
 
-    def __init__(self, in_dim: int, dims: tuple[int, ...], groups: int = 32,
-                 eps: float = 1e-5) -> None:
+    Args:
+        in_dim: input features (the backbone's feature_dim).
+        dims: output widths of the layers, e.g. (1024, 1024, 1024); the last is ``out_dim``.
+        gn_groups: group-norm groups of the hidden layers.
+        ws_eps: weight-standardisation eps.
+    """
+
+    def __init__(self, in_dim: int, dims: tuple[int, ...], gn_groups: int = 32,
+                 ws_eps: float = WS_EPS) -> None:
+        if len(dims) == 0 or min(dims) < 1 or min(dims[:-1], default=2) < 2:
+            raise ValueError(f"Projector dims must be positive, hidden ones >= 2 (a 1-wide "
+                             f"group norm outputs a constant), got {dims}")
         layers: list[nn.Module] = []
+        width_in = in_dim
         for width in dims[:-1]:
-            layers += [WSLinear(in_dim, width, eps=eps),
-                       group_norm(width, groups, PROJECTOR_MIN_GROUP), nn.ReLU()]
-            in_dim = width
-        layers.append(nn.Linear(in_dim, dims[-1]))
+            layers += [WSLinear(width_in, width, eps=ws_eps),
+                       group_norm(width, gn_groups, PROJECTOR_MIN_GROUP), nn.ReLU()]
+            width_in = width
+        layers.append(nn.Linear(width_in, dims[-1]))
         super().__init__(*layers)
+        self.in_dim, self.out_dim = in_dim, dims[-1]
 
 
 class DualEncoder(nn.Module):
-    """Encodes a pair of inputs into a pair of encodings (F, G).
+    """Encodes a pair of inputs (X, Y) into a pair of encodings (F, G) (paper §3).
 
-    With ``shared`` towers both inputs go through one network, in one forward pass over the
-    concatenated batch; otherwise each input has its own backbone and projector.
+    With one tower (``second`` None) both inputs go through the same backbone and projector, in
+    one forward pass over the concatenated batch; otherwise Y has its own backbone and projector
+    (``backbone2``, ``projector2``).
+
+    Args:
+        backbone, projector: the first tower (the only one when shared).
+        second: the second tower's (backbone, projector), or None for a shared network.
     """
 
-    def __init__(self, backbone: nn.Module, projector: nn.Module,
-                 second: tuple[nn.Module, nn.Module] | None = None) -> None:
+    def __init__(self, backbone: ResNet, projector: Projector,
+                 second: tuple[ResNet, Projector] | None = None) -> None:
         super().__init__()
         self.backbone, self.projector = backbone, projector
         self.backbone2 = second[0] if second else None
         self.projector2 = second[1] if second else None
+        if second and second[1].out_dim != projector.out_dim:
+            raise ValueError(f"DualEncoder towers must project to one dimension, got "
+                             f"{projector.out_dim} and {second[1].out_dim}")
 
     @property
     def shared(self) -> bool:
+        """Whether both inputs go through one network."""
         return self.backbone2 is None
 
     @property
     def feature_dim(self) -> int:
+        """Backbone output width (of the first tower)."""
         return self.backbone.feature_dim
 
+    @property
+    def projection_dim(self) -> int:
+        """d, the width of F and G."""
+        return self.projector.out_dim
+
+    def _tower(self, tower: int) -> tuple[nn.Module, nn.Module]:
+        if tower not in (0, 1):
+            raise ValueError(f"DualEncoder tower must be 0 or 1, got {tower!r}")
+        if tower == 0 or self.shared:
+            return self.backbone, self.projector
+        return self.backbone2, self.projector2
+
     def forward(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor]:
-        """Projections of both inputs: (N, d) each."""
+        """Projections of both inputs.
+
+        Args:
+            x1, x2: images (N1, C, H, W) and (N2, C, H, W).
+
+        Returns:
+            F (N1, d) and G (N2, d).
+        """
         if self.shared:
             z = self.projector(self.backbone(torch.cat([x1, x2])))
             return z[: x1.shape[0]], z[x1.shape[0]:]
-        return self.projector(self.backbone(x1)), self.projector2(self.backbone2(x2))
+        return self.encode(x1, 0), self.encode(x2, 1)
+
+    def encode(self, x: Tensor, tower: int = 0) -> Tensor:
+        """Projections of one input through one tower: (N, C, H, W) → (N, d)."""
+        backbone, projector = self._tower(tower)
+        return projector(backbone(x))
 
     def features(self, x: Tensor, tower: int = 0) -> Tensor:
-        """Backbone features (N, feature_dim), the projector discarded (for evaluation)."""
-        backbone = self.backbone if tower == 0 or self.shared else self.backbone2
-        return backbone(x)
+        """Backbone features, the projector discarded (for evaluation): (N, C, H, W) →
+        (N, feature_dim)."""
+        return self._tower(tower)[0](x)
 
 
 def _initialise(module: nn.Module, gen: torch.Generator) -> None:
-    """Kaiming-normal convolutions, LeCun-uniform-like linears, GN scale 1 and shift 0.
+    """Initialise every parameter of ``module`` from ``gen``, in module order.
 
-    The last GN of each residual branch starts at zero (Goyal et al. 2017), so every block
-    starts as the identity.
+    Convolutions: Kaiming normal, fan-out (He et al. 2015, torchvision's choice). Linears:
+    weights and biases uniform in ±1/√fan_in (PyTorch's default scale; weight standardisation
+    makes the scale irrelevant for hidden layers, and it keeps the last layer's outputs O(1)).
+    Group norm: scale 1, shift 0, except the last group norm of each residual branch, whose
+    scale starts at 0 (Goyal et al. 2017) so every block starts as its shortcut.
     """
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu", generator=gen)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Linear):
             bound = 1 / math.sqrt(m.in_features)
             nn.init.uniform_(m.weight, -bound, bound, generator=gen)
@@ -247,29 +374,55 @@ def _initialise(module: nn.Module, gen: torch.Generator) -> None:
         elif isinstance(m, nn.GroupNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
-    for m in module.modules():
+    for m in module.modules():  # after the loop above, which visits a block before its norms
         if isinstance(m, _Block):
             nn.init.zeros_(m.norms[-1].weight)
 
 
+def _resnet(cfg: ModelConfig, in_channels: int) -> ResNet:
+    make = ResNet14 if cfg.arch == "resnet14" else ResNet50
+    # torch's default init draws from the global RNG; ours replaces it, so leave the RNG as found
+    with torch.random.fork_rng(devices=[]):
+        return make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps)
+
+
 def build_backbone(cfg: ModelConfig, in_channels: int, seed: int, tower: int = 0) -> ResNet:
-    """The configured ResNet, initialised from ``(seed, "init", tower)``."""
-    make = resnet14 if cfg.arch == "resnet14" else resnet50
-    with torch.random.fork_rng(devices=[]):  # torch's own default init must not move the RNG
-        net = make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps)
+    """The configured ResNet, initialised from the stream ``(seed, "init", "backbone", tower)``.
+
+    The global torch RNG is neither used nor advanced. The dual encoder's first tower built
+    from the same seed is this network, parameter for parameter.
+    """
+    net = _resnet(cfg, in_channels)
     _initialise(net, generator(seed, "init", "backbone", tower))
     return net
 
 
+def build_projector(cfg: ModelConfig, in_dim: int, dims: tuple[int, ...], seed: int,
+                    tower: int = 0) -> Projector:
+    """A projector initialised from the stream ``(seed, "init", "projector", tower)``."""
+    with torch.random.fork_rng(devices=[]):
+        projector = Projector(in_dim, tuple(dims), cfg.gn_groups, cfg.ws_eps)
+    _initialise(projector, generator(seed, "init", "projector", tower))
+    return projector
+
+
 def build_dual_encoder(cfg: ModelConfig, in_channels: int, projector_dims: tuple[int, ...],
                        seed: int) -> DualEncoder:
-    """The dual encoder, initialised reproducibly from ``seed`` without the global RNG."""
+    """The dual encoder of ``cfg``, initialised reproducibly from ``seed``.
+
+    Each tower's backbone and projector draw from their own stream
+    (``(seed, "init", "backbone" | "projector", tower)``), so changing the projector leaves the
+    backbone's initialisation unchanged; the global torch RNG is neither used nor advanced.
+
+    Args:
+        cfg: the architecture; ``cfg.projector`` is ignored in favour of ``projector_dims``.
+        in_channels: image channels.
+        projector_dims: the projector widths (the caller resolves the method's default).
+        seed: the run seed.
+    """
     towers = []
     for tower in range(1 if cfg.shared else 2):
         backbone = build_backbone(cfg, in_channels, seed, tower)
-        with torch.random.fork_rng(devices=[]):
-            projector = Projector(backbone.feature_dim, tuple(projector_dims), cfg.gn_groups,
-                                  cfg.ws_eps)
-        _initialise(projector, generator(seed, "init", "projector", tower))
+        projector = build_projector(cfg, backbone.feature_dim, projector_dims, seed, tower)
         towers.append((backbone, projector))
     return DualEncoder(*towers[0], second=towers[1] if len(towers) > 1 else None)

@@ -10,23 +10,34 @@ Dropout rule for DCCO's two exchanges:
 - the update is the sample-weighted average of the phase-2 updates of the survivors, weighted
   by their own counts; clients that sent statistics and then vanished contribute to S_A but
   not to the update;
-- a phase with fewer than ``min_clients`` valid replies skips the round (no model change).
+- a phase with fewer than a minimum number of valid replies skips the round (no model
+  change; ``skip_reason``).
 
 When every phase-1 client also answers phase 2, the round equals one centralized step on the
-pooled batch, as in the paper. When some drop out, the update is the gradient of L(S_A)
-through the survivors' samples only, rescaled to their share: an unbiased-in-expectation but
-not exact estimate of that step, with the statistics still describing the full phase-1 batch.
+pooled batch, as in the paper (appendix A). When some drop out, the update is the gradient of
+L(S_A) through the survivors' samples only, rescaled to their share: with equal-size clients
+that drop out independently of their data, an unbiased but noisier estimate of that step (a
+smaller effective batch for the gradient), while the statistics still describe the full
+phase-1 batch. It is no longer the exact centralized step.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from dcco.client import ClientUpdate
 from dcco.stats import EncodingStats
+
+T = TypeVar("T")
+
+REJECTION_KINDS = ("shape", "dtype", "nonfinite", "count", "missing_key", "magnitude")
+"""The kinds of malformed reply, as counted in the metrics (``ReplyError.kind``)."""
 
 MAX_ABS = 1e12
 """Largest magnitude accepted in a reply; anything beyond is 'absurd' (it would swamp Adam)."""
@@ -82,16 +93,39 @@ def validate_statistics(reply: dict[str, object], d_f: int, d_g: int,
     return EncodingStats(count=torch.tensor(float(n), dtype=torch.float64), **sums)
 
 
+def check_loss(loss: object, max_abs: float = MAX_ABS) -> float:
+    """A reported loss: a finite number of sane magnitude."""
+    if isinstance(loss, Tensor):
+        loss = loss.item() if loss.numel() == 1 else None
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        raise ReplyError("dtype", f"loss {loss!r} is not a number")
+    if not math.isfinite(loss):
+        raise ReplyError("nonfinite", f"loss is {loss}")
+    if abs(loss) > max_abs:
+        raise ReplyError("magnitude", f"loss {loss:g} is beyond ±{max_abs:g}")
+    return float(loss)
+
+
 def validate_update(reply: dict[str, object], count: object, shapes: dict[str, tuple[int, ...]],
-                    max_abs: float = MAX_ABS) -> ClientUpdate:
-    """Phase-2 reply (a delta per parameter name) → ``ClientUpdate``, or ``ReplyError``."""
+                    max_abs: float = MAX_ABS, loss: object = None) -> ClientUpdate:
+    """Phase-2 reply (a delta per parameter name) → ``ClientUpdate``, or ``ReplyError``.
+
+    Args:
+        reply: parameter name → Δ_k, each of the parameter's shape and a floating dtype.
+        count: N_k, the client's sample count.
+        shapes: parameter name → expected shape.
+        max_abs: the largest magnitude accepted.
+        loss: the client's loss before its step, a finite number; None (the default) means
+            "not reported" and gives a NaN loss.
+    """
     missing = [k for k in shapes if k not in reply]
     if missing:
         raise ReplyError("missing_key", f"update lacks {len(missing)} parameters, e.g. "
                                         f"{missing[0]}")
     n = check_count(count)
     delta = {k: _check_tensor(k, reply[k], s, max_abs) for k, s in shapes.items()}
-    return ClientUpdate(delta=delta, num_samples=n, loss=float("nan"))
+    return ClientUpdate(delta=delta, num_samples=n,
+                        loss=math.nan if loss is None else check_loss(loss, max_abs))
 
 
 def aggregate_updates(updates: list[ClientUpdate],
@@ -106,3 +140,76 @@ def aggregate_updates(updates: list[ClientUpdate],
         out[name] = acc
     return out
 
+
+
+@dataclass
+class ReplyTally:
+    """What became of the requests of one exchange: the fault counters of the metrics.
+
+    Attributes:
+        sent: requests sent.
+        accepted: valid replies.
+        failed: replies that report an error (the client raised, crashed or was lost).
+        missing: requests with no reply before the timeout.
+        rejected: malformed replies by kind (see ``REJECTION_KINDS``).
+    """
+
+    sent: int = 0
+    accepted: int = 0
+    failed: int = 0
+    missing: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, kind: str) -> None:
+        self.rejected[kind] = self.rejected.get(kind, 0) + 1
+
+    def __add__(self, other: ReplyTally) -> ReplyTally:
+        kinds = {*self.rejected, *other.rejected}
+        return ReplyTally(
+            self.sent + other.sent, self.accepted + other.accepted, self.failed + other.failed,
+            self.missing + other.missing,
+            {k: self.rejected.get(k, 0) + other.rejected.get(k, 0) for k in sorted(kinds)},
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {"sent": self.sent, "accepted": self.accepted, "failed": self.failed,
+                "missing": self.missing, "rejected": dict(sorted(self.rejected.items()))}
+
+
+def accept_valid(replies: Iterable[object], validate: Callable[[object], T],
+                 tally: ReplyTally) -> list[tuple[int, T]]:
+    """The replies that pass ``validate``, with their positions; the others are counted.
+
+    A ``ReplyError`` counts as a rejection of its kind; anything else raised by ``validate``
+    (e.g. an undecodable payload) as a rejection of kind ``"dtype"``: a malformed reply never
+    stops the round.
+
+    Args:
+        replies: the payloads of the replies that arrived without an error.
+        validate: payload → checked value, raising ``ReplyError`` when malformed.
+        tally: updated in place (``accepted`` and ``rejected``).
+    """
+    valid = []
+    for i, reply in enumerate(replies):
+        try:
+            valid.append((i, validate(reply)))
+        except ReplyError as e:
+            tally.reject(e.kind)
+        except KeyError:  # a record or field the payload lacks
+            tally.reject("missing_key")
+        except (ValueError, TypeError):  # undecodable, e.g. not a numeric array
+            tally.reject("dtype")
+        else:
+            tally.accepted += 1
+    return valid
+
+
+def skip_reason(phase: str, survivors: int, minimum: int) -> str | None:
+    """Why a round must be skipped after ``phase``, or None when enough clients are left.
+
+    A round needs ``minimum`` valid replies in each phase: fewer survivors would make the
+    aggregate too noisy to trust (and under secure aggregation, too revealing).
+    """
+    if survivors < minimum:
+        return f"{phase}: {survivors} valid replies, fewer than the minimum {minimum}"
+    return None
