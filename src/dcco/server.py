@@ -23,6 +23,7 @@ phase-1 batch. It is no longer the exact centralized step.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from dcco.client import ClientUpdate
 from dcco.stats import EncodingStats
 
 T = TypeVar("T")
+LOG = logging.getLogger(__name__)
 
 REJECTION_KINDS = ("shape", "dtype", "nonfinite", "count", "missing_key", "magnitude")
 """The kinds of malformed reply, as counted in the metrics (``ReplyError.kind``)."""
@@ -195,10 +197,13 @@ def accept_valid(replies: Iterable[object], validate: Callable[[object], T],
             valid.append((i, validate(reply)))
         except ReplyError as e:
             tally.reject(e.kind)
-        except KeyError:  # a record or field the payload lacks
+            LOG.warning("reply rejected (%s): %s", e.kind, e)
+        except KeyError as e:  # a record or field the payload lacks
             tally.reject("missing_key")
-        except (ValueError, TypeError):  # undecodable, e.g. not a numeric array
+            LOG.warning("reply rejected (missing_key): it lacks %s", e)
+        except (ValueError, TypeError) as e:  # undecodable, e.g. not a numeric array
             tally.reject("dtype")
+            LOG.warning("reply rejected (dtype): %s", e)
         else:
             tally.accepted += 1
     return valid

@@ -1,0 +1,146 @@
+"""Message layouts of the dcco Flower app: what goes in which record.
+
+Plain messages (Message API records):
+
+=============  ==========================================================================
+instruction    ConfigRecord ``dcco``: ``phase`` ("stats" | "update"), ``round``, ``clients``;
+               ArrayRecord ``model`` (the global ``state_dict``) in phase "stats" and in
+               the one exchange of the FedAvg methods; ArrayRecord ``shared`` (S_A as
+               ``mean_f`` … ``mean_fg``) in DCCO's phase "update"
+stats reply    ArrayRecord ``stats`` (``sum_f`` … ``sum_fg``, float64); MetricRecord
+               ``stats``: ``count`` (samples)
+update reply   ArrayRecord ``delta`` (Δ per parameter name); MetricRecord ``update``:
+               ``count``, ``loss``
+node query     ConfigRecord ``dcco``: ``phase`` = "node" → MetricRecord ``node``:
+               ``partition_id``, ``num_partitions``, ``num_clients``
+=============  ==========================================================================
+
+Both phases are plain ``train`` messages told apart by ``phase``: Flower's SecAgg+ intercepts
+only the ``train`` message type. Under SecAgg+ the payloads travel in Flower's legacy
+``FitIns``/``FitRes`` layout that ``secaggplus_mod`` reads (see ``dcco.flower.secagg``).
+
+Decoding never trusts a reply: a missing record raises ``KeyError``, an array that is not a
+numeric NumPy array ``TypeError``/``ValueError``; ``dcco.server.accept_valid`` counts both as
+malformed replies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from torch import Tensor
+
+from dcco.client import ClientUpdate
+from dcco.flower.nodes import NodeIdentity
+from dcco.stats import EncodingStats, Moments
+
+Phase = Literal["stats", "update"]
+CONFIG = "dcco"
+MODEL, SHARED, STATS, DELTA, UPDATE, NODE = "model", "shared", "stats", "delta", "update", "node"
+
+
+def tensor_of(array: Array) -> Tensor:
+    """A received ``Array`` as a tensor (a writable copy of its NumPy form)."""
+    return torch.from_numpy(np.array(array.numpy(), copy=True))
+
+
+def array_record(tensors: dict[str, Tensor]) -> ArrayRecord:
+    """Named tensors → ``ArrayRecord`` (on the CPU, dtypes kept)."""
+    return ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
+
+
+def tensors_of(record: ArrayRecord) -> dict[str, Tensor]:
+    return {k: tensor_of(v) for k, v in record.items()}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What the server asks of a node in one exchange.
+
+    Attributes:
+        phase: "stats" (DCCO's phase 1) or "update" (the local step).
+        round: the 0-based round index (keys the augmentation and the stored model).
+        clients: the sampled clients the node answers for.
+        model: the global ``state_dict``, or None when the node already holds it (DCCO's
+            phase 2 uses the model stored in phase 1).
+        shared: S_A for DCCO's phase 2, else None.
+    """
+
+    phase: Phase
+    round: int
+    clients: tuple[int, ...]
+    model: dict[str, Tensor] | None = None
+    shared: Moments | None = None
+
+
+def encode_instruction(ins: Instruction) -> RecordDict:
+    content = RecordDict({CONFIG: ConfigRecord({"phase": ins.phase, "round": ins.round,
+                                                "clients": list(ins.clients)})})
+    if ins.model is not None:
+        content[MODEL] = array_record(ins.model)
+    if ins.shared is not None:
+        content[SHARED] = array_record(moments_dict(ins.shared))
+    return content
+
+
+def decode_instruction(content: RecordDict) -> Instruction:
+    cfg = content.config_records[CONFIG]
+    phase = cfg["phase"]
+    if phase not in ("stats", "update"):
+        raise ValueError(f"unknown phase {phase!r} in the server's message")
+    model = tensors_of(content.array_records[MODEL]) if MODEL in content.array_records else None
+    shared = None
+    if SHARED in content.array_records:
+        shared = Moments(**tensors_of(content.array_records[SHARED]))
+    return Instruction(phase, int(cfg["round"]), tuple(int(k) for k in cfg["clients"]), model,
+                       shared)
+
+
+def moments_dict(m: Moments) -> dict[str, Tensor]:
+    return {f.name: getattr(m, f.name) for f in fields(m)}
+
+
+def encode_stats_reply(stats: EncodingStats) -> RecordDict:
+    sums = {k: v for k, v in stats.as_dict().items() if k != "count"}
+    return RecordDict({STATS: array_record(sums),
+                       STATS + ".meta": MetricRecord({"count": int(stats.count.item())})})
+
+
+def decode_stats_reply(content: RecordDict) -> dict[str, object]:
+    """A stats reply as the dict ``dcco.server.validate_statistics`` checks."""
+    reply: dict[str, object] = tensors_of(content.array_records[STATS])
+    reply["count"] = content.metric_records[STATS + ".meta"]["count"]
+    return reply
+
+
+def encode_update_reply(update: ClientUpdate) -> RecordDict:
+    return RecordDict({DELTA: array_record(update.delta),
+                       UPDATE: MetricRecord({"count": update.num_samples, "loss": update.loss})})
+
+
+def decode_update_reply(content: RecordDict) -> tuple[dict[str, Tensor], object, object]:
+    """(Δ by parameter name, count, loss) of an update reply, unchecked."""
+    meta = content.metric_records[UPDATE]
+    return tensors_of(content.array_records[DELTA]), meta["count"], meta["loss"]
+
+
+def node_query() -> RecordDict:
+    return RecordDict({CONFIG: ConfigRecord({"phase": NODE})})
+
+
+def encode_identity(identity: NodeIdentity) -> RecordDict:
+    return RecordDict({NODE: MetricRecord({
+        "partition_id": identity.partition_id, "num_partitions": identity.num_partitions,
+        "num_clients": identity.num_clients})})
+
+
+def decode_identity(content: RecordDict) -> NodeIdentity:
+    meta = content.metric_records[NODE]
+    values = {k: meta[k] for k in ("partition_id", "num_partitions", "num_clients")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        raise TypeError(f"node identity {values} must hold integers")
+    return NodeIdentity(**values)

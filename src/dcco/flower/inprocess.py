@@ -1,0 +1,97 @@
+"""A Flower ``Grid`` that delivers messages to a ClientApp in this process.
+
+For tests and debugging: the ServerApp's round logic and the real ClientApp (mods included,
+so SecAgg+ runs for real) talk through Flower ``Message`` objects without a SuperLink. Every
+message is deep-copied in both directions, as the network would, and each node keeps its own
+``Context`` (node config, state) across messages, as a SuperNode does. A ``tamper`` hook sees
+every reply and may replace or drop it: how the tests make clients fail, time out or send
+malformed replies.
+
+Like Flower's ``flwr-serverapp`` process, the grid sets Flower's process-wide
+``TaskIdentity`` (run 1, server node 0), which ``Message`` needs to stamp new instructions.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterable, Mapping
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+RUN_ID, SERVER_NODE_ID = 1, 0
+
+Tamper = Callable[[int, Message, Message], Message | None]
+"""(node id, instruction, reply) → the reply to deliver, or None to lose it."""
+
+
+class InProcessGrid(Grid):
+    """Nodes ``1..n`` with the given node configs, all running ``app``.
+
+    Args:
+        app: the ClientApp every node runs.
+        node_configs: one ``--node-config`` mapping per node.
+        run_config: the run config every node sees.
+        tamper: optional hook on every reply.
+    """
+
+    def __init__(self, app: ClientApp, node_configs: list[Mapping[str, object]],
+                 run_config: Mapping[str, object], tamper: Tamper | None = None) -> None:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, SERVER_NODE_ID, 0
+        self.app, self.tamper = app, tamper
+        self.contexts = {
+            i + 1: Context(run_id=RUN_ID, node_id=i + 1, node_config=dict(nc), state=RecordDict(),
+                           run_config=dict(run_config))
+            for i, nc in enumerate(node_configs)
+        }
+        self.online = set(self.contexts)
+        self._run = Run.create_empty(RUN_ID)
+        self._ids = itertools.count()
+        self._replies: dict[str, Message] = {}
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type,
+                       group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return sorted(self.online)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            msg_id = str(next(self._ids))
+            reply = self._deliver(copy.deepcopy(msg))
+            if reply is not None:
+                self._replies[msg_id] = copy.deepcopy(reply)
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        return list(self.pull_messages(list(self.push_messages(messages))))
+
+    def _deliver(self, msg: Message) -> Message | None:
+        node = msg.metadata.dst_node_id
+        if node not in self.online:
+            return None
+        try:
+            reply = self.app(msg, self.contexts[node])
+        except Exception as e:  # noqa: BLE001 (a SuperNode turns any ClientApp exception into an error reply)
+            reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, repr(e)), reply_to=msg)
+        return reply if self.tamper is None else self.tamper(node, msg, reply)

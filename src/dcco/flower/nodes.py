@@ -1,0 +1,184 @@
+"""Where clients live in a Flower deployment, and what a node computes for them.
+
+Placement: the run's clients are the simulator's (``dcco.train.build_partition`` on the
+training labels, same seed). A SuperNode with ``partition-id`` i of ``num-partitions`` N hosts
+the clients k with k mod N = i, like a hospital or an edge server holding several users' data;
+with N equal to the number of clients, each node is exactly one client. Each round the server
+samples K clients exactly as the simulator does (``dcco.train.sample_clients(seed, r, ...)``)
+and asks every node that hosts sampled clients for their work in one message.
+
+A node answers for its sampled clients together: the sum of their statistics (phase 1), and
+their sample-weighted average update with the total count (phase 2). Both are what the server
+would compute from the clients one by one, so the round is the simulator's; the server checks
+and weights nodes, not clients.
+
+This module is framework-free (torch and dcco only): ``client_app`` decodes a message, calls
+these functions and encodes the reply.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from dcco.augment import augment_pair
+from dcco.client import ClientUpdate, client_statistics, client_update, trainable_parameters
+from dcco.config import RunConfig
+from dcco.data.datasets import load_dataset
+from dcco.data.partition import Partition
+from dcco.methods.base import Method
+from dcco.models import DualEncoder, build_dual_encoder
+from dcco.seeding import derive_seed
+from dcco.server import aggregate_updates
+from dcco.stats import EncodingStats, Moments, merge
+from dcco.train import DTYPES, build_partition, resolve_device
+
+
+def partition_of(client: int, num_partitions: int) -> int:
+    """The partition id (SuperNode) hosting client ``client``."""
+    return client % num_partitions
+
+
+def hosted_clients(partition_id: int, num_partitions: int, num_clients: int) -> range:
+    """The clients hosted by node ``partition_id`` out of ``num_clients``."""
+    return range(partition_id, num_clients, num_partitions)
+
+
+def assign(clients: Sequence[int], num_partitions: int) -> dict[int, list[int]]:
+    """Sampled clients grouped by the partition id of their node, in sampled order."""
+    groups: dict[int, list[int]] = {}
+    for k in clients:
+        groups.setdefault(partition_of(int(k), num_partitions), []).append(int(k))
+    return groups
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """What a node tells the server about itself (the answer to a ``query`` message).
+
+    Attributes:
+        partition_id: i, from ``--node-config partition-id=i``.
+        num_partitions: N, from ``--node-config num-partitions=N``.
+        num_clients: the number of clients of the whole partition, from its own data (a
+            check that all nodes and the server split the data alike).
+    """
+
+    partition_id: int
+    num_partitions: int
+    num_clients: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.partition_id < self.num_partitions:
+            raise ValueError(f"node-config partition-id = {self.partition_id} must lie in "
+                             f"[0, num-partitions = {self.num_partitions})")
+
+
+def node_partition(node_config: dict[str, object]) -> tuple[int, int]:
+    """(partition-id, num-partitions) of a SuperNode's ``--node-config``."""
+    try:
+        pid, n = node_config["partition-id"], node_config["num-partitions"]
+    except KeyError as e:
+        raise ValueError(f"the SuperNode's node config lacks {e.args[0]!r}; start it with "
+                         f"--node-config \"partition-id=I num-partitions=N\"") from None
+    if not (isinstance(pid, int) and isinstance(n, int)) or isinstance(pid, bool) or n < 1:
+        raise ValueError(f"node config partition-id = {pid!r}, num-partitions = {n!r} must be "
+                         f"integers with num-partitions >= 1")
+    return pid, n
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """A node's copy of the training images and the run's clients.
+
+    Attributes:
+        images: uint8 (M, C, H, W), the training split, on the node's device.
+        partition: all clients of the run (the node uses only those it hosts).
+    """
+
+    images: Tensor
+    partition: Partition
+
+
+@functools.lru_cache(maxsize=1)
+def node_data(cfg: RunConfig) -> NodeData:
+    """The training split and the partition of ``cfg``.
+
+    Cached per process (a pure function of the frozen config): in simulation a node's
+    ClientApp runs many messages in one process; a deployed SuperNode starts one process per
+    message and pays the load each time.
+    """
+    train = load_dataset(cfg.data.dataset, "train", cfg.data.data_dir)
+    return NodeData(train.images.to(resolve_device(cfg.train.device)),
+                    build_partition(cfg, train))
+
+
+@functools.lru_cache(maxsize=1)
+def build_model(cfg: RunConfig, in_channels: int) -> DualEncoder:
+    """The run's dual encoder on the configured device and dtype, for weights to be loaded.
+
+    Cached per process like ``node_data``: every message loads the full weights it works on
+    (``load_weights``), so one module serves every message (and in simulation every node).
+    """
+    model = build_dual_encoder(cfg.model, in_channels, cfg.projector, seed=cfg.train.seed)
+    return model.to(resolve_device(cfg.train.device), DTYPES[cfg.train.dtype])
+
+
+def client_views(cfg: RunConfig, data: NodeData, client: int,
+                 round_index: int) -> tuple[Tensor, Tensor]:
+    """Both augmented views of one client's samples in round ``round_index``, (N_k, C, H, W).
+
+    The same views as the simulator's (``dcco.train.Pretraining.views``): augmentation is a
+    hash of (seed, round, sample id, view), whichever batch a sample is in.
+    """
+    ids = data.partition.client(client).to(data.images.device)
+    return augment_pair(data.images[ids], ids, derive_seed(cfg.train.seed, "augment"),
+                        round_index, cfg.augment, dtype=DTYPES[cfg.train.dtype])
+
+
+def check_hosted(clients: Sequence[int], identity: NodeIdentity) -> None:
+    """Refuse clients this node does not host (a server or configuration error)."""
+    for k in clients:
+        if not (0 <= k < identity.num_clients
+                and partition_of(k, identity.num_partitions) == identity.partition_id):
+            raise ValueError(
+                f"client {k} is not hosted by node partition-id {identity.partition_id} of "
+                f"{identity.num_partitions} ({identity.num_clients} clients)")
+
+
+def node_statistics(cfg: RunConfig, data: NodeData, model: nn.Module, clients: Sequence[int],
+                    round_index: int) -> EncodingStats:
+    """Phase 1 for a node's sampled clients: the sum of their ``client_statistics``."""
+    return merge([client_statistics(model, *client_views(cfg, data, k, round_index))
+                  for k in clients])
+
+
+def node_update(cfg: RunConfig, method: Method, data: NodeData, model: nn.Module,
+                clients: Sequence[int], round_index: int,
+                shared: Moments | None) -> ClientUpdate:
+    """Phase 2 for a node's sampled clients: each one's ``client_update``, pooled.
+
+    Returns:
+        Δ = Σ_k (N_k / N)·Δ_k over the node's clients, N = Σ_k N_k, and their
+        sample-weighted loss: one client's reply to the server, standing for all of them.
+    """
+    updates = [client_update(model, method, *client_views(cfg, data, k, round_index), shared,
+                             cfg.train.local_lr) for k in clients]
+    pseudo = aggregate_updates(updates, dict(trainable_parameters(model)))
+    total = sum(u.num_samples for u in updates)
+    loss = sum(u.num_samples / total * u.loss for u in updates)
+    return ClientUpdate({k: -v for k, v in pseudo.items()}, total, float(loss))
+
+
+def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """Load the server's weights (a full ``state_dict``) into ``model``, in its dtype."""
+    own = model.state_dict()
+    if set(weights) != set(own):
+        missing, extra = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+        raise ValueError(f"the server's model does not fit this node's: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}; do server and nodes run one config?")
+    with torch.no_grad():
+        model.load_state_dict({k: v.to(own[k].dtype) for k, v in weights.items()})

@@ -1,0 +1,345 @@
+"""Secure aggregation of both exchanges with Flower's SecAgg+: the server sees only sums.
+
+Flower's SecAgg+ (``SecAggPlusWorkflow`` on the server, ``secaggplus_mod`` on the clients)
+securely computes the weighted average Σ_k w_k x_k / Σ_k w_k of the clients' vectors x_k with
+weights w_k = N_k / max_weight. Each client scales x_k by w_k, clips it to ±c, quantises it
+stochastically to Q levels over [−c, c] and masks it; the server unmasks only the sum. So the
+server learns the average and the counts N_k (which it assigned anyway: Dirichlet clients have
+equal sizes), nothing of one client's statistics, update or loss.
+
+The ranges. Values must lie in ±c to survive, and the error is one quantisation step
+Δ = 2c/Q per value and client, so each phase sends values of a known scale:
+
+- statistics: a node sends the moments of its encodings standardised by a reference frame,
+  u = (F − μ)/σ and v = (G − ν)/τ per dimension: ⟨u⟩, ⟨v⟩, ⟨u²⟩, ⟨v²⟩, ⟨u vᵀ⟩ (all bounded by
+  the second moments ⟨u²⟩, ⟨v²⟩ by Cauchy–Schwarz). The map from raw moments is affine, so
+  the server maps the secure average back exactly (``unstandardise``), in float64; and the
+  catastrophic cancellation of ⟨F²⟩ − ⟨F⟩² happens there, not in fixed point;
+- updates: a node sends Δ / s with one scale s per round;
+- two auxiliary entries in [0, 1]-ish units: the loss / ℓ (ℓ a reference loss) and the
+  fraction of the node's values that the clipping cut, so the server learns the average
+  loss and how much was clipped, never one node's.
+
+The frame (μ, σ, ν, τ), s and ℓ come from a calibration step the server runs each round on
+its own data (``calibrate``: the round's model, 64 of the server's training images): public
+values, no state across rounds, so a resumed run uses the same ranges. With the defaults
+(c = 64, Q = 2^22), Δ ≈ 3·10⁻⁵: a statistic is exact to ~3·10⁻⁵ σ², an update to ~3·10⁻⁵ of
+the calibration step's largest |Δ|, per node; the bound used by the tests is
+``error_bound``. A node's encodings up to ~8σ from the frame's mean, and updates up to 64
+times the calibration step, pass unclipped; anything larger is clipped and reported in the
+metrics (``secagg_clipped``), as a warning to raise the clipping range.
+
+Malformed replies cannot be checked one by one under SecAgg+ (the server never sees one); the
+server checks the unmasked aggregate (shapes, finite values) instead, and SecAgg+ itself drops
+clients that fail to take part. Flower's protocol needs at least 2 nodes per exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server import LegacyContext
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.serverapp import Grid
+from torch import Tensor, nn
+
+from dcco.client import ClientUpdate, client_statistics, client_update
+from dcco.flower.appconfig import FlowerConfig
+from dcco.flower.codec import Instruction
+from dcco.methods.base import Method
+from dcco.stats import EncodingStats, Moments
+
+FIT_CONFIG, FIT_PARAMETERS = "fitins.config", "fitins.parameters"
+STD_FLOOR = 1e-2
+"""σ² of the frame is var + STD_FLOOR·mean(var): a dimension that barely varies on the
+calibration batch does not blow up the standardised moments of the nodes."""
+
+
+# ------------------------------------------------------------------------- ranges
+
+
+@dataclass(frozen=True)
+class SecureScales:
+    """The public reference values that put a round's secure payloads in range.
+
+    Attributes:
+        mean_f, std_f: μ, σ of F per dimension, float64 (d_f,).
+        mean_g, std_g: ν, τ of G per dimension, float64 (d_g,).
+        update: s, the unit of the update values.
+        loss: ℓ, the unit of the loss entry.
+    """
+
+    mean_f: Tensor
+    std_f: Tensor
+    mean_g: Tensor
+    std_g: Tensor
+    update: float
+    loss: float
+
+
+def _frame(mean: Tensor, second: Tensor) -> Tensor:
+    var = (second - mean * mean).clamp_min(0)
+    return torch.sqrt(var + STD_FLOOR * var.mean() + 1e-12)
+
+
+def calibrate(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
+              local_lr: float) -> SecureScales:
+    """The round's ranges from one client-style step on the server's own batch.
+
+    Args:
+        model: the round's global model.
+        method: the run's method (its ``client_update`` gives the update scale).
+        x1, x2: both views of the server's calibration batch, (B, C, H, W).
+        local_lr: the clients' learning rate η.
+    """
+    m = client_statistics(model, x1, x2).moments()
+    shared = m if method.needs_statistics else None
+    step = client_update(model, method, x1, x2, shared, local_lr)
+    update = max(float(d.abs().max()) for d in step.delta.values())
+    return SecureScales(m.mean_f, _frame(m.mean_f, m.mean_ff), m.mean_g,
+                        _frame(m.mean_g, m.mean_gg), max(update, 1e-12),
+                        max(abs(step.loss), 1e-6))
+
+
+def standardise(m: Moments, s: SecureScales) -> Moments:
+    """Raw moments → the moments of u = (F − μ)/σ, v = (G − ν)/τ (all float64)."""
+    mu, sd, nu, td = s.mean_f, s.std_f, s.mean_g, s.std_g
+    return Moments(
+        mean_f=(m.mean_f - mu) / sd,
+        mean_g=(m.mean_g - nu) / td,
+        mean_ff=(m.mean_ff - 2 * mu * m.mean_f + mu * mu) / (sd * sd),
+        mean_gg=(m.mean_gg - 2 * nu * m.mean_g + nu * nu) / (td * td),
+        mean_fg=(m.mean_fg - mu[:, None] * m.mean_g[None, :] - m.mean_f[:, None] * nu[None, :]
+                 + mu[:, None] * nu[None, :]) / (sd[:, None] * td[None, :]),
+    )
+
+
+def unstandardise(u: Moments, s: SecureScales) -> Moments:
+    """The inverse of ``standardise``; affine, so it commutes with weighted averages."""
+    mu, sd, nu, td = s.mean_f, s.std_f, s.mean_g, s.std_g
+    f, g = mu + sd * u.mean_f, nu + td * u.mean_g
+    return Moments(
+        mean_f=f,
+        mean_g=g,
+        mean_ff=sd * sd * u.mean_ff + 2 * mu * sd * u.mean_f + mu * mu,
+        mean_gg=td * td * u.mean_gg + 2 * nu * td * u.mean_g + nu * nu,
+        mean_fg=(sd[:, None] * td[None, :] * u.mean_fg + mu[:, None] * (td * u.mean_g)[None, :]
+                 + (sd * u.mean_f)[:, None] * nu[None, :] + mu[:, None] * nu[None, :]),
+    )
+
+
+def error_bound(max_weight: float, counts: Sequence[int], clip: float, levels: int,
+                max_abs: float) -> float:
+    """Worst-case |secure − plain| of one averaged value, in the units it is sent in.
+
+    Each of the n nodes adds at most one quantisation step Δ = 2c/Q after scaling by its
+    quantised weight q_k/Q ≈ N_k/max_weight; the server divides by Σ q_k/Q. The weights
+    themselves are rounded to 1/Q, which moves the average by at most
+    2·max|x|·max_k 1/(2 q_k). Valid when nothing was clipped.
+
+    Args:
+        max_weight: the exchange's max_weight.
+        counts: N_k of the nodes that took part.
+        clip: c. levels: Q. max_abs: max |x| over the nodes' values.
+    """
+    q = [round(n / max_weight * levels) for n in counts]
+    step = 2 * clip / levels
+    return len(q) * step / (sum(q) / levels) + max_abs * max(1 / qk for qk in q)
+
+
+# ------------------------------------------------------------------------- wire format
+
+
+@dataclass(frozen=True)
+class SecureParams:
+    """The range settings a node needs to prepare its payload."""
+
+    max_weight: float
+    clip: float
+    quantization: int
+    scales: SecureScales
+
+
+def _scales_config(s: SecureScales) -> dict[str, list[float] | float]:
+    return {"mean_f": s.mean_f.tolist(), "std_f": s.std_f.tolist(), "mean_g": s.mean_g.tolist(),
+            "std_g": s.std_g.tolist(), "update_scale": s.update, "loss_scale": s.loss}
+
+
+def secure_instruction(ins: Instruction, params: SecureParams) -> FitIns:
+    """An instruction in the ``FitIns`` layout that SecAgg+ delivers in its masking stage.
+
+    The payload is positional: the model's ``state_dict`` in its order, or S_A's five moments.
+    """
+    if ins.model is not None:
+        payload, arrays = "model", [v.detach().cpu().numpy() for v in ins.model.values()]
+    elif ins.shared is not None:
+        payload, arrays = "shared", [t.cpu().numpy() for t in ins.shared.tensors()]
+    else:
+        payload, arrays = "none", []
+    config = {"phase": ins.phase, "round": ins.round, "clients": list(ins.clients),
+              "max_weight": float(params.max_weight), "clip": float(params.clip),
+              "quantization": int(params.quantization), "payload": payload}
+    return FitIns(ndarrays_to_parameters(arrays), config | _scales_config(params.scales))
+
+
+def is_secure(content: RecordDict) -> bool:
+    """Whether a ``train`` message comes from SecAgg+ (the FitIns layout)."""
+    return FIT_CONFIG in content.config_records
+
+
+def decode_secure_instruction(content: RecordDict,
+                              model_keys: Sequence[str]) -> tuple[Instruction, SecureParams]:
+    """The node's side of ``secure_instruction``; ``model_keys`` orders the model payload."""
+    # read the FitIns records directly: compat.recorddict_to_fitins refuses list values
+    cfg = content.config_records[FIT_CONFIG]
+    arrays = parameters_to_ndarrays(compat.arrayrecord_to_parameters(
+        content.array_records[FIT_PARAMETERS], keep_input=True))
+    tensors = [torch.from_numpy(np.array(a, copy=True)) for a in arrays]
+    model = shared = None
+    if cfg["payload"] == "model":
+        if len(tensors) != len(model_keys):
+            raise ValueError(f"the server sent {len(tensors)} model arrays, this node's model "
+                             f"has {len(model_keys)}; do server and nodes run one config?")
+        model = dict(zip(model_keys, tensors))
+    elif cfg["payload"] == "shared":
+        shared = Moments(*tensors)
+    scales = SecureScales(*(torch.tensor(cfg[k], dtype=torch.float64)
+                            for k in ("mean_f", "std_f", "mean_g", "std_g")),
+                          update=float(cfg["update_scale"]), loss=float(cfg["loss_scale"]))
+    ins = Instruction(str(cfg["phase"]), int(cfg["round"]),
+                      tuple(int(k) for k in cfg["clients"]), model, shared)
+    params = SecureParams(float(cfg["max_weight"]), float(cfg["clip"]),
+                          int(cfg["quantization"]), scales)
+    return ins, params
+
+
+def _clipped_fraction(values: list[np.ndarray], count: int, params: SecureParams) -> float:
+    """Share of the values that SecAgg+ will clip after scaling by the node's weight."""
+    q = round(count / params.max_weight * params.quantization) / params.quantization
+    total = sum(v.size for v in values)
+    cut = sum(int((np.abs(v) * q > params.clip).sum()) for v in values)
+    return cut / max(total, 1)
+
+
+def _fitres(values: list[np.ndarray], aux: list[float], count: int,
+            params: SecureParams) -> RecordDict:
+    aux = [*aux, _clipped_fraction(values, count, params)]
+    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([*values, np.array(aux)]), count,
+                 {})
+    return compat.fitres_to_recorddict(res, keep_input=True)
+
+
+def secure_stats_reply(stats: EncodingStats, params: SecureParams) -> RecordDict:
+    """Phase 1 under SecAgg+: the node's standardised moments, weighted by its count."""
+    u = standardise(stats.moments(), params.scales)
+    return _fitres([t.numpy() for t in u.tensors()], [], int(stats.count.item()), params)
+
+
+def secure_update_reply(update: ClientUpdate, params: SecureParams) -> RecordDict:
+    """Phase 2 under SecAgg+: Δ / s per parameter and the loss / ℓ."""
+    s = params.scales
+    values = [(d.detach().double().cpu() / s.update).numpy() for d in update.delta.values()]
+    return _fitres(values, [update.loss / s.loss], update.num_samples, params)
+
+
+# ------------------------------------------------------------------------- server
+
+
+@dataclass(frozen=True)
+class SecureAverage:
+    """The unmasked outcome of one secure exchange.
+
+    Attributes:
+        values: the weighted average of the nodes' payload arrays (float64), aux last.
+        counts: node id → N_k of the nodes whose masked vectors were summed.
+    """
+
+    values: list[np.ndarray]
+    counts: dict[int, int]
+
+
+@dataclass
+class _Proxy:
+    """What ``SecAggPlusWorkflow`` reads of a legacy ``ClientProxy``: the node id."""
+
+    node_id: int
+
+
+class _OneExchange:
+    """The part of a legacy ``Strategy`` that ``SecAggPlusWorkflow`` calls: it hands out our
+    instructions and keeps the unmasked average (the workflow puts it in every FitRes)."""
+
+    def __init__(self, instructions: dict[int, FitIns]) -> None:
+        self.instructions = instructions
+        self.result: SecureAverage | None = None
+
+    def configure_fit(self, server_round: int, parameters: object,
+                      client_manager: object) -> list[tuple[_Proxy, FitIns]]:
+        return [(_Proxy(nid), fitins) for nid, fitins in self.instructions.items()]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[_Proxy, FitRes]],
+                      failures: list[object]) -> tuple[None, dict[str, float]]:
+        if results:
+            average = parameters_to_ndarrays(results[0][1].parameters)
+            counts = {proxy.node_id: int(res.num_examples) for proxy, res in results}
+            self.result = SecureAverage([np.asarray(a, dtype=np.float64) for a in average],
+                                        counts)
+        return None, {}
+
+
+def secure_average(grid: Grid, instructions: dict[int, FitIns], round_index: int,
+                   max_weight: float, clip: float, fcfg: FlowerConfig) -> SecureAverage | None:
+    """Run one SecAgg+ exchange with Flower's workflow; None when the protocol halted
+    (too few nodes left to unmask)."""
+    workflow = SecAggPlusWorkflow(
+        num_shares=fcfg.secagg_shares, reconstruction_threshold=fcfg.secagg_threshold,
+        max_weight=max_weight, clipping_range=clip, quantization_range=fcfg.secagg_quantization,
+        modulus_range=fcfg.secagg_modulus, timeout=fcfg.timeout,
+    )
+    exchange = _OneExchange(instructions)
+    state = RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND:
+                                                           round_index}),
+                        MAIN_PARAMS_RECORD: compat.parameters_to_arrayrecord(
+                            ndarrays_to_parameters([]), keep_input=True)})
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state,
+                                    run_config={}), strategy=exchange)
+    workflow(grid, context)
+    return exchange.result
+
+
+# ------------------------------------------------------------------------- client
+
+
+def secure_aggregation_mod(msg: Message, context: Context,
+                           call_next: ClientAppCallable) -> Message:
+    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ exchange only, so that one
+    ClientApp serves plain and secure runs."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+__all__ = [
+    "SecureAverage", "SecureParams", "SecureScales", "calibrate", "decode_secure_instruction",
+    "error_bound", "is_secure", "secure_aggregation_mod", "secure_average",
+    "secure_instruction", "secure_stats_reply", "secure_update_reply", "standardise",
+    "unstandardise",
+]

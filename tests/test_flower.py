@@ -1,0 +1,406 @@
+"""The Flower app, in process: the real ClientApp (mods included) behind an in-process grid.
+
+Messages are built and decoded by the app's codec and deep-copied both ways, as the network
+would; the ``tamper`` hook of ``InProcessGrid`` makes nodes fail, vanish or send malformed
+replies. The deployment through a real SuperLink is in ``test_flower_loopback.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, Error, Message
+from flwr.common.constant import ErrorCode
+
+from dcco.checkpoint import load_checkpoint
+from dcco.cli import main
+from dcco.client import client_statistics, client_update, trainable_parameters
+from dcco.config import ConfigError, load_config
+from dcco.experiments import load_splits
+from dcco.flower import secagg
+from dcco.flower.appconfig import FlowerConfig, parse_run_config, run_config_entries
+from dcco.flower.client_app import app as client_app
+from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE
+from dcco.flower.federation import Federation, run_federated
+from dcco.flower.inprocess import InProcessGrid, Tamper
+from dcco.flower.nodes import client_views, node_data, node_partition, node_update
+from dcco.optim import apply_pseudo_gradient, set_lr
+from dcco.server import aggregate_updates
+from dcco.simulator import run_round
+from dcco.stats import merge
+from dcco.train import Pretraining, plan_round
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = 3
+
+
+@pytest.fixture
+def make_federation(tiny_config):
+    """make_federation(method, fcfg, tamper, overrides) → (cfg, pt, fed): a float64 run on
+    the tiny data, its training state, and a federation of ``NODES`` in-process nodes."""
+
+    def make(method: str = "dcco", fcfg: FlowerConfig | None = None,
+             tamper: Tamper | None = None, overrides: tuple[str, ...] = ()):
+        cfg = load_config(tiny_config(method=method, rounds=3), [
+            'train.dtype="float64"', 'train.backend="reference"', "train.clients_per_round=12",
+            'optim.name="lars"', "optim.lr=0.5", *overrides])
+        fcfg = fcfg or FlowerConfig(min_nodes=NODES)
+        train, _ = load_splits(cfg)
+        grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": NODES}
+                                          for i in range(NODES)],
+                             run_config_entries(cfg, fcfg), tamper=tamper)
+        pt = Pretraining(cfg, train)
+        fed = Federation(grid, pt, fcfg)
+        fed.wait_for_nodes()
+        return cfg, pt, fed
+
+    yield make
+    node_data.cache_clear()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def dict_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a − b| over all tensors, relative to max |b| over all tensors (a parameter whose
+    exact value is 0, such as the last bias's CCO gradient, holds only rounding noise)."""
+    assert set(a) == set(b)
+    scale = max(float(v.abs().max()) for v in b.values())
+    return max(float((a[k] - b[k]).abs().max()) for k in b) / scale
+
+
+def params_err(a: Pretraining, b: Pretraining) -> float:
+    return dict_err({k: p.detach() for k, p in a.params}, {k: p.detach() for k, p in b.params})
+
+
+def phase_of(instruction: Message) -> str:
+    return instruction.content.config_records[CONFIG]["phase"]
+
+
+def expected_round(pt: Pretraining, fed: Federation, r: int, stats_nodes: set[int],
+                   update_nodes: set[int]):
+    """S_A over the clients of ``stats_nodes`` and the pseudo-gradient over the clients of
+    ``update_nodes``, computed client by client with the library's client functions."""
+    targets, _ = fed.targets(r)
+    data = node_data(pt.cfg)
+    views = {k: client_views(pt.cfg, data, k, r) for c in targets.values() for k in c}
+    shared = None
+    if pt.method.needs_statistics:
+        shared = merge([client_statistics(pt.model, *views[k])
+                        for n in stats_nodes for k in targets[n]]).moments()
+    updates = [client_update(pt.model, pt.method, *views[k], shared, pt.cfg.train.local_lr)
+               for n in update_nodes for k in targets[n]]
+    return shared, aggregate_updates(updates, dict(trainable_parameters(pt.model)))
+
+
+# ---------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("method", ["dcco", "cco_fedavg", "contrastive_fedavg"])
+def test_flower_rounds_equal_the_reference_backend(make_federation, method):
+    """Same clients, same seed: the Flower handlers give the simulator's aggregated statistics,
+    pseudo-gradient and new model (server optimiser LARS), round after round."""
+    cfg, pt, fed = make_federation(method)
+    train, _ = load_splits(cfg)
+    ref = Pretraining(cfg, train)
+    for r in range(2):
+        plan = plan_round(cfg, ref.partition, r)
+        x1, x2 = ref.views(plan, r)
+        sizes = plan.segments.counts.tolist()
+        expected = run_round(ref.model, ref.method, x1, x2, plan.segments, "reference", 1.0)
+        views = zip(torch.split(x1, sizes), torch.split(x2, sizes))
+        pooled = merge([client_statistics(ref.model, a, b) for a, b in views]).moments()
+        agg = fed.step()
+        ref.step()
+        assert agg.skipped is None
+        assert (agg.clients, agg.samples) == (expected.num_clients, expected.num_samples)
+        assert agg.loss == pytest.approx(expected.loss, rel=1e-9)
+        if method == "dcco":
+            for name in ("mean_f", "mean_g", "mean_ff", "mean_gg", "mean_fg"):
+                assert rel_err(getattr(agg.shared, name), getattr(pooled, name)) < 1e-12, name
+        else:
+            assert agg.shared is None
+        assert dict_err(agg.pseudo_gradient, expected.pseudo_gradient) < 1e-9
+        assert params_err(pt, ref) < 1e-9
+
+
+def test_flower_statistics_equal_the_pooled_statistics(make_federation):
+    """DCCO's phase 1: S_A is the merged statistics of every sampled client (float64)."""
+    cfg, pt, fed = make_federation("dcco")
+    plan = plan_round(cfg, pt.partition, 0)
+    x1, x2 = pt.views(plan, 0)
+    views = zip(torch.split(x1, plan.segments.counts.tolist()),
+                torch.split(x2, plan.segments.counts.tolist()))
+    pooled = merge([client_statistics(pt.model, a, b) for a, b in views]).moments()
+    agg = fed.collect()
+    for name in ("mean_f", "mean_g", "mean_ff", "mean_gg", "mean_fg"):
+        assert rel_err(getattr(agg.shared, name), getattr(pooled, name)) < 1e-12, name
+
+
+# ---------------------------------------------------------------------- faults
+
+
+def error_reply(instruction: Message) -> Message:
+    return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "simulated crash"),
+                   reply_to=instruction)
+
+
+def fault(node: int, phase: str, kind: str) -> Tamper:
+    """Node ``node`` fails in ``phase``: its reply is lost ("lost") or an error ("error")."""
+
+    def tamper(n: int, instruction: Message, reply: Message) -> Message | None:
+        if n != node or phase_of(instruction) != phase:
+            return reply
+        return None if kind == "lost" else error_reply(instruction)
+
+    return tamper
+
+
+@pytest.mark.parametrize("phase,kind", [("stats", "error"), ("stats", "lost"),
+                                        ("update", "error"), ("update", "lost")])
+def test_dropouts_follow_the_documented_rule(make_federation, phase, kind):
+    """S_A comes from the phase-1 survivors; the update is the sample-weighted average of the
+    phase-2 survivors; a node that failed phase 1 is not asked for phase 2."""
+    dropped = 2
+    _cfg, pt, fed = make_federation("dcco", FlowerConfig(min_nodes=NODES, timeout=5.0),
+                                   tamper=fault(dropped, phase, kind))
+    for r in range(2):
+        targets, _ = fed.targets(r)
+        assert dropped in targets and len(targets) == NODES  # the round exercises the fault
+        all_nodes, survivors = set(targets), set(targets) - {dropped}
+        shared, pseudo = expected_round(pt, fed, r, survivors if phase == "stats" else all_nodes,
+                                        survivors)
+        before = [p.detach().clone() for _, p in pt.params]
+        agg = fed.step()
+        assert agg.skipped is None and math.isfinite(agg.loss)
+        tally = agg.replies[phase]
+        assert (tally.failed, tally.missing) == ((1, 0) if kind == "error" else (0, 1))
+        assert agg.replies["update"].sent == (2 if phase == "stats" else 3)
+        assert agg.replies["update"].accepted == 2
+        for name in ("mean_f", "mean_ff", "mean_fg"):
+            assert rel_err(getattr(agg.shared, name), getattr(shared, name)) < 1e-9
+        assert dict_err(agg.pseudo_gradient, pseudo) < 1e-7  # node-level pooling reorders sums
+        assert any(not torch.equal(b, p) for b, (_, p) in zip(before, pt.params))
+        assert all(torch.isfinite(p).all() for _, p in pt.params)
+
+
+def test_too_few_survivors_skip_the_round_and_it_is_logged(make_federation, tmp_path, caplog):
+    """Every update lost but one: each round is skipped (model unchanged), logged and recorded
+    in metrics.jsonl; the run still finishes."""
+
+    def lose_updates(n: int, instruction: Message, reply: Message) -> Message | None:
+        return None if n != 1 and phase_of(instruction) == "update" else reply
+
+    fcfg = FlowerConfig(min_nodes=NODES, timeout=5.0, run_dir=str(tmp_path / "run"))
+    cfg, pt, fed = make_federation("dcco", fcfg, tamper=lose_updates)
+    train, _ = load_splits(cfg)
+    initial = {k: v.clone() for k, v in pt.model.state_dict().items()}
+    with caplog.at_level("WARNING", logger="flwr.dcco"):
+        summary = run_federated(fed.grid, cfg, fcfg, train)
+    assert summary["skipped_rounds"] == cfg.train.rounds
+    assert sum("skipped" in m.getMessage() for m in caplog.records) == cfg.train.rounds
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [r["round"] for r in records if isinstance(r.get("skipped"), str)] == [1, 2, 3]
+    windows = [r for r in records if "replies" in r]
+    assert sum(r["rounds_skipped"] for r in windows) == 3
+    assert all(r["replies"]["update"]["missing"] >= 1 for r in windows)
+    load_checkpoint(tmp_path / "run" / "checkpoint.safetensors", pt.model, pt.optimizer)
+    for k, v in pt.model.state_dict().items():
+        assert torch.equal(v, initial[k]), k
+
+
+# ---------------------------------------------------------------------- malformed replies
+
+
+def _set_array(reply: Message, record: str, key: str, value: np.ndarray) -> None:
+    reply.content.array_records[record][key] = Array(value)
+
+
+def _corrupt_stats(kind: str) -> Callable[[Message], None]:
+    def corrupt(reply: Message) -> None:
+        stats = reply.content.array_records[STATS]
+        sum_f = stats["sum_f"].numpy()
+        if kind == "missing_key":
+            del stats["sum_fg"]
+        elif kind == "shape":
+            _set_array(reply, STATS, "sum_f", np.zeros(sum_f.shape[0] + 1))
+        elif kind == "dtype":
+            _set_array(reply, STATS, "sum_f", sum_f.astype(np.int64))
+        elif kind == "nonfinite":
+            _set_array(reply, STATS, "sum_ff", np.full_like(sum_f, np.nan))
+        elif kind == "magnitude":
+            _set_array(reply, STATS, "sum_f", sum_f * 1e20)
+        elif kind == "count":
+            reply.content.metric_records[STATS + ".meta"]["count"] = 0
+        elif kind == "count-fraction":
+            reply.content.metric_records[STATS + ".meta"]["count"] = 2.5
+    return corrupt
+
+
+def _corrupt_update(kind: str) -> Callable[[Message], None]:
+    def corrupt(reply: Message) -> None:
+        delta = reply.content.array_records[DELTA]
+        name = next(iter(delta))
+        value = delta[name].numpy()
+        if kind == "missing_key":
+            del delta[name]
+        elif kind == "shape":
+            _set_array(reply, DELTA, name, value.reshape(-1)[:-1].copy())
+        elif kind == "dtype":
+            _set_array(reply, DELTA, name, value.astype(np.int32))
+        elif kind == "nonfinite":
+            _set_array(reply, DELTA, name, np.full_like(value, np.inf))
+        elif kind == "magnitude":
+            _set_array(reply, DELTA, name, np.full_like(value, 1e30))
+        elif kind == "count":
+            reply.content.metric_records[UPDATE]["count"] = -3
+        elif kind == "count-fraction":
+            reply.content.metric_records[UPDATE]["count"] = 1.5
+    return corrupt
+
+
+KINDS = ["missing_key", "shape", "dtype", "nonfinite", "magnitude", "count", "count-fraction"]
+
+
+@pytest.mark.parametrize("phase", ["stats", "update"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_malformed_reply_is_rejected_counted_and_the_round_goes_on(make_federation, phase,
+                                                                    kind, tmp_path):
+    bad = 3
+    corrupt = (_corrupt_stats if phase == "stats" else _corrupt_update)(kind)
+
+    def tamper(n: int, instruction: Message, reply: Message) -> Message:
+        if n == bad and phase_of(instruction) == phase and not reply.has_error():
+            corrupt(reply)
+        return reply
+
+    fcfg = FlowerConfig(min_nodes=NODES, run_dir=str(tmp_path / "run"))
+    cfg, pt, fed = make_federation("dcco", fcfg, tamper=tamper,
+                                   overrides=("train.rounds=1", "train.log_every=1"))
+    targets, _ = fed.targets(0)
+    assert bad in targets
+    survivors = set(targets) - {bad}
+    _, pseudo = expected_round(pt, fed, 0, survivors if phase == "stats" else set(targets),
+                               survivors)
+    train, _ = load_splits(cfg)
+    run_federated(fed.grid, cfg, fcfg, train)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    (window,) = [r for r in records if "replies" in r]
+    counted = kind.removesuffix("-fraction")
+    assert window["replies"][phase]["rejected"] == {counted: 1}
+    assert window["replies"][phase]["accepted"] == len(targets) - 1
+    assert window["rounds_skipped"] == 0 and math.isfinite(window["loss"])
+    # the model moved by exactly the survivors' update
+    set_lr(pt.optimizer, pt.lr(0))
+    apply_pseudo_gradient(pt.optimizer, [p for _, p in pt.params],
+                          [pseudo[name] for name, _ in pt.params])
+    saved = Pretraining(cfg, train)
+    load_checkpoint(tmp_path / "run" / "checkpoint.safetensors", saved.model, saved.optimizer)
+    assert params_err(saved, pt) < 1e-7
+
+
+# ---------------------------------------------------------------------- secure aggregation
+
+
+@pytest.mark.parametrize("method", ["dcco", "cco_fedavg"])
+def test_secagg_matches_the_plain_aggregate_within_the_quantisation_bound(make_federation,
+                                                                         method):
+    """Both phases through Flower's SecAgg+ (real masking, secret sharing and unmasking in the
+    ClientApp's secaggplus_mod): within ``secagg.error_bound`` of the plain aggregate."""
+    fcfg = FlowerConfig(min_nodes=NODES, secagg=True)
+    cfg, pt, fed = make_federation(method, fcfg)
+    _, _, plain = make_federation(method)
+    targets, _ = fed.targets(0)
+    scales = fed.calibration(0)
+    counts = [int(pt.partition.sizes[c].sum()) for c in targets.values()]
+    max_weight = fed._max_weight(targets)
+    secure, reference = fed.collect(), plain.collect()
+    assert secure.skipped is None and secure.clipped == (
+        {"stats": 0.0, "update": 0.0} if method == "dcco" else {"update": 0.0})
+    stats_bound = secagg.error_bound(max_weight, counts, fcfg.secagg_stats_clip,
+                                     fcfg.secagg_quantization, fcfg.secagg_stats_clip)
+    update_bound = secagg.error_bound(max_weight, counts, fcfg.secagg_update_clip,
+                                      fcfg.secagg_quantization, fcfg.secagg_update_clip)
+    assert stats_bound < 1e-3 and update_bound < 1e-3  # the defaults' resolution
+    if method == "dcco":
+        s, p = (secagg.standardise(m, scales) for m in (secure.shared, reference.shared))
+        for a, b in zip(s.tensors(), p.tensors(), strict=True):
+            err = float((a - b).abs().max())
+            assert 0 < err <= stats_bound  # quantised (not exact), within the bound
+    # the update exchange on its own: the plain update given the secure S_A
+    data = node_data(cfg)
+    plain_update = aggregate_updates(
+        [node_update(cfg, pt.method, data, pt.model, c, 0, secure.shared)
+         for c in targets.values()], dict(pt.params))
+    worst = max(float((secure.pseudo_gradient[k] - v).abs().max()) / scales.update
+                for k, v in plain_update.items())
+    assert 0 < worst <= update_bound
+    assert secure.loss == pytest.approx(reference.loss, rel=1e-3)
+
+
+# ---------------------------------------------------------------------- run directory
+
+
+def test_a_flower_run_directory_works_with_evaluate_and_compare(make_federation, tmp_path):
+    fcfg = FlowerConfig(min_nodes=NODES, run_dir=str(tmp_path / "run"))
+    cfg, _pt, fed = make_federation("dcco", fcfg)
+    train, test = load_splits(cfg)
+    summary = run_federated(fed.grid, cfg, fcfg, train, test)
+    assert summary["backend"] == "flower" and summary["rounds"] == cfg.train.rounds
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses and all(math.isfinite(v) for v in losses)
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    assert main(["compare", str(tmp_path / "run"), "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp.md").read_text()
+    assert "dcco" in table and "linear" in table
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+def _flat(table: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def test_pyproject_declares_every_run_config_key_and_it_parses():
+    declared = _flat(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                     ["tool"]["flwr"]["app"]["config"])
+    cfg, fcfg = parse_run_config(declared)
+    assert set(declared) == set(run_config_entries(cfg, fcfg))
+    assert parse_run_config(run_config_entries(cfg, fcfg)) == (cfg, fcfg)
+
+
+def test_bad_run_config_names_the_key():
+    with pytest.raises(ConfigError, match="train.rounds"):
+        parse_run_config({"train.rounds": "many"})
+    with pytest.raises(ConfigError, match="trian.rounds"):
+        parse_run_config({"trian.rounds": 3})
+    with pytest.raises((ConfigError, ValueError), match="min_survivors"):
+        parse_run_config({"flower.min_survivors": 0})
+
+
+def test_node_config_errors_name_the_fix():
+    assert node_partition({"partition-id": 1, "num-partitions": 3}) == (1, 3)
+    with pytest.raises(ValueError, match="partition-id"):
+        node_partition({"num-partitions": 3})
+    with pytest.raises(ValueError, match="integers"):
+        node_partition({"partition-id": "a", "num-partitions": 3})
