@@ -7,11 +7,13 @@ from torch import nn
 
 from dcco.data.datasets import ImageDataset
 from dcco.evaluate import (
+    PROTOCOL_REVISION,
     EvalConfig,
     case_features,
     case_labels,
     extract_features,
     finetune,
+    is_current,
     knn_accuracy,
     knn_predict,
     labelled_subset,
@@ -141,6 +143,37 @@ def test_finetune__changes_the_returned_copy_not_the_model(splits):
     assert 0.0 <= result.accuracy <= 1.0
     again, _ = finetune(model, train, test, ids, FAST, 0, CPU)
     assert again.accuracy == result.accuracy  # seeded: batches, flips and head
+
+
+class Scaled(nn.Module):
+    """A backbone whose features are multiplied by a constant."""
+
+    def __init__(self, backbone: nn.Module, factor: float) -> None:
+        super().__init__()
+        self.backbone, self.factor = backbone, factor
+        self.feature_dim = backbone.feature_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.factor * self.backbone(x)
+
+
+def test_finetune__does_not_depend_on_the_scale_of_the_features(splits):
+    """Encoders pretrained with LARS can have features of norm ~10³; the head's batch norm
+    makes finetuning see the same problem as at unit scale (revision 2 of the protocol)."""
+    train, test = splits
+    backbone = build_dual_encoder(TINY, 1, (16, 8), seed=0).backbone
+    ids = labelled_subset(train.labels, 80, CLASSES, seed=0)
+    plain, _ = finetune(Scaled(backbone, 1.0), train, test, ids, FAST, 0, CPU)
+    large, _ = finetune(Scaled(backbone, 1000.0), train, test, ids, FAST, 0, CPU)
+    assert abs(plain.accuracy - large.accuracy) <= 0.02
+    assert plain.revision == large.revision == PROTOCOL_REVISION["finetune"] == 2
+
+
+def test_is_current__older_revisions_and_unrevisioned_entries():
+    assert is_current({"protocol": "linear", "accuracy": 0.5})  # revision 1 is current
+    assert not is_current({"protocol": "finetune", "accuracy": 0.5})  # predates revision 2
+    assert is_current({"protocol": "finetune", "revision": 2})
+    assert not is_current({"protocol": "supervised", "revision": 1})
 
 
 def test_supervised_from_scratch__beats_chance(splits):

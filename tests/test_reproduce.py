@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,20 @@ def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_pat
     assert fedavg_row.split("|")[2].strip() == "n/a"
     assert "5 runs complete" not in text and "4 of 4 runs complete" in text
     assert (tmp_path / "grid-tiny-trend.png").is_file()
+    assert "The paper's claims, measured" in text and "| dcco − supervised |" in text
+    assert "| dcco: IID − non-IID |" not in text  # the tiny grid has no non-IID 2 to pair with
+    assert "Paper, CIFAR-100" in text and "| dcco | 51.7 | 49.6 |" in text
+
+    # an evaluation recorded under an older protocol revision is run again
+    summary_path = out / "supervised-s0" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["evaluations"]["supervised@20"]["revision"]  # as written before revisions
+    summary_path.write_text(json.dumps(summary))
+    assert main(args) == 0
+    third = capsys.readouterr().out
+    assert "supervised from scratch, 20 labels (again" in third and "pretraining" not in third
+    again = json.loads(summary_path.read_text())["evaluations"]["supervised@20"]
+    assert again["revision"] == 2
 
 
 def test_load_grid__errors_name_the_key(grid_file, tmp_path):
@@ -152,3 +167,25 @@ def test_cifar100_paper_preset__runs_on_tiny_cifar_files(tmp_path):
                  "--set", "model.projector=[32,32,32]", "--set", "eval.knn_bank=50",
                  "--set", "eval.knn_queries=20"]) == 0
     assert (run / "checkpoint.safetensors").is_file()
+
+
+def test_claims_table__differences_with_standard_errors_beside_the_paper(tmp_path):
+    """The claims are computed from the table: our mean differences ± standard error, the
+    paper's value from Table 1 in brackets."""
+    from dcco.reproduce import Estimate, claims_table, measured
+
+    grid = load_grid(Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml", "small")
+    cells = plan_cells(grid, tmp_path)
+    table = measured(grid, cells)
+    assert all(v is None for rows in table.values() for row in rows.values()
+               for v in row.values())  # nothing has run
+    assert Estimate.of([0.70, 0.72, 0.74]).minus(Estimate.of([0.60, 0.60, 0.60])).value == (
+        pytest.approx(12.0))
+    diff = Estimate.of([0.70, 0.72, 0.74]).minus(Estimate.of([0.60, 0.62, 0.64]))
+    assert diff.se == pytest.approx((2 * 2.0 ** 2 / 3) ** 0.5) and str(diff) == "+10.0 ± 1.6"
+    text = claims_table(grid, cells)
+    # with no runs, only the paper's values show: DCCO − best FedAvg at non-IID 4 on
+    # CIFAR-100 is 49.6 − 31.1 (CCO + FedAvg failed there)
+    row = next(line for line in text.splitlines() if line.startswith("| dcco − best FedAvg"))
+    assert row.split("|")[3].strip() == "— (+18.5)"
+    assert "| centralized_cco − dcco | — (+0.9) |" in text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import datetime
@@ -208,6 +209,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux), else what ``platform`` knows."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import platform
 
@@ -241,11 +255,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(grid, cells)
     sys.stdout.write("\n" + table)
-    plot = plot_trend(grid, cells, grid.evaluations[0], out / "trend.png") if grid.evaluations \
-        else None
-    device = "CUDA " + torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    machine = (f"{platform.machine()}, {torch.get_num_threads()} threads, {device}; "
-               f"torch {torch.__version__}")
+    plot = plot_trend(grid, cells, out / "trend.png") if grid.evaluations else None
+    device = ("CUDA " + torch.cuda.get_device_name() if torch.cuda.is_available()
+              else f"no GPU, {torch.get_num_threads()} threads")
+    machine = (f"{_cpu_name()} ({platform.machine()}, {os.cpu_count()} cores), {device}; "
+               f"torch {torch.__version__}, Python {platform.python_version()}")
     command = "dcco " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("dcco") else \
         f"dcco reproduce {args.grid} --scale {args.scale}"
     text = results_markdown(grid, cells, command, machine, None)

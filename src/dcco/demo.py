@@ -17,7 +17,7 @@ from pathlib import Path
 from dcco.augment import AugmentConfig
 from dcco.checkpoint import atomic_write_text
 from dcco.config import DataConfig, RunConfig, TrainConfig, load_config
-from dcco.evaluate import EvalConfig
+from dcco.evaluate import EvalConfig, is_current
 from dcco.experiments import (
     eval_key,
     evaluate_run,
@@ -73,7 +73,8 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         if summary.get("rounds") != cfg.train.rounds:
             say(f"\n[{method}] pretraining" + (" (resuming)" if existed else ""))
             summary = pretrain(cfg, run, train, test, existed)
-        if key not in summary.get("evaluations", {}):
+        recorded = summary.get("evaluations", {})
+        if key not in recorded or not is_current(recorded[key]):
             say(f"[{method}] linear probe with {cfg.eval.labels} labels")
             evaluate_run(run, "linear", None, splits)
             summary = run.summary()
@@ -84,7 +85,8 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         runs.append(run)
     for name, fn in (("supervised", supervised_run), ("random_init", random_encoder_run)):
         run, _ = RunDir.open_or_create(out / name, base)
-        if not run.summary().get("evaluations"):
+        recorded = run.summary().get("evaluations", {})
+        if not recorded or not all(is_current(e) for e in recorded.values()):
             say(f"\n[{name}] " + ("supervised training from scratch" if name == "supervised"
                                   else "linear probe of a randomly initialised encoder"))
             fn(base, run, None, splits)

@@ -114,6 +114,26 @@ class EvalResult:
     train_accuracy: float | None = None
     """Top-1 accuracy on the labelled training samples, in [0, 1]: linear probes only, where
     the features are at hand (elsewhere it would cost another pass over the images)."""
+    revision: int = 0
+    """The protocol's revision (``PROTOCOL_REVISION``); 0 fills in the current one."""
+
+    def __post_init__(self) -> None:
+        if self.revision == 0:
+            object.__setattr__(self, "revision", PROTOCOL_REVISION.get(self.protocol, 1))
+
+
+PROTOCOL_REVISION = {"linear": 1, "case_linear": 1, "finetune": 2, "supervised": 2}
+"""Bumped whenever a protocol changes what its accuracy means, and recorded with each result,
+so that harnesses re-run evaluations recorded under an older revision. Revision 2 of finetune
+and supervised: the head reads batch-normalised features (``Classifier``); revision 1 (results
+without a ``revision`` field) fed raw features to the head, which broke finetuning of encoders
+with large features."""
+
+
+def is_current(entry: dict) -> bool:
+    """Whether a recorded evaluation (a summary's ``evaluations`` entry) was made under its
+    protocol's current revision."""
+    return entry.get("revision", 1) == PROTOCOL_REVISION.get(entry.get("protocol", ""), 1)
 
 
 # ------------------------------------------------------------------------ labels and features
@@ -403,14 +423,24 @@ def linear_probe_cases(model: nn.Module, train_set: ImageDataset, train_cases: T
 
 
 class Classifier(nn.Module):
-    """A backbone with a linear head: images (B, C, H, W) → logits (B, num_classes)."""
+    """A backbone with a linear head: images (B, C, H, W) → logits (B, num_classes).
+
+    The head reads the features through a batch norm without affine parameters (as MAE's
+    probes do, He et al. 2022), so that its Adam steps mean the same thing whatever the scale
+    of the pretrained features. Without it, an encoder pretrained with LARS, whose
+    group-norm gains grow large, gives features of norm ~10³: the randomly initialised head's
+    first logits saturate and full finetuning ends far below the linear probe.
+    """
 
     def __init__(self, backbone: nn.Module, head: nn.Linear) -> None:
         super().__init__()
         self.backbone, self.head = backbone, head
+        p = head.weight
+        self.norm = nn.BatchNorm1d(head.in_features, affine=False, device=p.device,
+                                   dtype=p.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.backbone(x))
+        return self.head(self.norm(self.backbone(x)))
 
 
 def _classifier(backbone: nn.Module, num_classes: int, seed: int, protocol: str) -> Classifier:
