@@ -189,3 +189,33 @@ def test_claims_table__differences_with_standard_errors_beside_the_paper(tmp_pat
     row = next(line for line in text.splitlines() if line.startswith("| dcco − best FedAvg"))
     assert row.split("|")[3].strip() == "— (+18.5)"
     assert "| centralized_cco − dcco | — (+0.9) |" in text
+
+
+def test_reproduce__cells_filter_and_busy_cells_skipped(grid_file, tmp_path, capsys):
+    """--cells runs a subset; a cell another process holds (its lock) is skipped, not shared."""
+    from dcco.reproduce import select_cells
+    from dcco.rundir import RunDir, RunDirBusy
+
+    out = tmp_path / "out"
+    grid = load_grid(grid_file, "tiny")
+    cells = plan_cells(grid, out)
+    assert [c.path.name for c in select_cells(cells, ["iid-*"])] == ["iid-2-cco_fedavg-s0",
+                                                                      "iid-2-dcco-s0"]
+    with pytest.raises(ConfigError, match="no cell matches nothing-\\*"):
+        select_cells(cells, ["nothing-*"])
+
+    args = ["reproduce", str(grid_file), "--scale", "tiny", "--out", str(out), "--no-progress"]
+    busy = RunDir(out / "iid-2-dcco-s0")
+    busy.path.mkdir(parents=True)
+    with busy.lock():
+        with pytest.raises(RunDirBusy, match="in use by another process"):
+            with RunDir(busy.path).lock():
+                pass
+        assert main(args + ["--cells", "iid-*"]) == 0
+    text = capsys.readouterr().out
+    assert "running 2 of them" in text and "non-iid" not in text.split("\n| method")[0]
+    assert "[iid-2-dcco-s0] skipped: another process is working on it" in text
+    assert (out / "iid-2-cco_fedavg-s0" / "summary.json").is_file()
+    assert not (out / "iid-2-dcco-s0" / "config.toml").exists()  # untouched while busy
+    assert main(args + ["--cells", "iid-2-dcco-*"]) == 0  # the lock went with the holder
+    assert "pretraining" in capsys.readouterr().out

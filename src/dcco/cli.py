@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=None,
                    help="also write the results section into this Markdown file "
                         "(e.g. docs/results.md)")
+    p.add_argument("--cells", action="append", default=[], metavar="PATTERN",
+                   help="run only the cells whose folder name matches this shell pattern "
+                        "(repeatable), e.g. '*-s2' or 'non-iid-*-dcco-*'; the table still "
+                        "covers the whole grid. Cells another process is working on are "
+                        "skipped, so two processes can share one --out")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing; render the table from the finished cells")
     p.add_argument("--no-progress", action="store_true", help="no live progress bars")
@@ -235,23 +240,34 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         results_markdown,
         results_table,
         run_cell,
+        select_cells,
         write_section,
     )
+    from dcco.rundir import RunDirBusy
 
     grid = load_grid(args.grid, args.scale)
     out = args.out or Path("runs") / f"{args.grid.stem}-{args.scale}"
     cells = plan_cells(grid, out)
     if not args.table_only:
         splits = load_splits(grid.base)
-        todo = [c for c in cells if c.na is None]
-        _say(f"{len(cells)} cells ({len(cells) - len(todo)} n/a) into {out}")
+        todo = [c for c in select_cells(cells, args.cells) if c.na is None]
+        _say(f"{len(cells)} cells ({len(cells) - sum(c.na is None for c in cells)} n/a) into "
+             f"{out}" + (f"; running {len(todo)} of them" if args.cells else ""))
 
         def pretrain(cfg, run, train, test, resume):
             return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
 
+        busy = []
         for i, cell in enumerate(todo, 1):
-            run_cell(cell, grid.evaluations, splits, pretrain,
-                     lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"))
+            try:
+                run_cell(cell, grid.evaluations, splits, pretrain,
+                         lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"))
+            except RunDirBusy:
+                _say(f"({i}/{len(todo)}) [{cell.path.name}] skipped: another process is "
+                     f"working on it")
+                busy.append(cell.path.name)
+        if busy:
+            _say(f"{len(busy)} cells were busy in another process; rerun to finish them")
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(grid, cells)
     sys.stdout.write("\n" + table)

@@ -125,6 +125,20 @@ def _flatten(sections: dict[str, Any]) -> list[str]:
     return [f"{s}.{k}={_toml_value(v)}" for s, keys in sections.items() for k, v in keys.items()]
 
 
+def select_cells(cells: list[Cell], patterns: list[str]) -> list[Cell]:
+    """The cells whose run-directory name matches any of the shell patterns (all if none),
+    e.g. ``*-s2`` for one seed or ``non-iid-*-dcco-*`` for one method."""
+    from fnmatch import fnmatchcase
+
+    if not patterns:
+        return cells
+    chosen = [c for c in cells if any(fnmatchcase(c.path.name, p) for p in patterns)]
+    if not chosen:
+        raise ConfigError(f"no cell matches {', '.join(patterns)}; cells are named like "
+                          f"{cells[0].path.name}" if cells else "the grid has no cells")
+    return chosen
+
+
 def plan_cells(grid: Grid, out: Path) -> list[Cell]:
     """Every cell of the grid, with its config and run directory."""
     cells = []
@@ -158,13 +172,22 @@ def _slug(text: str) -> str:
 
 def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[ImageDataset, ImageDataset],
              pretrain: Callable[..., dict], say: Callable[[str], None]) -> None:
-    """Pretrain (or resume) one cell and run its missing evaluations."""
+    """Pretrain (or resume) one cell and run its missing evaluations, holding the cell's
+    lock (``RunDirBusy`` if another process holds it)."""
+    if cell.na is not None:
+        return
+    cell.path.mkdir(parents=True, exist_ok=True)
+    with RunDir(cell.path).lock():
+        run, existed = RunDir.open_or_create(cell.path, cell.cfg)
+        _run_cell(cell, run, existed, evaluations, splits, pretrain, say)
+
+
+def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ...],
+              splits: tuple[ImageDataset, ImageDataset], pretrain: Callable[..., dict],
+              say: Callable[[str], None]) -> None:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
     from dcco.train import resolve_device
 
-    if cell.na is not None:
-        return
-    run, existed = RunDir.open_or_create(cell.path, cell.cfg)
     train, test = splits
     device = resolve_device(cell.cfg.train.device)
     if cell.method != SUPERVISED and run.summary().get("rounds") != cell.cfg.train.rounds:

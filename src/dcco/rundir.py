@@ -12,9 +12,12 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,11 @@ from dcco.config import RunConfig, load_config, to_toml
 
 class RunDirError(ValueError):
     """A run directory is missing, incomplete, or would be overwritten."""
+
+
+class RunDirBusy(RunDirError):
+    """Another process is working in the run directory."""
+
 
 
 def code_version() -> dict[str, str]:
@@ -70,7 +78,7 @@ class RunDir:
     def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
         """A new run directory; refuses to touch one that already holds a run."""
         run = cls(path)
-        if run.path.exists() and any(run.path.iterdir()):
+        if run.path.exists() and any(p.name != ".lock" for p in run.path.iterdir()):
             raise RunDirError(
                 f"run directory {run.path} already exists and is not empty; resume it with "
                 f"--resume {run.path}, or choose another --run-dir"
@@ -106,6 +114,31 @@ class RunDir:
 
     def config(self) -> RunConfig:
         return load_config(self.config_path)
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on the run directory (``.lock``, POSIX ``flock``), so that
+        two processes (say, two ``dcco reproduce`` on one folder) never train or evaluate the
+        same run at once. Raises ``RunDirBusy`` at once if another process holds it; the lock
+        goes with the process, however it ends. Where ``fcntl`` is missing it does nothing."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirBusy(f"run directory {self.path} is in use by another process") \
+                    from None
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as fh:
