@@ -96,6 +96,9 @@ def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_pat
     fedavg_row = next(line for line in text.splitlines() if line.startswith("| cco_fedavg |"))
     assert fedavg_row.split("|")[2].strip() == "n/a"
     assert "5 runs complete" not in text and "4 of 4 runs complete" in text
+    assert (f"Command: `dcco reproduce {grid_file} --scale tiny --out {out} --results "
+            f"{results}`") in text  # the regenerating command, without --no-progress
+    assert "Code: commit " in text and "(from the runs' `version.json`)" in text
     assert (tmp_path / "grid-tiny-trend.png").is_file()
     assert "The paper's claims, measured" in text and "| dcco − supervised |" in text
     assert "| dcco: IID − non-IID |" not in text  # the tiny grid has no non-IID 2 to pair with
@@ -208,9 +211,9 @@ def test_reproduce__cells_filter_and_busy_cells_skipped(grid_file, tmp_path, cap
     busy = RunDir(out / "iid-2-dcco-s0")
     busy.path.mkdir(parents=True)
     with busy.lock():
-        with pytest.raises(RunDirBusy, match="in use by another process"):
-            with RunDir(busy.path).lock():
-                pass
+        with pytest.raises(RunDirBusy, match="in use by another process"), \
+                RunDir(busy.path).lock():
+            pass
         assert main(args + ["--cells", "iid-*"]) == 0
     text = capsys.readouterr().out
     assert "running 2 of them" in text and "non-iid" not in text.split("\n| method")[0]

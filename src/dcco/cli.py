@@ -227,6 +227,19 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def _reproduce_command(args: argparse.Namespace) -> str:
+    """The command that regenerates the results: the grid, scale, output folder and results
+    file, without the flags that only change what this invocation runs or prints (--cells,
+    --table-only, --no-progress): rerunning it finishes the missing cells and rewrites the
+    same block."""
+    parts = ["dcco reproduce", str(args.grid), "--scale", args.scale]
+    if args.out is not None:
+        parts += ["--out", str(args.out)]
+    if args.results is not None:
+        parts += ["--results", str(args.results)]
+    return " ".join(parts)
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import platform
 
@@ -273,11 +286,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     sys.stdout.write("\n" + table)
     plot = plot_trend(grid, cells, out / "trend.png") if grid.evaluations else None
     device = ("CUDA " + torch.cuda.get_device_name() if torch.cuda.is_available()
-              else f"no GPU, {torch.get_num_threads()} threads")
+              else "no GPU")
     machine = (f"{_cpu_name()} ({platform.machine()}, {os.cpu_count()} cores), {device}; "
                f"torch {torch.__version__}, Python {platform.python_version()}")
-    command = "dcco " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("dcco") else \
-        f"dcco reproduce {args.grid} --scale {args.scale}"
+    command = _reproduce_command(args)
     text = results_markdown(grid, cells, command, machine, None)
     (out / "results.md").write_text(text)
     if args.results is not None:

@@ -10,6 +10,7 @@ interrupted pretraining resumes from its checkpoint. The results table (mean ± 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -294,12 +295,12 @@ PAPER_TABLE1 = {
     "linear@5000": _paper_rows((None, F, 28.7, 30.7, F, 41.2, 44.1),
                                (None, 31.1, 32.4, 31.8, 41.1, 44.1, 46.4),
                                (51.7, 49.6, 48.1, 45.9, 51.4, 52.0, 51.9), 52.6, 42.4),
-    "finetune@5000": _paper_rows((None, F, 36.3, 38.9, F, 43.0, 46.0),
-                                 (None, 40.8, 41.8, 41.3, 44.9, 46.8, 47.4),
-                                 (51.5, 50.5, 49.3, 47.7, 51.5, 52.1, 52.0), 52.5, 42.4),
     "linear@500": _paper_rows((None, F, 13.5, 14.5, F, 26.2, 27.6),
                               (None, 14.8, 15.6, 15.0, 24.7, 27.8, 29.3),
                               (33.3, 31.2, 29.5, 26.7, 33.3, 33.5, 33.5), 34.0, 13.1),
+    "finetune@5000": _paper_rows((None, F, 36.3, 38.9, F, 43.0, 46.0),
+                                 (None, 40.8, 41.8, 41.3, 44.9, 46.8, 47.4),
+                                 (51.5, 50.5, 49.3, 47.7, 51.5, 52.1, 52.0), 52.5, 42.4),
 }
 """Vemulapalli et al. 2023, Table 1 (CIFAR-100): evaluation → method → setting → accuracy."""
 del F
@@ -520,6 +521,7 @@ __all__ = [
     "Grid",
     "Setting",
     "claims_table",
+    "code_commits",
     "is_complete",
     "load_grid",
     "measured",
@@ -536,6 +538,22 @@ CLAIMS_INTRO = ("The paper's claims, measured. Each entry: ours, the mean differ
                 "value from Table 1:\n")
 
 
+def code_commits(cells: list[Cell]) -> list[str]:
+    """The short git commits recorded in the cells' version.json files, in first-seen order
+    (a grid run across several code versions lists each)."""
+    seen: list[str] = []
+    for cell in cells:
+        try:
+            info = json.loads((cell.path / "version.json").read_text())
+        except (OSError, ValueError):
+            continue
+        commit = str(info.get("git_commit") or "")
+        short = commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
+        if commit and short not in seen:
+            seen.append(short)
+    return seen
+
+
 def results_markdown(grid: Grid, cells: list[Cell], command: str, machine: str,
                      plot: str | None) -> str:
     """The results section: our table, the claims beside the paper's, the paper's table, the
@@ -543,8 +561,12 @@ def results_markdown(grid: Grid, cells: list[Cell], command: str, machine: str,
     done = sum(1 for c in cells if c.na is None and all(cell_accuracy(c, e) is not None
                                                          for e in grid.evaluations))
     total = sum(1 for c in cells if c.na is None)
+    commits = code_commits(cells)
+    code = (f"\nCode: commit {', '.join(commits)} (from the runs' `version.json`)\n"
+            if commits else "")
     head = (f"Scale `{grid.scale}`, seeds {list(grid.seeds)}, data `{grid.base.data.dataset}`; "
-            f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\nMachine: {machine}\n")
+            f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\nMachine: {machine}\n"
+            + code)
     parts = [head, "Test accuracy (%), mean ± std over seeds:\n", results_table(grid, cells),
              CLAIMS_INTRO, claims_table(grid, cells),
              "Paper, CIFAR-100 (Vemulapalli et al. 2023, Table 1), for reference:\n",
