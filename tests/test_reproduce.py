@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,8 @@ def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_pat
     assert "Code: commit " in text and "(from the runs' `version.json`)" in text
     assert (tmp_path / "grid-tiny-trend.png").is_file()
     assert "The paper's claims, measured" in text and "| dcco − supervised |" in text
+    assert "- DCCO against supervised training from scratch (dcco − supervised), linear@20: " \
+        "the paper's sign in" not in text  # linear@20 has no counterpart in the paper
     assert "| dcco: IID − non-IID |" not in text  # the tiny grid has no non-IID 2 to pair with
     assert "Paper, CIFAR-100" in text and "| dcco | 51.7 | 49.6 |" in text
 
@@ -222,3 +225,41 @@ def test_reproduce__cells_filter_and_busy_cells_skipped(grid_file, tmp_path, cap
     assert not (out / "iid-2-dcco-s0" / "config.toml").exists()  # untouched while busy
     assert main(args + ["--cells", "iid-2-dcco-*"]) == 0  # the lock went with the holder
     assert "pretraining" in capsys.readouterr().out
+
+
+def test_claim_checks__count_settings_by_sign_and_standard_error(tmp_path):
+    """The mechanical verdict reads the claims table: the paper's sign where it holds, beyond
+    two standard errors where the seeds allow, and the opposite sign where that is sure."""
+    from dcco.evaluate import PROTOCOL_REVISION
+    from dcco.experiments import eval_key
+    from dcco.reproduce import claim_checks
+
+    grid = load_grid(Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml", "small")
+    cells = plan_cells(grid, tmp_path)
+    assert claim_checks(grid, cells) == ""  # nothing has run: nothing to check
+    # linear@5000 only. dcco beats both FedAvg variants clearly at non-IID 4 and 8 (3 seeds),
+    # loses clearly at non-IID 16 (3 seeds), and has one seed at IID 4.
+    accuracy = {("dcco", "non-IID 4"): [0.70, 0.71, 0.72], ("dcco", "non-IID 8"): [0.70] * 3,
+                ("dcco", "non-IID 16"): [0.60, 0.61, 0.62], ("dcco", "IID 4"): [0.75],
+                ("cco_fedavg", "IID 4"): [0.70]}
+    for method in ("cco_fedavg", "contrastive_fedavg"):
+        for name in ("non-IID 4", "non-IID 8", "non-IID 16"):
+            accuracy[method, name] = [0.65, 0.66, 0.64]
+    for cell in cells:
+        values = accuracy.get((cell.method, cell.setting and cell.setting.name))
+        if values is None or cell.seed >= len(values):
+            continue
+        cell.path.mkdir(parents=True)
+        entry = {"protocol": "linear", "accuracy": values[cell.seed],
+                 "revision": PROTOCOL_REVISION.get("linear", 1)}
+        (cell.path / "summary.json").write_text(
+            json.dumps({"evaluations": {eval_key("linear", 5000): entry}}))
+    text = claim_checks(grid, cells)
+    line = next(x for x in text.splitlines() if "(dcco − best FedAvg), linear@5000" in x)
+    # four settings pair with the paper: three by the sign rule, one (IID 4) on a single seed
+    assert "the paper's sign in 3 of 4 settings, beyond two standard errors in 2" in line
+    assert "the opposite sign beyond two standard errors in 1" in line
+    assert "(1 of those settings have one seed so far, so no standard error)" in line
+    ours = statistics.fmean([6.0, 5.0, -4.0, 5.0])
+    assert f"Mean over those settings: {ours:+.1f} points (paper: " in line
+    assert "linear@500:" not in text  # no linear@500 results were written

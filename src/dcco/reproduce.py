@@ -388,12 +388,12 @@ def _get(row: dict[str, dict[str, Entry]], method: str, name: str) -> Entry:
     return row.get(method, {}).get(name)
 
 
-def _diff(a: Entry, b: Entry) -> str | None:
+def _diff(a: Entry, b: Entry) -> Difference | str | None:
     if a is None or b is None:
         return None
     if isinstance(a, str) or isinstance(b, str):
         return "FedAvg failed"
-    return str(a.minus(b))
+    return a.minus(b)
 
 
 CLAIMS: tuple[tuple[str, str, str, str], ...] = (
@@ -413,7 +413,7 @@ CLAIMS: tuple[tuple[str, str, str, str], ...] = (
 
 
 def _claim_value(table, evaluation: str, settings: tuple[Setting, ...], name: str,
-                 minuend: str, subtrahend: str) -> str | None:
+                 minuend: str, subtrahend: str) -> Difference | str | None:
     row = table.get(evaluation, {})
     setting = next(s for s in settings if s.name == name)
     non_iid = [s for s in settings if s.alpha < 100]
@@ -447,28 +447,82 @@ def claims_table(grid: Grid, cells: list[Cell]) -> str:
     """The quantities behind each of the paper's claims, ours beside the paper's: one row per
     claim and evaluation, settings as columns. Ours: mean difference ± its standard error
     over seeds; the paper's CIFAR-100 value in brackets."""
-    ours = measured(grid, cells)
     names = [s.name for s in grid.settings]
-    paper_settings = tuple(Setting(n, 1000.0 if n.startswith("IID") else 0.0,
-                                   int(n.split()[-1]), 0) for n in _P)
     lines = ["| quantity | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    values = _claim_values(grid, cells)
     for evaluation in grid.evaluations:
         lines.append(f"| **{evaluation}** |" + " |" * len(names))
         for label, _, minuend, subtrahend in CLAIMS:
             if not _claim_applies(grid.methods, minuend, subtrahend):
                 continue
             row = []
-            for name in names:
-                mine = _claim_value(ours, evaluation, grid.settings, name, minuend, subtrahend)
-                theirs = (_claim_value(PAPER_TABLE1, evaluation, paper_settings, name, minuend,
-                                       subtrahend) if name in _P else None)
-                text = "—" if mine is None else mine
+            for mine, theirs in values[evaluation, label]:
+                text = "—" if mine is None else str(mine)
                 if theirs is not None:
                     text += f" ({theirs})"
                 row.append(text)
             if any(x != "—" for x in row):
                 lines.append(f"| {label} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+_PAPER_SETTINGS = tuple(Setting(n, 1000.0 if n.startswith("IID") else 0.0, int(n.split()[-1]), 0)
+                        for n in _P)
+
+Value = Difference | str | None
+
+
+def _claim_values(grid: Grid, cells: list[Cell]) -> dict[tuple[str, str], list[tuple[Value,
+                                                                                    Value]]]:
+    """(evaluation, claim label) → [(ours, the paper's)] in the grid's setting order."""
+    ours = measured(grid, cells)
+    values = {}
+    for evaluation in grid.evaluations:
+        for label, _, minuend, subtrahend in CLAIMS:
+            values[evaluation, label] = [
+                (_claim_value(ours, evaluation, grid.settings, s.name, minuend, subtrahend),
+                 _claim_value(PAPER_TABLE1, evaluation, _PAPER_SETTINGS, s.name, minuend,
+                              subtrahend) if s.name in _P else None)
+                for s in grid.settings]
+    return values
+
+
+def claim_checks(grid: Grid, cells: list[Cell]) -> str:
+    """A mechanical reading of the claims table, one line per claim and evaluation: in how
+    many settings our difference has the paper's sign, in how many that holds by more than
+    two standard errors (needs ≥ 2 seeds on both sides), in how many the opposite sign holds
+    by more than two standard errors, and the mean difference, ours against the paper's, over
+    the settings where both exist. It says nothing about why; that is the reader's job."""
+    values = _claim_values(grid, cells)
+    lines = []
+    for label, meaning, minuend, subtrahend in CLAIMS:
+        if not _claim_applies(grid.methods, minuend, subtrahend):
+            continue
+        for evaluation in grid.evaluations:
+            pairs = [(m, t) for m, t in values[evaluation, label]
+                     if isinstance(m, Difference) and isinstance(t, Difference)]
+            if not pairs:
+                continue
+            same = sum(1 for m, t in pairs if m.value * t.value > 0)
+            sure = sum(1 for m, t in pairs if m.value * t.value > 0 and m.se is not None
+                       and abs(m.value) > 2 * m.se)
+            against = sum(1 for m, t in pairs if m.value * t.value < 0 and m.se is not None
+                          and abs(m.value) > 2 * m.se)
+            lone = sum(1 for m, _ in pairs if m.se is None)
+            seeds = (f" ({lone} of those settings have one seed so far, so no standard error)"
+                     if lone else "")
+            mean_ours = statistics.fmean(m.value for m, _ in pairs)
+            mean_paper = statistics.fmean(t.value for _, t in pairs)
+            lines.append(
+                f"- {meaning[0].upper() + meaning[1:]} ({label}), {evaluation}: the paper's "
+                f"sign in {same} of {len(pairs)} settings, beyond two standard errors in "
+                f"{sure}; the opposite sign beyond two standard errors in {against}{seeds}. "
+                f"Mean over those settings: {mean_ours:+.1f} points (paper: "
+                f"{mean_paper:+.1f}).")
+    if not lines:
+        return ""
+    return ("The claims, checked mechanically against the table above (written by the "
+            "harness):\n\n" + "\n".join(lines) + "\n")
 
 
 def accuracy_series(grid: Grid, cells: list[Cell], evaluation: str, method: str,
@@ -520,6 +574,7 @@ __all__ = [
     "Estimate",
     "Grid",
     "Setting",
+    "claim_checks",
     "claims_table",
     "code_commits",
     "is_complete",
@@ -568,9 +623,12 @@ def results_markdown(grid: Grid, cells: list[Cell], command: str, machine: str,
             f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\nMachine: {machine}\n"
             + code)
     parts = [head, "Test accuracy (%), mean ± std over seeds:\n", results_table(grid, cells),
-             CLAIMS_INTRO, claims_table(grid, cells),
-             "Paper, CIFAR-100 (Vemulapalli et al. 2023, Table 1), for reference:\n",
-             paper_table()]
+             CLAIMS_INTRO, claims_table(grid, cells)]
+    checks = claim_checks(grid, cells)
+    if checks:
+        parts.append(checks)
+    parts += ["Paper, CIFAR-100 (Vemulapalli et al. 2023, Table 1), for reference:\n",
+              paper_table()]
     if plot:
         parts.append(f"![accuracy against samples per client]({plot})\n")
     return "\n".join(parts)
