@@ -137,6 +137,11 @@ def test_table1_grid__shipped_file_loads_at_both_scales(scale, tmp_path):
     cells = plan_cells(grid, tmp_path)
     batch = 512 if scale == "full" else 128
     assert [s.samples_per_client * s.clients_per_round for s in grid.settings] == [batch] * 7
+    # every pretraining cell, centralized included, steps on the same global batch
+    pretraining = [c for c in cells if c.method != "supervised" and c.na is None]
+    assert {c.cfg.train.clients_per_round * c.cfg.data.samples_per_client
+            for c in pretraining} == {batch}
+    assert any(c.method == "centralized_cco" for c in pretraining)
     assert sum(c.na is not None for c in cells) == 2 * len(grid.seeds)  # FedAvg at 1 sample
     if scale == "full":
         assert grid.base.model.stage_widths == (64, 128, 256) and grid.base.train.rounds == 100_000

@@ -55,6 +55,9 @@ class Grid:
     """e.g. ``linear@5000``; supervised runs take the labels of each."""
     seeds: tuple[int, ...]
     scale: str
+    global_batch: int | None = None
+    """The scale's images per round (federated) and per step (centralized); None: the base
+    config's and the settings' own."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ def load_grid(path: str | Path, scale: str) -> Grid:
                                   f"the {s.samples_per_client} samples per client of {s.name!r}")
         settings = tuple(replace(s, clients_per_round=batch // s.samples_per_client)
                          for s in settings)
+        if batch % base.data.samples_per_client:  # centralized cells need it (plan_cells)
+            raise ConfigError(f"scale.{scale}.global_batch = {batch} is not a multiple of the "
+                              f"base data.samples_per_client = {base.data.samples_per_client}")
     g = raw.get("grid", {})
     methods = tuple(g.get("methods", []))
     for m in methods:
@@ -116,7 +122,7 @@ def load_grid(path: str | Path, scale: str) -> Grid:
             raise ConfigError(f"grid.evaluations: {e!r} must look like linear@5000 or "
                               f"finetune@5000")
     seeds = tuple(scales[scale].get("seeds", g.get("seeds", [0])))
-    return Grid(base, settings, methods, evaluations, seeds, scale)
+    return Grid(base, settings, methods, evaluations, seeds, scale, batch)
 
 
 def _flatten(sections: dict[str, Any]) -> list[str]:
@@ -152,6 +158,11 @@ def plan_cells(grid: Grid, out: Path) -> list[Cell]:
                                                        else grid.base.train.method))
                 name = f"{method}-s{seed}"
                 na = None
+                if method in METHODS and not federated and grid.global_batch is not None:
+                    # centralized training pools clients_per_round × samples_per_client
+                    # images a step: the same global batch as every federated round
+                    cfg = replace(cfg, train=replace(
+                        cfg.train, clients_per_round=grid.global_batch // cfg.data.samples_per_client))
                 if setting is not None:
                     name = f"{_slug(setting.name)}-{name}"
                     minimum = METHODS[method].min_client_samples
