@@ -282,7 +282,12 @@ class Difference:
     se: float | None = None
 
     def __str__(self) -> str:
-        return f"{self.value:+.1f}" + ("" if self.se is None else f" ± {self.se:.1f}")
+        return _signed(self.value) + ("" if self.se is None else f" ± {self.se:.1f}")
+
+
+def _signed(x: float) -> str:
+    """+1.2, -0.3, and +0.0 (not -0.0) for anything that rounds to zero."""
+    return f"{round(x, 1) + 0.0:+.1f}"
 
 
 FAILED = "failed"
@@ -528,8 +533,8 @@ def claim_checks(grid: Grid, cells: list[Cell]) -> str:
                 f"- {meaning[0].upper() + meaning[1:]} ({label}), {evaluation}: the paper's "
                 f"sign in {same} of {len(pairs)} settings, beyond two standard errors in "
                 f"{sure}; the opposite sign beyond two standard errors in {against}{seeds}. "
-                f"Mean over those settings: {mean_ours:+.1f} points (paper: "
-                f"{mean_paper:+.1f}).")
+                f"Mean over those settings: {_signed(mean_ours)} points (paper: "
+                f"{_signed(mean_paper)}).")
     if not lines:
         return ""
     return ("The claims, checked mechanically against the table above (written by the "
