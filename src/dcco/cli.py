@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from datetime import datetime
@@ -214,19 +213,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cpu_name() -> str:
-    """The CPU's model name (Linux), else what ``platform`` knows."""
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def _reproduce_command(args: argparse.Namespace) -> str:
     """The command that regenerates the results: the grid, scale, output folder and results
     file, without the flags that only change what this invocation runs or prints (--cells,
@@ -241,9 +227,7 @@ def _reproduce_command(args: argparse.Namespace) -> str:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    import platform
 
-    import torch
 
     from dcco.experiments import load_splits
     from dcco.reproduce import (
@@ -285,19 +269,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     table = results_table(grid, cells)
     sys.stdout.write("\n" + table)
     plot = plot_trend(grid, cells, out / "trend.png") if grid.evaluations else None
-    device = ("CUDA " + torch.cuda.get_device_name() if torch.cuda.is_available()
-              else "no GPU")
-    machine = (f"{_cpu_name()} ({platform.machine()}, {os.cpu_count()} cores), {device}; "
-               f"torch {torch.__version__}, Python {platform.python_version()}")
     command = _reproduce_command(args)
-    text = results_markdown(grid, cells, command, machine, None)
+    text = results_markdown(grid, cells, command, None)
     (out / "results.md").write_text(text)
     if args.results is not None:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         if plot is not None:
             target = args.results.parent / f"{args.grid.stem}-{args.scale}-trend.png"
             target.write_bytes(plot.read_bytes())
-            text = results_markdown(grid, cells, command, machine, target.name)
+            text = results_markdown(grid, cells, command, target.name)
         write_section(args.results, text, tag=f"reproduce:{args.grid.stem}:{args.scale}")
         _say(f"wrote {args.results}")
     return 0

@@ -601,6 +601,7 @@ __all__ = [
     "plot_trend",
     "results_table",
     "run_cell",
+    "run_machines",
 ]
 
 
@@ -625,18 +626,40 @@ def code_commits(cells: list[Cell]) -> list[str]:
     return seen
 
 
-def results_markdown(grid: Grid, cells: list[Cell], command: str, machine: str,
-                     plot: str | None) -> str:
+def run_machines(cells: list[Cell]) -> list[str]:
+    """Where the cells ran, from their version.json files: one entry per machine, with its
+    number of runs, in first-seen order. Runs from before dcco recorded the CPU and GPU are
+    described by what they did record (architecture, host name, torch build)."""
+    counts: dict[str, int] = {}
+    for cell in cells:
+        try:
+            info = json.loads((cell.path / "version.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if "cpu" in info:
+            gpu = info.get("gpu") or "none"
+            where = f"{info['cpu']}, {'no GPU' if gpu == 'none' else gpu}"
+        else:
+            where = f"{info.get('machine', 'unknown machine')} (host {info.get('host', '?')})"
+        key = f"{where}; torch {info.get('torch', '?')}, Python {info.get('python', '?')}"
+        counts[key] = counts.get(key, 0) + 1
+    return [f"{n} run{'s' if n != 1 else ''} on {key}" for key, n in counts.items()]
+
+
+def results_markdown(grid: Grid, cells: list[Cell], command: str, plot: str | None) -> str:
     """The results section: our table, the claims beside the paper's, the paper's table, the
     plot, and provenance."""
     done = sum(1 for c in cells if c.na is None and all(cell_accuracy(c, e) is not None
                                                          for e in grid.evaluations))
     total = sum(1 for c in cells if c.na is None)
+    machines = run_machines(cells)
+    machine = ("; ".join(machines) if len(machines) == 1
+               else "".join(f"\n- {m}" for m in machines) if machines else "no runs yet")
     commits = code_commits(cells)
     code = (f"\nCode: commit {', '.join(commits)} (from the runs' `version.json`)\n"
             if commits else "")
     head = (f"Scale `{grid.scale}`, seeds {list(grid.seeds)}, data `{grid.base.data.dataset}`; "
-            f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\nMachine: {machine}\n"
+            f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\nMachine{'s' if len(machines) > 1 else ''}: {machine}\n"
             + code)
     parts = [head, "Test accuracy (%), mean ± std over seeds:\n", results_table(grid, cells),
              CLAIMS_INTRO, claims_table(grid, cells)]

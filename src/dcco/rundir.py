@@ -38,11 +38,24 @@ class RunDirBusy(RunDirError):
 
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def code_version() -> dict[str, str]:
     """dcco's version and, when run from a git checkout, its commit (with '+dirty' if modified)."""
     info = {"dcco": dcco.__version__, "torch": torch.__version__,
             "python": platform.python_version(), "host": platform.node(),
-            "machine": f"{platform.machine()} {platform.system()}"}
+            "machine": f"{platform.machine()} {platform.system()}",
+            "cpu": f"{cpu_name()} ({os.cpu_count()} cores)",
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none"}
     root = Path(dcco.__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
