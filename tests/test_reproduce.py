@@ -10,7 +10,7 @@ import pytest
 
 from dcco.cli import main
 from dcco.config import ConfigError
-from dcco.reproduce import load_grid, plan_cells
+from dcco.reproduce import load_grid, plan_cells, run_machines
 
 GRID = """
 [grid]
@@ -100,6 +100,7 @@ def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_pat
     assert (f"Command: `dcco reproduce {grid_file} --scale tiny --out {out} --results "
             f"{results}`") in text  # the regenerating command, without --no-progress
     assert "Code: commit " in text and "(from the runs' `version.json`)" in text
+    assert "Machine: 4 runs on " in text  # where the runs ran, read from them
     assert (tmp_path / "grid-tiny-trend.png").is_file()
     assert "The paper's claims, measured" in text and "| dcco − supervised |" in text
     assert "- DCCO against supervised training from scratch (dcco − supervised), linear@20: " \
@@ -268,3 +269,19 @@ def test_claim_checks__count_settings_by_sign_and_standard_error(tmp_path):
     ours = statistics.fmean([6.0, 5.0, -4.0, 5.0])
     assert f"Mean over those settings: {ours:+.1f} points (paper: " in line
     assert "linear@500:" not in text  # no linear@500 results were written
+
+
+def test_run_machines__one_entry_per_machine_with_counts_and_legacy_records(grid_file, tmp_path):
+    cells = [c for c in plan_cells(load_grid(grid_file, "tiny"), tmp_path) if c.na is None]
+    gpu = {"cpu": "Xeon (16 cores)", "gpu": "NVIDIA H100", "torch": "2.11.0", "python": "3.12"}
+    cpu = gpu | {"gpu": "none"}
+    legacy = {"machine": "x86_64 Linux", "host": "vm", "torch": "2.13.0", "python": "3.11"}
+    for cell, info in zip(cells, [gpu, cpu, gpu, legacy], strict=True):
+        cell.path.mkdir(parents=True)
+        (cell.path / "version.json").write_text(json.dumps(info))
+    assert run_machines(cells) == [
+        "2 runs on Xeon (16 cores), NVIDIA H100; torch 2.11.0, Python 3.12",
+        "1 run on Xeon (16 cores), no GPU; torch 2.11.0, Python 3.12",
+        "1 run on x86_64 Linux (host vm); torch 2.13.0, Python 3.11",
+    ]
+    assert run_machines([]) == []

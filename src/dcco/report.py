@@ -30,13 +30,32 @@ def _pct(acc: float | None) -> str:
     return "—" if acc is None else f"{100 * acc:.1f}"
 
 
+def _progress(run: RunDir) -> dict[str, Any]:
+    """What an unfinished run (no summary yet) has logged so far, in the summary's keys; its
+    rounds read "<done> of <planned> (unfinished)"."""
+    cfg = run.config()
+    logged = run.metrics()
+    losses = [m for m in logged if "loss" in m]
+    knns = [m["knn"] for m in logged if "knn" in m]
+    done = losses[-1]["round"] if losses else 0
+    return {"method": cfg.train.method, "dataset": cfg.data.dataset, "alpha": cfg.data.alpha,
+            "samples_per_client": cfg.data.samples_per_client,
+            "clients_per_round": cfg.train.clients_per_round,
+            "rounds": f"{done} of {cfg.train.rounds} (unfinished)",
+            "final_loss": losses[-1]["loss"] if losses else None,
+            "knn": knns[-1] if knns else None}
+
+
 def comparison_rows(runs: Sequence[RunDir]) -> tuple[list[str], list[list[str]]]:
-    """One row per run: its setting, final loss, k-NN and every evaluation it holds (in %)."""
+    """One row per run: its setting, final loss, k-NN and every evaluation it holds (in %).
+    A run still pretraining (or stopped before its summary) shows what it has logged."""
     summaries = [r.summary() for r in runs]
+    summaries = [s if "rounds" in s or "method" in s else s | _progress(r)
+                 for r, s in zip(runs, summaries, strict=True)]
     protocols = sorted({p for s in summaries for p in s.get("evaluations", {})})
     header = COLUMNS + protocols
     rows = []
-    for run, s in zip(runs, summaries):
+    for run, s in zip(runs, summaries, strict=True):
         evals = s.get("evaluations", {})
         rows.append([
             run.path.name, _fmt(s.get("method")), _fmt(s.get("dataset")), _fmt(s.get("alpha")),

@@ -653,13 +653,13 @@ def results_markdown(grid: Grid, cells: list[Cell], command: str, plot: str | No
                                                          for e in grid.evaluations))
     total = sum(1 for c in cells if c.na is None)
     machines = run_machines(cells)
-    machine = ("; ".join(machines) if len(machines) == 1
-               else "".join(f"\n- {m}" for m in machines) if machines else "no runs yet")
+    machine = ("Machines:\n\n" + "".join(f"- {m}\n" for m in machines) if len(machines) > 1
+               else f"Machine: {machines[0] if machines else 'no runs yet'}\n")
     commits = code_commits(cells)
     code = (f"\nCode: commit {', '.join(commits)} (from the runs' `version.json`)\n"
             if commits else "")
     head = (f"Scale `{grid.scale}`, seeds {list(grid.seeds)}, data `{grid.base.data.dataset}`; "
-            f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\nMachine{'s' if len(machines) > 1 else ''}: {machine}\n"
+            f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\n{machine}"
             + code)
     parts = [head, "Test accuracy (%), mean ± std over seeds:\n", results_table(grid, cells),
              CLAIMS_INTRO, claims_table(grid, cells)]

@@ -1,7 +1,8 @@
 """The run directory: one folder per run, holding everything needed to trust and resume it.
 
     config.toml               the resolved run config (reloadable with ``dcco.config.load_config``)
-    version.json              dcco and torch versions, git commit, host, command line
+    version.json              dcco and torch versions, the machine (CPU, GPU), git commit and a
+                              digest of the source files, command line
     metrics.jsonl             one JSON object per logged round (loss, lr, rounds/s, clients, samples)
                               and per k-NN evaluation ({"round": r, "knn": acc})
     checkpoint.safetensors    model + optimiser state + rounds done; rewritten atomically
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -49,24 +51,46 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def source_digest(package: Path) -> str:
+    """SHA-256 (first 16 hex digits) of a package's ``*.py`` files, names and contents, in
+    path order: it identifies the code that ran even where git metadata is missing or stale
+    (compute it on a checkout of any commit to find the one that matches)."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _source_state() -> dict[str, str]:
+    package = Path(dcco.__file__).resolve().parent
+    state = {"source_sha256": source_digest(package)}
+    try:
+        git = ["git", "-C", str(package.parents[1])]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, timeout=5, check=False).stdout.strip()
+        state["git_commit"] = commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        state["git_commit"] = "unknown"
+    return state
+
+
+_SOURCE = _source_state()
+"""Read once, when this module is imported: a process that outlives a commit (a grid running
+for hours) records the code it loaded, not the checkout's later state."""
+
+
 def code_version() -> dict[str, str]:
-    """dcco's version and, when run from a git checkout, its commit (with '+dirty' if modified)."""
-    info = {"dcco": dcco.__version__, "torch": torch.__version__,
+    """dcco's version, the machine, and the code: the git commit of the checkout when dcco was
+    imported (with '+dirty' if src/ differed from it) and a digest of the source files."""
+    return {"dcco": dcco.__version__, "torch": torch.__version__,
             "python": platform.python_version(), "host": platform.node(),
             "machine": f"{platform.machine()} {platform.system()}",
             "cpu": f"{cpu_name()} ({os.cpu_count()} cores)",
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none"}
-    root = Path(dcco.__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, timeout=5,
-                               check=False).stdout.strip()
-        info["git_commit"] = commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        info["git_commit"] = "unknown"
-    return info
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+            **_SOURCE}
 
 
 def _jsonable(value: Any) -> Any:

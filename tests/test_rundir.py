@@ -1,0 +1,48 @@
+"""The run directory's record of where and with which code a run was made."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import dcco
+from dcco import rundir
+from dcco.rundir import source_digest
+
+
+def test_code_version__names_the_code_loaded_not_the_checkout_later(monkeypatch):
+    before = rundir.code_version()
+    assert before["source_sha256"] == source_digest(Path(dcco.__file__).resolve().parent)
+    assert len(before["source_sha256"]) == 16 and before["gpu"] and before["cpu"]
+
+    def git_moved_on(*args, **kwargs):  # a commit made while a long grid runs
+        raise AssertionError("code_version must not ask git again")
+
+    monkeypatch.setattr(subprocess, "run", git_moved_on)
+    assert rundir.code_version()["git_commit"] == before["git_commit"]
+
+
+def test_source_digest__changes_with_a_file_name_or_its_contents(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = source_digest(tmp_path)
+    (tmp_path / "a.py").write_text("x = 2\n")
+    second = source_digest(tmp_path)
+    (tmp_path / "a.py").rename(tmp_path / "b.py")
+    assert len({first, second, source_digest(tmp_path)}) == 3
+
+
+def test_compare__an_unfinished_run_shows_what_it_has_logged(tmp_path):
+    from dcco.config import RunConfig
+    from dcco.report import comparison_rows
+    from dcco.rundir import RunDir
+
+    cfg = RunConfig()
+    run = RunDir.create(tmp_path / "stopped", cfg)
+    for record in ({"round": 10, "loss": 9.5}, {"round": 20, "knn": 0.25},
+                   {"round": 20, "loss": 8.25}):
+        run.append_metrics(record)
+    header, [row] = comparison_rows([run])
+    shown = dict(zip(header, row, strict=True))
+    assert shown["rounds"] == f"20 of {cfg.train.rounds} (unfinished)"
+    assert shown["method"] == cfg.train.method and shown["final loss"] == "8.25"
+    assert shown["k-NN"] == "25.0"
