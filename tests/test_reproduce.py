@@ -10,7 +10,7 @@ import pytest
 
 from dcco.cli import main
 from dcco.config import ConfigError
-from dcco.reproduce import load_grid, plan_cells, run_machines
+from dcco.reproduce import load_grid, plan_cells, run_machines, run_versions
 
 GRID = """
 [grid]
@@ -279,7 +279,7 @@ def test_run_machines__one_entry_per_machine_with_counts_and_legacy_records(grid
     for cell, info in zip(cells, [gpu, cpu, gpu, legacy], strict=True):
         cell.path.mkdir(parents=True)
         (cell.path / "version.json").write_text(json.dumps(info))
-    assert run_machines(cells) == [
+    assert run_machines(run_versions(cells)) == [
         "2 runs on Xeon (16 cores), NVIDIA H100; torch 2.11.0, Python 3.12",
         "1 run on Xeon (16 cores), no GPU; torch 2.11.0, Python 3.12",
         "1 run on x86_64 Linux (host vm); torch 2.13.0, Python 3.11",

@@ -227,8 +227,6 @@ def _reproduce_command(args: argparse.Namespace) -> str:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-
-
     from dcco.experiments import load_splits
     from dcco.reproduce import (
         load_grid,

@@ -50,8 +50,7 @@ def comparison_rows(runs: Sequence[RunDir]) -> tuple[list[str], list[list[str]]]
     """One row per run: its setting, final loss, k-NN and every evaluation it holds (in %).
     A run still pretraining (or stopped before its summary) shows what it has logged."""
     summaries = [r.summary() for r in runs]
-    summaries = [s if "rounds" in s or "method" in s else s | _progress(r)
-                 for r, s in zip(runs, summaries, strict=True)]
+    summaries = [s or _progress(r) for r, s in zip(runs, summaries, strict=True)]
     protocols = sorted({p for s in summaries for p in s.get("evaluations", {})})
     header = COLUMNS + protocols
     rows = []

@@ -602,6 +602,7 @@ __all__ = [
     "results_table",
     "run_cell",
     "run_machines",
+    "run_versions",
 ]
 
 
@@ -610,15 +611,22 @@ CLAIMS_INTRO = ("The paper's claims, measured. Each entry: ours, the mean differ
                 "value from Table 1:\n")
 
 
-def code_commits(cells: list[Cell]) -> list[str]:
-    """The short git commits recorded in the cells' version.json files, in first-seen order
-    (a grid run across several code versions lists each)."""
-    seen: list[str] = []
+def run_versions(cells: list[Cell]) -> list[dict[str, Any]]:
+    """The cells' version.json records, in cell order (cells without a readable one skipped)."""
+    found = []
     for cell in cells:
         try:
-            info = json.loads((cell.path / "version.json").read_text())
+            found.append(json.loads((cell.path / "version.json").read_text()))
         except (OSError, ValueError):
             continue
+    return found
+
+
+def code_commits(versions: list[dict[str, Any]]) -> list[str]:
+    """The short git commits the runs recorded (``run_versions``), in first-seen order (a grid
+    run across several code versions lists each)."""
+    seen: list[str] = []
+    for info in versions:
         commit = str(info.get("git_commit") or "")
         short = commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
         if commit and short not in seen:
@@ -626,16 +634,12 @@ def code_commits(cells: list[Cell]) -> list[str]:
     return seen
 
 
-def run_machines(cells: list[Cell]) -> list[str]:
-    """Where the cells ran, from their version.json files: one entry per machine, with its
-    number of runs, in first-seen order. Runs from before dcco recorded the CPU and GPU are
-    described by what they did record (architecture, host name, torch build)."""
+def run_machines(versions: list[dict[str, Any]]) -> list[str]:
+    """Where the runs ran (``run_versions``): one entry per machine, with its number of runs, in
+    first-seen order. Runs from before dcco recorded the CPU and GPU are described by what
+    they did record (architecture, host name, torch build)."""
     counts: dict[str, int] = {}
-    for cell in cells:
-        try:
-            info = json.loads((cell.path / "version.json").read_text())
-        except (OSError, ValueError):
-            continue
+    for info in versions:
         if "cpu" in info:
             gpu = info.get("gpu") or "none"
             where = f"{info['cpu']}, {'no GPU' if gpu == 'none' else gpu}"
@@ -652,10 +656,11 @@ def results_markdown(grid: Grid, cells: list[Cell], command: str, plot: str | No
     done = sum(1 for c in cells if c.na is None and all(cell_accuracy(c, e) is not None
                                                          for e in grid.evaluations))
     total = sum(1 for c in cells if c.na is None)
-    machines = run_machines(cells)
+    versions = run_versions(cells)
+    machines = run_machines(versions)
     machine = ("Machines:\n\n" + "".join(f"- {m}\n" for m in machines) if len(machines) > 1
                else f"Machine: {machines[0] if machines else 'no runs yet'}\n")
-    commits = code_commits(cells)
+    commits = code_commits(versions)
     code = (f"\nCode: commit {', '.join(commits)} (from the runs' `version.json`)\n"
             if commits else "")
     head = (f"Scale `{grid.scale}`, seeds {list(grid.seeds)}, data `{grid.base.data.dataset}`; "
