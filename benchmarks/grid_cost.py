@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from dcco.config import ConfigError
 from dcco.experiments import load_splits
 from dcco.reproduce import SUPERVISED, load_grid, plan_cells, select_cells
 from dcco.rundir import cpu_name
@@ -45,11 +46,14 @@ def main() -> None:
     if args.warmup < 0 or args.rounds < 1:
         ap.error("--warmup must be >= 0 and --rounds >= 1")
 
-    grid = load_grid(args.grid, args.scale)
-    cells = [c for c in plan_cells(grid, Path(tempfile.gettempdir()) / "grid-cost")
-             if c.na is None and c.method != SUPERVISED]
-    if args.cells:
-        cells = select_cells(cells, args.cells)
+    try:
+        grid = load_grid(args.grid, args.scale)
+        cells = [c for c in plan_cells(grid, Path(tempfile.gettempdir()) / "grid-cost")
+                 if c.na is None and c.method != SUPERVISED]
+        if args.cells:
+            cells = select_cells(cells, args.cells)
+    except ConfigError as e:
+        ap.error(str(e))
     else:
         cells = [c for c in cells if c.seed == grid.seeds[0]]
     train, _ = load_splits(grid.base)
