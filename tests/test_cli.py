@@ -154,3 +154,122 @@ def test_cli__help_documents_every_command():
         assert command in top.stdout
         sub = dcco(command, "--help")
         assert sub.returncode == 0 and "usage: dcco " + command in sub.stdout
+
+
+# ----------------------------------------------------------------- what a new user met
+
+
+def test_cli_pretrain__empty_or_folder_config_is_refused_by_name(tmp_path, capsys):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing set\n")
+    assert main(["pretrain", str(empty), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert str(empty) in err and "sets nothing" in err and "configs/" in err
+    assert main(["pretrain", str(tmp_path), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder, not a TOML file" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_pretrain__data_dir_option_is_used_or_refused(tiny_config, tiny_fmnist, tmp_path,
+                                                         capsys):
+    cfg = tiny_config(rounds=2)
+    run = tmp_path / "elsewhere"
+    assert main(["pretrain", str(cfg), "--data-dir", str(tmp_path / "typo"),
+                 "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "typo") in err and "does not exist" in err
+    assert not run.exists()  # nothing is created before the config and data are checked
+    assert main(["pretrain", str(cfg), "--data-dir", str(tiny_fmnist), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    assert f'data_dir = "{tiny_fmnist}"' in (run / "config.toml").read_text()
+
+
+def test_cli__unknown_option_shows_the_commands_usage():
+    done = dcco("pretrain", "configs/fmnist_small.toml", "--data-folder", "x")
+    assert done.returncode == 2
+    assert "usage: dcco pretrain" in done.stderr and "--data-folder" in done.stderr
+
+
+def test_cli_pretrain__a_run_that_never_started_can_be_rerun(tiny_config, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--set", "train.clients_per_round=100000"]) == 2
+    assert "train.clients_per_round" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml", "version.json"]
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    assert "clients_per_round = 4" in (run / "config.toml").read_text()
+
+
+def test_cli__internal_errors_keep_their_traceback(monkeypatch):
+    import dcco.cli
+
+    def bug(args):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setitem(dcco.cli.COMMANDS, "compare", bug)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["compare", "x"])
+
+
+def test_cli__interrupt_names_the_command_that_continues(tiny_config, tiny_fmnist, tmp_path,
+                                                         monkeypatch, capsys):
+    import dcco.train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dcco.train, "run_pretraining", interrupted)
+    run = tmp_path / "my run"
+    assert main(["pretrain", str(tiny_config()), "--run-dir", str(run)]) == 130
+    assert f"continue with: dcco pretrain --resume '{run}'" in capsys.readouterr().err
+    demo = tmp_path / "demo"
+    assert main(["demo", "--run-dir", str(demo), "--data-dir", str(tiny_fmnist),
+                 "--set", "train.rounds=2"]) == 130
+    err = capsys.readouterr().err
+    assert (f"continue with: dcco demo --run-dir {demo} --data-dir {tiny_fmnist} "
+            f"--set train.rounds=2") in err
+
+
+def test_cli_compare__named_output_and_no_silent_overwrite(tiny_config, tmp_path, monkeypatch,
+                                                          capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", str(run)]) == 0
+    assert len(list(tmp_path.glob("comparison-*.md"))) == 1
+    assert not (tmp_path / "comparison.md").exists()
+    assert main(["compare", str(run), "--out", "table"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(run), "--out", "table"]) == 2
+    assert "table.md" in capsys.readouterr().err
+    assert main(["compare", str(run), "--out", "table", "--force"]) == 0
+
+
+def test_cli_demo__refuses_a_run_directory_as_its_folder(tiny_config, tiny_fmnist, tmp_path,
+                                                         capsys):
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    assert main(["demo", "--run-dir", str(run), "--data-dir", str(tiny_fmnist)]) == 2
+    assert "is a pretraining run directory" in capsys.readouterr().err
+    assert not (run / "dcco").exists()
+
+
+def test_cli__progress_lines_in_a_log_agree_with_the_summary(tiny_config, tmp_path):
+    """Off a terminal, pretraining and evaluation write plain progress lines; the loss and
+    k-NN shown are the logged window mean and the k-NN in %, as in the summary."""
+    run = tmp_path / "run"
+    done = dcco("pretrain", str(tiny_config(rounds=6)), "--run-dir", str(run))
+    assert done.returncode == 0, done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.startswith("round ")]
+    assert lines and lines[-1].startswith("round 6/6 (100%)")
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"loss {summary['final_loss']:.4g}" in lines[-1]
+    assert f"k-NN {100 * summary['knn']:.1f}%" in lines[-1]
+    assert f"final loss {summary['final_loss']:.4g}" in done.stdout
+    done = dcco("evaluate", str(run))
+    assert done.returncode == 0, done.stderr
+    assert "probe step 30/30 (100%)" in done.stderr and "feature batch" in done.stderr

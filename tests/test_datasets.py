@@ -66,7 +66,29 @@ def test_load_dataset__debian_package_layout(tmp_path, monkeypatch):
     debian = make_fashion_mnist(tmp_path / "usr-share" / "fashion-mnist", n_train=14, n_test=6)
     monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", debian)
     assert len(load_dataset("fashion_mnist", "train", download=False)) == 14
-    assert len(load_dataset("fashion_mnist", "test", tmp_path / "empty", download=False)) == 6
+    assert len(load_dataset("fashion_mnist", "test", download=False)) == 6
+
+
+def test_load_dataset__explicit_data_dir_is_used_or_refused_never_bypassed(tmp_path,
+                                                                          monkeypatch):
+    """A data directory given by the user is the only place looked in: one that does not
+    exist, or lacks the files, is an error naming it, even with the files elsewhere."""
+    debian = make_fashion_mnist(tmp_path / "debian", n_train=13, n_test=2)
+    monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", debian)
+    monkeypatch.setenv("DCCO_DATA", str(debian))
+    with pytest.raises(DataError, match="does not exist") as err:
+        load_dataset("fashion_mnist", "train", tmp_path / "typo", download=False)
+    assert str(tmp_path / "typo") in str(err.value)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(DataError, match="is not a folder"):
+        load_dataset("fashion_mnist", "train", tmp_path / "a-file", download=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="not found in") as err:
+        load_dataset("fashion_mnist", "train", tmp_path / "empty", download=False)
+    searched = str(err.value).split("not found in: ")[1].split(" (")[0]
+    assert searched == str(tmp_path / "empty")  # the given folder only
+    with pytest.raises(DataError, match="not found in"):
+        load_dataset("cifar10", "train", tmp_path / "empty", download=False)
 
 
 def test_load_dataset__search_order_data_dir_then_env_then_home_then_debian(tmp_path,
@@ -81,10 +103,12 @@ def test_load_dataset__search_order_data_dir_then_env_then_home_then_debian(tmp_
     assert len(load_dataset("fashion_mnist", "train", download=False)) == 20  # env over home
     explicit = make_fashion_mnist(tmp_path / "explicit", n_train=12, n_test=2)
     assert len(load_dataset("fashion_mnist", "train", explicit, download=False)) == 12
-    assert datasets.search_dirs(explicit) == [explicit, env.parent, home_cache]
+    assert datasets.search_dirs(explicit) == [explicit]
+    assert datasets.search_dirs(None) == [env.parent, home_cache]
 
 
 def test_load_dataset__missing_files_say_how_to_get_them(tmp_path):
+    (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist") as err:
         load_dataset("fashion_mnist", "train", tmp_path / "empty", download=False)
     assert str(tmp_path / "empty") in str(err.value) and "no download" in str(err.value)
@@ -94,6 +118,7 @@ def test_load_dataset__missing_files_say_how_to_get_them(tmp_path):
 
 
 def test_load_dataset__failed_download_is_reported_fast(tmp_path):
+    (tmp_path / "empty").mkdir()
     start = time.perf_counter()
     with pytest.raises(DataError, match="download from .* failed: .*offline test") as err:
         load_dataset("fashion_mnist", "test", tmp_path / "empty", download=True)

@@ -22,3 +22,12 @@ def test_demo__runs_every_method_and_writes_table_and_plots(tiny_fmnist, tmp_pat
     assert main(args) == 0  # a rerun finds everything done and only rebuilds the table
     second = capsys.readouterr().out
     assert "] pretraining" not in second and "linear probe with" not in second
+
+
+def test_demo__table_says_round_in_the_singular_for_one(tiny_fmnist, tmp_path):
+    out = tmp_path / "demo"
+    args = ["demo", "--run-dir", str(out), "--data-dir", str(tiny_fmnist), "--no-progress"]
+    args += [x for o in TINY for x in ("--set", o.replace("train.rounds=2", "train.rounds=1"))]
+    assert main(args) == 0
+    table = (out / "results.md").read_text()
+    assert "| 1 round |" in table and "1 rounds" not in table

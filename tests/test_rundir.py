@@ -46,3 +46,38 @@ def test_compare__an_unfinished_run_shows_what_it_has_logged(tmp_path):
     assert shown["rounds"] == f"20 of {cfg.train.rounds} (unfinished)"
     assert shown["method"] == cfg.train.method and shown["final loss"] == "8.25"
     assert shown["k-NN"] == "25.0"
+
+
+def test_open_or_create__another_config_is_refused_naming_the_keys(tmp_path):
+    import pytest
+
+    from dcco.config import load_config
+    from dcco.rundir import RunDir, RunDirError
+
+    RunDir.create(tmp_path / "run", load_config(None, ["train.rounds=10"]))
+    with pytest.raises(RunDirError) as err:
+        RunDir.open_or_create(tmp_path / "run",
+                              load_config(None, ["train.rounds=20", "optim.lr=0.1"]))
+    message = str(err.value)
+    assert "train.rounds: 10 here, 20 asked" in message and "optim.lr: 0.005 here, 0.1 asked" \
+        in message
+
+
+def test_atomic_writes__files_get_the_umask_permissions(tmp_path):
+    import os
+
+    import torch
+
+    from dcco.checkpoint import atomic_write_text, save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        save_checkpoint(tmp_path / "c.safetensors", torch.nn.Linear(2, 2), None, 1)
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "c.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600

@@ -17,18 +17,32 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dcco.errors import UserError
+
 FORMAT = "dcco-checkpoint/1"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint file is missing, corrupt or does not fit the model."""
 
 
+def umask_mode(mode: int = 0o666) -> int:
+    """``mode`` less the process's umask: what ``open()`` would give a new file (0o777 for a
+    folder). ``tempfile.mkstemp`` creates files 0600 and ``mkdtemp`` folders 0700 whatever
+    the umask, so files written through them are given this mode before they replace the
+    target."""
+    current = os.umask(0)
+    os.umask(current)
+    return mode & ~current
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``; the file gets
+    the permissions a plain ``open()`` would give it (the umask's)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -69,6 +83,7 @@ def save_checkpoint(path: str | Path, model: nn.Module,
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=header)
+        os.chmod(tmp, umask_mode())
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

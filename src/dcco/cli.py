@@ -1,19 +1,23 @@
-"""The ``dcco`` command line: pretrain, evaluate, supervised, compare, demo.
+"""The ``dcco`` command line: pretrain, evaluate, supervised, compare, demo, reproduce.
 
-The only module that parses arguments and prints. Errors in user input (config keys, data
-files, run directories) end with a one-line message naming the problem and exit status 2.
+The only module that parses arguments and prints. Errors in user input (``UserError``: config
+keys, data files, run directories, arguments) end with a one-line message naming the problem
+and exit status 2; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+from typing_extensions import Self
+
 from dcco import __version__
+from dcco.errors import UserError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +27,23 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                         "--set model.widths=[16,32,64]; repeatable")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="where to write the run (default: runs/<config>-<method>-<time>)")
+    _add_data_dir(p)
+
+
+def _add_data_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="the folder of the data set's files (sets data.data_dir); it is then "
+                        "the only place searched. Default: the config's data.data_dir, else "
+                        "$DCCO_DATA, ~/.cache/dcco and /usr/share/datasets/fashion-mnist")
+
+
+def _with_data_dir(overrides: list[str], data_dir: Path | None) -> list[str]:
+    """``overrides`` plus ``data.data_dir`` when ``--data-dir`` was given."""
+    if data_dir is None:
+        return list(overrides)
+    from dcco.config import to_toml_value
+
+    return [*overrides, f"data.data_dir={to_toml_value(str(data_dir))}"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,9 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override one config value, e.g. --set train.rounds=200; repeatable")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="where to write the run (default: runs/<config>-<method>-<time>)")
+    _add_data_dir(p)
     p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                    help="continue an interrupted run from its last checkpoint (bit-identical on CPU)")
-    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress output (by default: a live bar on a terminal, a plain "
+                        "line every 10%% or 30 s in a log)")
 
     p = sub.add_parser("evaluate", help="evaluate a pretrained run (linear probe or finetuning)",
                        description="Evaluate the encoder of a run directory on its data set's "
@@ -58,19 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", type=int, default=None,
                    help="labelled training samples, class-balanced (default: eval.labels of "
                         "the run's config; 500 uses the paper's 500-label probe settings)")
+    _add_data_dir(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
 
     p = sub.add_parser("supervised", help="supervised training from scratch on the labelled subset",
                        description="Train the same encoder architecture from scratch on the "
                                    "labelled subset (the paper's supervised baseline).")
     _add_config_args(p)
     p.add_argument("--labels", type=int, default=None, help="labelled training samples")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
 
     p = sub.add_parser("compare", help="one table across runs (Markdown and CSV)",
                        description="Print one table across run directories and write it as "
-                                   "Markdown and CSV.")
+                                   "Markdown and CSV, with a bar chart per evaluation.")
     p.add_argument("run_dirs", type=Path, nargs="+")
-    p.add_argument("--out", type=Path, default=Path("comparison"),
-                   help="output prefix: writes PREFIX.md and PREFIX.csv (default: comparison)")
+    p.add_argument("--out", type=Path, default=None, metavar="PREFIX",
+                   help="output prefix: writes PREFIX.md, PREFIX.csv and PREFIX-<evaluation>.png "
+                        "(default: comparison-<time>)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the output files if they exist (refused otherwise)")
 
     p = sub.add_parser("reproduce", help="run a declarative experiment grid (paper Table 1)",
                        description="Run every cell of a grid file, skipping finished cells "
@@ -90,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "skipped, so two processes can share one --out")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing; render the table from the finished cells")
-    p.add_argument("--no-progress", action="store_true", help="no live progress bars")
+    _add_data_dir(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
 
     p = sub.add_parser("demo", help="the main job: all methods on non-IID Fashion-MNIST, ~10 min",
                        description="Pretrain dcco, cco_fedavg, contrastive_fedavg and "
@@ -98,20 +129,61 @@ def build_parser() -> argparse.ArgumentParser:
                                    "one-class clients, evaluate each with a linear probe, and "
                                    "compare with supervised-from-scratch and a random encoder.")
     p.add_argument("--run-dir", type=Path, default=None,
-                   help="output folder (default: runs/demo-<time>)")
-    p.add_argument("--data-dir", type=Path, default=None, help="where the data set lives")
+                   help="output folder (default: runs/demo-<time>); give an interrupted "
+                        "demo's folder to resume it")
+    _add_data_dir(p)
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="SECTION.KEY=VALUE", help="override a value of the demo config")
-    p.add_argument("--no-progress", action="store_true", help="no live progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
     return parser
 
 
 def _default_run_dir(stem: str, method: str) -> Path:
-    return Path("runs") / f"{stem}-{method}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{stem}-{method}-{_now()}"
+
+
+def _now() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+def _resume_with(args: argparse.Namespace, command: list[str]) -> None:
+    """Record the command that continues this one, for ``main`` to show if Ctrl-C stops it;
+    each command records it once it knows (the run directory, the demo folder)."""
+    args.resume_hint = shlex.join(command)
+
+
+class _PhaseProgress:
+    """A progress callback (``evaluate.StepCallback``) that shows one bar per phase of an
+    evaluation (feature batches, probe steps, ...), each closed when the next begins."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.phase: str | None = None
+        self.bar = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        from dcco.progress import Progress
+
+        if phase != self.phase or self.bar is None or done < self.bar.done:
+            self.close()
+            self.phase = phase
+            self.bar = Progress(total, label=phase, enabled=None if self.enabled else False)
+        self.bar.update(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool) -> dict:
@@ -122,9 +194,11 @@ def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool)
     bar = Progress(cfg.train.rounds, label="round", enabled=None if progress else False)
 
     def on_round(m, latest):
-        extra = {"loss": m.loss}
+        # The loss shown is the mean over the last logging window: the "final loss" of the
+        # summary, not one round's value.
+        extra = {"loss": latest["loss"]} if "loss" in latest else {}
         if "knn" in latest:
-            extra["knn"] = latest["knn"]
+            extra["k-NN"] = f"{100 * latest['knn']:.1f}%"
         bar.update(m.round, **extra)
 
     with bar:
@@ -139,20 +213,22 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from dcco.rundir import RunDir
 
     if args.resume is not None:
-        if args.config is not None or args.overrides:
-            raise ValueError("--resume takes the config stored in the run directory; "
-                             "do not pass CONFIG or --set with it")
+        if args.config is not None or args.overrides or args.data_dir is not None:
+            raise UserError("--resume takes the config stored in the run directory; do not "
+                            "pass CONFIG, --set or --data-dir with it")
         run = RunDir.open(args.resume)
         cfg = run.config()
+        train, test = load_splits(cfg)
         _say(f"resuming {run.path} ({cfg.train.method})")
     else:
         if args.config is None:
-            raise ValueError("pretrain needs a CONFIG file (or --resume RUN_DIR)")
-        cfg = load_config(args.config, args.overrides)
+            raise UserError("pretrain needs a CONFIG file (or --resume RUN_DIR)")
+        cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir))
+        train, test = load_splits(cfg)  # data errors before any run directory exists
         path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
         run = RunDir.create(path, cfg)
         _say(f"pretraining {cfg.train.method} into {run.path}")
-    train, test = load_splits(cfg)
+    _resume_with(args, ["dcco", "pretrain", "--resume", str(run.path)])
     summary = _pretrain_with_progress(cfg, run, train, test, args.resume is not None,
                                       not args.no_progress)
     knn = summary.get("knn")
@@ -163,11 +239,16 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from dcco.experiments import evaluate_run
+    from dcco.config import load_config
+    from dcco.experiments import evaluate_run, load_splits
     from dcco.rundir import RunDir
 
     run = RunDir.open(args.run_dir)
-    result = evaluate_run(run, args.protocol, args.labels)
+    splits = None
+    if args.data_dir is not None:
+        splits = load_splits(load_config(run.config_path, _with_data_dir([], args.data_dir)))
+    with _PhaseProgress(not args.no_progress) as progress:
+        result = evaluate_run(run, args.protocol, args.labels, splits, progress)
     _say(f"{run.path}: {args.protocol} evaluation with {result.num_labels} labels: "
          f"test accuracy {100 * result.accuracy:.2f}% ({result.seconds:.0f} s)")
     return 0
@@ -175,26 +256,42 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_supervised(args: argparse.Namespace) -> int:
     from dcco.config import load_config
-    from dcco.experiments import supervised_run
+    from dcco.experiments import load_splits, supervised_run
     from dcco.rundir import RunDir
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir))
+    splits = load_splits(cfg)
     run = RunDir.create(args.run_dir or _default_run_dir(args.config.stem, "supervised"), cfg)
-    result = supervised_run(cfg, run, args.labels)
+    with _PhaseProgress(not args.no_progress) as progress:
+        result = supervised_run(cfg, run, args.labels, splits, progress)
     _say(f"supervised from scratch with {result.num_labels} labels: test accuracy "
          f"{100 * result.accuracy:.2f}%; run directory {run.path}")
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from dcco.report import comparison_rows, plot_comparison, text_table, write_tables
+    from dcco.report import (
+        comparison_plot_paths,
+        comparison_rows,
+        plot_comparison,
+        text_table,
+        write_tables,
+    )
     from dcco.rundir import RunDir
 
     runs = [RunDir.open(p) for p in args.run_dirs]
+    prefix = args.out or Path(f"comparison-{_now()}")
     header, rows = comparison_rows(runs)
+    targets = [prefix.with_suffix(".md"), prefix.with_suffix(".csv"),
+               *comparison_plot_paths(runs, prefix)]
+    existing = [str(p) for p in targets if p.exists()]
+    if existing and not args.force:
+        raise UserError(f"{', '.join(existing)} already exist; choose another --out PREFIX, or "
+                        f"pass --force to overwrite")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.write(text_table(header, rows))
-    md, csv_path = write_tables(header, rows, args.out)
-    plots = plot_comparison(runs, args.out)
+    md, csv_path = write_tables(header, rows, prefix)
+    plots = plot_comparison(runs, prefix)
     _say(f"wrote {md}, {csv_path}" + "".join(f", {p}" for p in plots))
     return 0
 
@@ -202,12 +299,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from dcco.demo import run_demo
 
-    out = args.run_dir or Path("runs") / f"demo-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    out = args.run_dir or Path("runs") / f"demo-{_now()}"
+    again = ["dcco", "demo", "--run-dir", str(out)]
+    if args.data_dir is not None:
+        again += ["--data-dir", str(args.data_dir)]
+    _resume_with(args, again + [x for o in args.overrides for x in ("--set", o)])
     start = time.perf_counter()
+
     def pretrain(cfg, run, train, test, resume):
         return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
 
-    table = run_demo(out, pretrain, data_dir=args.data_dir, overrides=args.overrides, say=_say)
+    with _PhaseProgress(not args.no_progress) as progress:
+        table = run_demo(out, pretrain, data_dir=args.data_dir, overrides=args.overrides,
+                         say=_say, progress=progress)
     sys.stdout.write("\n" + table)
     _say(f"\ntotal {time.perf_counter() - start:.0f} s; table, plots and runs in {out}")
     return 0
@@ -223,6 +327,8 @@ def _reproduce_command(args: argparse.Namespace) -> str:
         parts += ["--out", str(args.out)]
     if args.results is not None:
         parts += ["--results", str(args.results)]
+    if args.data_dir is not None:
+        parts += ["--data-dir", str(args.data_dir)]
     return " ".join(parts)
 
 
@@ -240,7 +346,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     )
     from dcco.rundir import RunDirBusy
 
-    grid = load_grid(args.grid, args.scale)
+    grid = load_grid(args.grid, args.scale, _with_data_dir([], args.data_dir))
     out = args.out or Path("runs") / f"{args.grid.stem}-{args.scale}"
     cells = plan_cells(grid, out)
     if not args.table_only:
@@ -248,19 +354,23 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         todo = [c for c in select_cells(cells, args.cells) if c.na is None]
         _say(f"{len(cells)} cells ({len(cells) - sum(c.na is None for c in cells)} n/a) into "
              f"{out}" + (f"; running {len(todo)} of them" if args.cells else ""))
+        _resume_with(args, shlex.split(_reproduce_command(args))
+                     + [x for c in args.cells for x in ("--cells", c)])
 
         def pretrain(cfg, run, train, test, resume):
             return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
 
         busy = []
-        for i, cell in enumerate(todo, 1):
-            try:
-                run_cell(cell, grid.evaluations, splits, pretrain,
-                         lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"))
-            except RunDirBusy:
-                _say(f"({i}/{len(todo)}) [{cell.path.name}] skipped: another process is "
-                     f"working on it")
-                busy.append(cell.path.name)
+        with _PhaseProgress(not args.no_progress) as progress:
+            for i, cell in enumerate(todo, 1):
+                try:
+                    run_cell(cell, grid.evaluations, splits, pretrain,
+                             lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"), progress)
+                except RunDirBusy:
+                    _say(f"({i}/{len(todo)}) [{cell.path.name}] skipped: another process is "
+                         f"working on it")
+                    busy.append(cell.path.name)
+                progress.close()
         if busy:
             _say(f"{len(busy)} cells were busy in another process; rerun to finish them")
     out.mkdir(parents=True, exist_ok=True)
@@ -285,16 +395,28 @@ COMMANDS = {"pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cm
             "compare": cmd_compare, "demo": cmd_demo, "reproduce": cmd_reproduce}
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; an unknown option is reported with its command's usage (argparse
+    reports it with the top-level usage, which does not list the command's options)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
-        print("\ninterrupted; resume a pretraining with dcco pretrain --resume RUN_DIR",
-              file=sys.stderr)
+        hint = getattr(args, "resume_hint", None)
+        print("\ninterrupted" + (f"; continue with: {hint}" if hint else ""), file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, json.JSONDecodeError) as e:
-        # ConfigError, DataError, RunDirError and CheckpointError are ValueErrors: user input.
+    except UserError as e:
+        # ConfigError, DataError, RunDirError, CheckpointError: bad input, named in the
+        # message. Anything else is a bug and keeps its traceback.
         print(f"dcco {args.command}: error: {e}", file=sys.stderr)
         return 2
 

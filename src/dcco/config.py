@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from dcco.augment import AugmentConfig
+from dcco.errors import UserError
 from dcco.evaluate import EvalConfig
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import METHODS
@@ -28,7 +29,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration key is unknown or its value is invalid."""
 
 
@@ -140,16 +141,33 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """
     raw: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        try:
-            raw = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        raw = read_toml(path, "config file")
+        if not raw:
+            raise ConfigError(
+                f"config file {path} sets nothing; an empty config would start a run with "
+                f"every default (the paper's 100,000-round setting). Start from a file in "
+                f"configs/, e.g. configs/fmnist_small.toml")
     for item in overrides or []:
         _apply_override(raw, item)
     return from_dict(RunConfig, raw, "", base=base or RunConfig())
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The table in a TOML file, with errors that name the file: missing, a folder,
+    unreadable, not UTF-8 text or not valid TOML. ``what`` names the file's role in them."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a TOML file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid TOML: {e}") from None
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -244,12 +262,13 @@ def to_toml(cfg: Any) -> str:
     for section, values in asdict(cfg).items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {to_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
 
 
-def _toml_value(value: Any) -> str:
+def to_toml_value(value: Any) -> str:
+    """One value as TOML text; None is written as the string "none"."""
     if value is None:
         return '"none"'
     if isinstance(value, bool):
@@ -259,7 +278,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(to_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -270,5 +289,7 @@ __all__ = [
     "TrainConfig",
     "from_dict",
     "load_config",
+    "read_toml",
     "to_toml",
+    "to_toml_value",
 ]

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from dcco.augment import AugmentConfig
 from dcco.checkpoint import atomic_write_text
 from dcco.config import DataConfig, RunConfig, TrainConfig, load_config
-from dcco.evaluate import EvalConfig, is_current
+from dcco.errors import UserError
+from dcco.evaluate import EvalConfig, StepCallback, is_current
 from dcco.experiments import (
     eval_key,
     evaluate_run,
@@ -28,7 +29,13 @@ from dcco.experiments import (
 )
 from dcco.models import ModelConfig
 from dcco.optim import OptimConfig
-from dcco.report import markdown_table, plot_accuracy_bars, plot_loss_curves, write_tables
+from dcco.report import (
+    family,
+    markdown_table,
+    plot_accuracy_bars,
+    plot_loss_curves,
+    write_tables,
+)
 from dcco.rundir import RunDir
 
 METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
@@ -46,20 +53,51 @@ DEMO_CONFIG = RunConfig(
 """A budget for 2 CPU cores; see README for what it shows."""
 
 
+PARTS = (*METHODS, "supervised", "random_init")
+"""The demo folder's run directories, one per part."""
+FILES = ("results.md", "results.csv", "accuracy.png", "loss.png", "demo_config.json")
+"""The demo folder's own files."""
+
+
+def check_demo_folder(out: Path) -> None:
+    """Refuse an ``out`` that is not a demo folder: a run directory of its own (the demo would
+    nest its runs inside it), a file, or a folder holding anything but a demo's parts."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"{out} is a file, not a folder for the demo; choose another --run-dir")
+    if (out / "config.toml").is_file():
+        raise UserError(f"{out} is a pretraining run directory, not a demo folder; give the "
+                        f"demo a new --run-dir (or an interrupted demo's folder to resume it)")
+    strangers = sorted(p.name for p in out.iterdir()
+                       if p.name not in PARTS and p.name not in FILES and p.name != ".lock")
+    if strangers:
+        raise UserError(f"{out} holds {', '.join(strangers[:5])}, which are not part of a demo; "
+                        f"give the demo a new --run-dir (or an interrupted demo's folder to "
+                        f"resume it)")
+
+
 def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = None,
              overrides: list[str] | None = None,
-             say: Callable[[str], None] = lambda s: None) -> str:
+             say: Callable[[str], None] = lambda s: None,
+             progress: StepCallback | None = None) -> str:
     """Run (or resume) the demo into ``out``; returns the results table as Markdown.
 
     Args:
         pretrain: ``pretrain(cfg, run, train, test, resume) -> summary``, e.g.
             ``dcco.train.run_pretraining`` wrapped with a progress bar by the CLI.
+        progress: told how each evaluation advances.
+
+    Raises:
+        UserError: ``out`` is not a demo folder (``check_demo_folder``), or a config or data
+            problem.
     """
+    check_demo_folder(out)
     base = load_config(None, overrides, base=DEMO_CONFIG)
     if data_dir is not None:
-        base = load_config(None, [f'data.data_dir="{data_dir}"'], base=base)
-    out.mkdir(parents=True, exist_ok=True)
+        base = replace(base, data=replace(base.data, data_dir=str(data_dir)))
     train, test = load_splits(base)
+    out.mkdir(parents=True, exist_ok=True)
     splits = (train, test)
     say(f"Fashion-MNIST: {len(train)} training images, {len(test)} test images; clients of "
         f"{base.data.samples_per_client} images, α = {base.data.alpha}; "
@@ -76,7 +114,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         recorded = summary.get("evaluations", {})
         if key not in recorded or not is_current(recorded[key]):
             say(f"[{method}] linear probe with {cfg.eval.labels} labels")
-            evaluate_run(run, "linear", None, splits)
+            evaluate_run(run, "linear", None, splits, progress)
             summary = run.summary()
         acc = summary["evaluations"][key]["accuracy"]
         say(f"[{method}] final loss {summary['final_loss']:.4g}, k-NN "
@@ -89,7 +127,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         if not recorded or not all(is_current(e) for e in recorded.values()):
             say(f"\n[{name}] " + ("supervised training from scratch" if name == "supervised"
                                   else "linear probe of a randomly initialised encoder"))
-            fn(base, run, None, splits)
+            fn(base, run, None, splits, progress)
         rows.append((name, run.summary()))
     return _write_results(out, base, rows, runs)
 
@@ -101,7 +139,8 @@ def _write_results(out: Path, cfg: RunConfig, rows: list, runs: list[RunDir]) ->
     for name, s in rows:
         (evaluation,) = s["evaluations"].values()
         acc = evaluation["accuracy"]
-        budget = (f"{s['rounds']} rounds" if s.get("rounds") else
+        rounds = s.get("rounds")
+        budget = (f"{rounds} round{'s' if rounds != 1 else ''}" if rounds else
                   "none (linear probe)" if name == "random_init" else "labels only")
         loss = f"{s['final_loss']:.4g}" if s.get("final_loss") is not None else "—"
         knn = f"{100 * s['knn']:.1f}" if s.get("knn") is not None else "—"
@@ -111,7 +150,12 @@ def _write_results(out: Path, cfg: RunConfig, rows: list, runs: list[RunDir]) ->
     write_tables(header, table, out / "results")
     plot_accuracy_bars(labels, accs, out / "accuracy.png",
                        f"Fashion-MNIST, α={cfg.data.alpha}, {cfg.data.samples_per_client} "
-                       f"images/client, linear probe ({cfg.eval.labels} labels)")
-    plot_loss_curves(runs, out / "loss.png")
+                       f"images/client: test accuracy with {cfg.eval.labels} labels (linear "
+                       f"probe; supervised: trained from scratch)",
+                       families=[family(name) for name in labels])
+    plot_loss_curves(runs, out / "loss.png",
+                     f"demo pretraining loss, {cfg.train.rounds} rounds of "
+                     f"{cfg.train.clients_per_round} clients × {cfg.data.samples_per_client} "
+                     f"images")
     atomic_write_text(out / "demo_config.json", json.dumps(asdict(cfg), indent=2) + "\n")
     return markdown_table(header, table)

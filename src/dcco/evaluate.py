@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from dcco.augment import eval_view, flip_view
 from dcco.data.datasets import ImageDataset
+from dcco.errors import UserError
 from dcco.models import ModelConfig, build_backbone
 from dcco.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
 from dcco.seeding import derive_seed, generator
@@ -156,15 +157,16 @@ def labelled_subset(labels: Tensor, n: int, num_classes: int, seed: int) -> Tens
         int64 (n,) sample ids, sorted, on the CPU.
 
     Raises:
-        ValueError: ``n`` or a label is out of range, or a class has fewer samples than its
-            share.
+        UserError: ``n`` is out of range, or a class has fewer samples than its share (too
+            many labels asked for).
+        ValueError: a label is out of range.
     """
     labels = torch.as_tensor(labels).cpu()
     if labels.ndim != 1 or labels.dtype.is_floating_point:
         raise ValueError(f"labels must be an integer vector, got {labels.dtype} "
                          f"{tuple(labels.shape)}")
     if n < 1 or num_classes < 1:
-        raise ValueError(f"labelled subset needs n >= 1 and num_classes >= 1, got n={n}, "
+        raise UserError(f"labelled subset needs n >= 1 and num_classes >= 1, got n={n}, "
                          f"num_classes={num_classes}")
     if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes}), got "
@@ -175,7 +177,7 @@ def labelled_subset(labels: Tensor, n: int, num_classes: int, seed: int) -> Tens
         share = n // num_classes + (1 if c < n % num_classes else 0)
         pool = torch.nonzero(labels == c).flatten()
         if pool.numel() < share:
-            raise ValueError(f"a class-balanced subset of {n} labels needs {share} samples of "
+            raise UserError(f"a class-balanced subset of {n} labels needs {share} samples of "
                              f"class {c}, but the training split has {pool.numel()}")
         chosen.append(pool[torch.randperm(pool.numel(), generator=gen)[:share]])
     return torch.sort(torch.cat(chosen)).values
@@ -186,25 +188,36 @@ def _default_dtype(model: nn.Module) -> torch.dtype:
     return torch.float32 if param is None else param.dtype
 
 
+StepCallback = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``, called as a long evaluation advances (e.g. ``("probe
+step", 120, 300)``), so that a caller can show progress; the library itself prints nothing."""
+
+
 @torch.no_grad()
 def _batched(fn: Callable[[Tensor], Tensor], model: nn.Module, images: Tensor, batch_size: int,
-             device: torch.device, dtype: torch.dtype) -> Tensor:
+             device: torch.device, dtype: torch.dtype,
+             progress: StepCallback | None = None) -> Tensor:
     """``fn`` of the un-augmented images, in batches, with ``model`` in eval mode (its mode is
     restored afterwards): float32 (N, ·) on ``device``."""
     if images.shape[0] == 0:
         raise ValueError("cannot compute features of an empty image set")
     was_training = model.training
     model.eval()
+    starts = range(0, images.shape[0], batch_size)
+    out = []
     try:
-        out = [fn(eval_view(images[i:i + batch_size].to(device), dtype)).float()
-               for i in range(0, images.shape[0], batch_size)]
+        for done, i in enumerate(starts, 1):
+            out.append(fn(eval_view(images[i:i + batch_size].to(device), dtype)).float())
+            if progress is not None:
+                progress("feature batch", done, len(starts))
     finally:
         model.train(was_training)
     return torch.cat(out)
 
 
 def extract_features(model: nn.Module, images: Tensor, batch_size: int, device: torch.device,
-                     dtype: torch.dtype | None = None, tower: int = 0) -> Tensor:
+                     dtype: torch.dtype | None = None, tower: int = 0,
+                     progress: StepCallback | None = None) -> Tensor:
     """Backbone features of un-augmented images, the projector discarded.
 
     Args:
@@ -215,12 +228,14 @@ def extract_features(model: nn.Module, images: Tensor, batch_size: int, device: 
         device: where the model runs.
         dtype: input dtype; default the model's parameter dtype.
         tower: which tower of a two-tower dual encoder (0: the first).
+        progress: told of each batch done.
 
     Returns:
         float32 (N, D) on ``device``.
     """
     encode = (lambda x: model.features(x, tower)) if hasattr(model, "features") else model
-    return _batched(encode, model, images, batch_size, device, dtype or _default_dtype(model))
+    return _batched(encode, model, images, batch_size, device, dtype or _default_dtype(model),
+                    progress)
 
 
 def _accuracy(logits: Tensor, labels: Tensor) -> float:
@@ -256,7 +271,8 @@ def _linear_head(in_dim: int, num_classes: int, gen: torch.Generator | None,
 
 
 def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, steps: int,
-                            batch: int, lr: float, momentum: float, seed: int) -> nn.Linear:
+                            batch: int, lr: float, momentum: float, seed: int,
+                            progress: StepCallback | None = None) -> nn.Linear:
     """A linear classifier on fixed features: LARS, cosine decay (paper appendix B).
 
     The features are standardised with the training mean and standard deviation first, as
@@ -274,6 +290,7 @@ def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, 
         lr: initial learning rate.
         momentum: LARS momentum.
         seed: the run seed.
+        progress: told of each step done.
 
     Returns:
         A linear layer (D → num_classes) on the features' device, in float32.
@@ -293,6 +310,8 @@ def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, 
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if progress is not None:
+            progress("probe step", step + 1, steps)
     with torch.no_grad():  # W((x − μ)/σ) + b = (W/σ) x + (b − (W/σ) μ)
         head.weight.div_(std)
         head.bias.sub_(head.weight @ mean)
@@ -301,7 +320,8 @@ def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, 
 
 def linear_probe_features(train_features: Tensor, train_labels: Tensor, test_features: Tensor,
                           test_labels: Tensor, num_classes: int, cfg: EvalConfig, seed: int,
-                          protocol: str = "linear") -> EvalResult:
+                          protocol: str = "linear",
+                          progress: StepCallback | None = None) -> EvalResult:
     """The linear evaluation protocol on precomputed features (images or pooled cases).
 
     Args:
@@ -311,10 +331,12 @@ def linear_probe_features(train_features: Tensor, train_labels: Tensor, test_fea
         cfg: ``probe_steps``, ``probe_batch``, ``probe_lr``, ``probe_momentum``.
         seed: the run seed.
         protocol: the name recorded in the result.
+        progress: told of each step done.
     """
     start = time.perf_counter()
     head = train_linear_classifier(train_features, train_labels, num_classes, cfg.probe_steps,
-                                   cfg.probe_batch, cfg.probe_lr, cfg.probe_momentum, seed)
+                                   cfg.probe_batch, cfg.probe_lr, cfg.probe_momentum, seed,
+                                   progress)
     with torch.no_grad():
         train_acc = _accuracy(head(train_features.float()), train_labels)
         acc = _accuracy(head(test_features.float()), test_labels)
@@ -325,7 +347,7 @@ def linear_probe_features(train_features: Tensor, train_labels: Tensor, test_fea
 
 def linear_probe(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
                  label_ids: Tensor, cfg: EvalConfig, seed: int,
-                 device: torch.device) -> EvalResult:
+                 device: torch.device, progress: StepCallback | None = None) -> EvalResult:
     """Linear evaluation: the encoder frozen (and untouched), a LARS-trained linear classifier
     on its features of the labelled images, scored on the whole test split.
 
@@ -336,12 +358,16 @@ def linear_probe(model: nn.Module, train_set: ImageDataset, test_set: ImageDatas
         cfg: the probe settings and ``feature_batch``.
         seed: the run seed.
         device: where features are computed and the classifier trained.
+        progress: told of each feature batch and probe step done.
     """
     start = time.perf_counter()
-    train_x = extract_features(model, train_set.images[label_ids], cfg.feature_batch, device)
-    test_x = extract_features(model, test_set.images, cfg.feature_batch, device)
+    train_x = extract_features(model, train_set.images[label_ids], cfg.feature_batch, device,
+                               progress=progress)
+    test_x = extract_features(model, test_set.images, cfg.feature_batch, device,
+                              progress=progress)
     result = linear_probe_features(train_x, train_set.labels[label_ids], test_x,
-                                   test_set.labels, train_set.num_classes, cfg, seed)
+                                   test_set.labels, train_set.num_classes, cfg, seed,
+                                   progress=progress)
     return replace(result, seconds=time.perf_counter() - start)
 
 
@@ -452,7 +478,8 @@ def _classifier(backbone: nn.Module, num_classes: int, seed: int, protocol: str)
 
 
 def _train_classifier(net: Classifier, train_set: ImageDataset, label_ids: Tensor, steps: int,
-                      batch: int, lr: float, seed: int, protocol: str) -> None:
+                      batch: int, lr: float, seed: int, protocol: str,
+                      progress: StepCallback | None = None) -> None:
     """Adam with cosine decay on the labelled subset, random flips only (appendix B).
 
     Batches walk through seeded permutations (stream ``(seed, protocol, "batches")``); the
@@ -475,14 +502,18 @@ def _train_classifier(net: Classifier, train_set: ImageDataset, label_ids: Tenso
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if progress is not None:
+            progress("supervised step" if protocol == "scratch" else f"{protocol} step",
+                     step + 1, steps)
     net.eval()
 
 
 def _scored(net: Classifier, protocol: str, test_set: ImageDataset, num_labels: int,
-            steps: int, batch: int, start: float) -> EvalResult:
+            steps: int, batch: int, start: float,
+            progress: StepCallback | None = None) -> EvalResult:
     """The test accuracy of a trained classifier, as a result."""
     p = next(net.parameters())
-    test_logits = _batched(net, net, test_set.images, batch, p.device, p.dtype)
+    test_logits = _batched(net, net, test_set.images, batch, p.device, p.dtype, progress)
     return EvalResult(protocol=protocol, accuracy=_accuracy(test_logits, test_set.labels),
                       num_labels=num_labels, steps=steps, seconds=time.perf_counter() - start,
                       num_test=len(test_set))
@@ -490,7 +521,8 @@ def _scored(net: Classifier, protocol: str, test_set: ImageDataset, num_labels: 
 
 def finetune(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
              label_ids: Tensor, cfg: EvalConfig, seed: int,
-             device: torch.device) -> tuple[EvalResult, Classifier]:
+             device: torch.device,
+             progress: StepCallback | None = None) -> tuple[EvalResult, Classifier]:
     """Full finetuning: a copy of the pretrained backbone plus a linear head, trained with
     Adam (``finetune_steps``, ``finetune_batch``, ``finetune_lr``, cosine; appendix B).
 
@@ -498,6 +530,7 @@ def finetune(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
         model: a ``DualEncoder`` (its first backbone is used) or a backbone; left untouched.
         train_set, test_set, label_ids, cfg, seed: as for ``linear_probe``.
         device: where the copy is trained.
+        progress: told of each step and test batch done.
 
     Returns:
         The result and the finetuned network (backbone copy + head, in eval mode).
@@ -506,15 +539,16 @@ def finetune(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
     backbone = copy.deepcopy(getattr(model, "backbone", model)).to(device)
     net = _classifier(backbone, train_set.num_classes, seed, "finetune")
     _train_classifier(net, train_set, label_ids, cfg.finetune_steps, cfg.finetune_batch,
-                      cfg.finetune_lr, seed, "finetune")
+                      cfg.finetune_lr, seed, "finetune", progress)
     result = _scored(net, "finetune", test_set, int(label_ids.numel()), cfg.finetune_steps,
-                     cfg.feature_batch, start)
+                     cfg.feature_batch, start, progress)
     return result, net
 
 
 def supervised_from_scratch(model_cfg: ModelConfig, in_channels: int, train_set: ImageDataset,
                             test_set: ImageDataset, label_ids: Tensor, cfg: EvalConfig,
-                            seed: int, device: torch.device) -> EvalResult:
+                            seed: int, device: torch.device,
+                            progress: StepCallback | None = None) -> EvalResult:
     """Supervised training from scratch: the configured backbone, freshly initialised
     (``build_backbone`` with seed ``derive_seed(seed, "scratch")``), plus a linear head,
     trained with Adam for ``scratch_epochs`` epochs of the labelled subset (appendix B).
@@ -522,7 +556,7 @@ def supervised_from_scratch(model_cfg: ModelConfig, in_channels: int, train_set:
     Args:
         model_cfg: the architecture of the pretrained encoders it is compared with.
         in_channels: image channels.
-        train_set, test_set, label_ids, seed, device: as for ``finetune``.
+        train_set, test_set, label_ids, seed, device, progress: as for ``finetune``.
         cfg: ``scratch_epochs``, ``scratch_batch``, ``scratch_lr``, ``feature_batch``.
     """
     start = time.perf_counter()
@@ -530,9 +564,9 @@ def supervised_from_scratch(model_cfg: ModelConfig, in_channels: int, train_set:
     net = _classifier(backbone, train_set.num_classes, seed, "scratch")
     steps = cfg.scratch_epochs * -(-label_ids.numel() // cfg.scratch_batch)
     _train_classifier(net, train_set, label_ids, steps, cfg.scratch_batch, cfg.scratch_lr, seed,
-                      "scratch")
+                      "scratch", progress)
     return _scored(net, "supervised", test_set, int(label_ids.numel()), steps,
-                   cfg.feature_batch, start)
+                   cfg.feature_batch, start, progress)
 
 
 # ------------------------------------------------------------------------------ k-NN monitor

@@ -12,18 +12,19 @@ from typing import Literal
 import torch
 
 from dcco.checkpoint import load_checkpoint
-from dcco.config import RunConfig
+from dcco.config import ConfigError, RunConfig
 from dcco.data.datasets import ImageDataset, load_dataset
 from dcco.evaluate import (
     EvalConfig,
     EvalResult,
+    StepCallback,
     finetune,
     labelled_subset,
     linear_probe,
     supervised_from_scratch,
 )
 from dcco.models import DualEncoder, build_dual_encoder
-from dcco.rundir import RunDir
+from dcco.rundir import RunDir, RunDirError
 from dcco.train import resolve_device
 
 Protocol = Literal["linear", "finetune"]
@@ -45,7 +46,10 @@ def eval_config_for(cfg: RunConfig, labels: int | None) -> EvalConfig:
     """The run's eval settings with ``labels`` labelled samples (paper settings for 500)."""
     if labels is None or labels == cfg.eval.labels:
         return cfg.eval
-    return EvalConfig.for_labels(labels, base=cfg.eval)
+    try:
+        return EvalConfig.for_labels(labels, base=cfg.eval)
+    except ValueError as e:
+        raise ConfigError(f"{labels} labels: {e}") from None
 
 
 def pretrained_model(cfg: RunConfig, run: RunDir, in_channels: int,
@@ -57,54 +61,60 @@ def pretrained_model(cfg: RunConfig, run: RunDir, in_channels: int,
 
 
 def evaluate_model(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, seed: int,
-                   train: ImageDataset, test: ImageDataset, device: torch.device) -> EvalResult:
+                   train: ImageDataset, test: ImageDataset, device: torch.device,
+                   progress: StepCallback | None = None) -> EvalResult:
     """Linear probe or full finetuning of ``model`` on ``ecfg.labels`` labelled samples."""
     ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, seed)
     if protocol == "linear":
-        return linear_probe(model, train, test, ids, ecfg, seed, device)
+        return linear_probe(model, train, test, ids, ecfg, seed, device, progress)
     if protocol == "finetune":
-        return finetune(model, train, test, ids, ecfg, seed, device)[0]
+        return finetune(model, train, test, ids, ecfg, seed, device, progress)[0]
     raise ValueError(f"unknown protocol {protocol!r}; choose 'linear' or 'finetune'")
 
 
 def evaluate_run(run: RunDir, protocol: Protocol, labels: int | None = None,
-                 splits: tuple[ImageDataset, ImageDataset] | None = None) -> EvalResult:
+                 splits: tuple[ImageDataset, ImageDataset] | None = None,
+                 progress: StepCallback | None = None) -> EvalResult:
     """Evaluate a finished (or checkpointed) run and record the result in its summary."""
     cfg = run.config()
     if not run.checkpoint_path.is_file():
-        raise FileNotFoundError(f"{run.path} has no checkpoint yet; nothing to evaluate")
+        raise RunDirError(f"{run.path} has no checkpoint yet; nothing to evaluate")
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
     model = pretrained_model(cfg, run, train.images.shape[1], device)
-    result = evaluate_model(model, protocol, ecfg, cfg.train.seed, train, test, device)
+    result = evaluate_model(model, protocol, ecfg, cfg.train.seed, train, test, device,
+                            progress)
     run.update_summary(evaluations={eval_key(protocol, ecfg.labels): asdict(result)})
     return result
 
 
 def supervised_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
-                   splits: tuple[ImageDataset, ImageDataset] | None = None) -> EvalResult:
+                   splits: tuple[ImageDataset, ImageDataset] | None = None,
+                   progress: StepCallback | None = None) -> EvalResult:
     """Supervised training from scratch on the labelled subset, recorded like a run."""
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
     ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, cfg.train.seed)
     result = supervised_from_scratch(cfg.model, train.images.shape[1], train, test, ids, ecfg,
-                                     cfg.train.seed, device)
+                                     cfg.train.seed, device, progress)
     run.update_summary(method="supervised", dataset=cfg.data.dataset, rounds=None,
                        evaluations={eval_key("supervised", ecfg.labels): asdict(result)})
     return result
 
 
 def random_encoder_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
-                       splits: tuple[ImageDataset, ImageDataset] | None = None) -> EvalResult:
+                       splits: tuple[ImageDataset, ImageDataset] | None = None,
+                       progress: StepCallback | None = None) -> EvalResult:
     """Linear probe of a randomly initialised encoder: the floor every method must beat."""
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
     model = build_dual_encoder(cfg.model, train.images.shape[1], cfg.projector,
                                seed=cfg.train.seed).to(device)
-    result = evaluate_model(model, "linear", ecfg, cfg.train.seed, train, test, device)
+    result = evaluate_model(model, "linear", ecfg, cfg.train.seed, train, test, device,
+                            progress)
     run.update_summary(method="random_init", dataset=cfg.data.dataset, rounds=0,
                        evaluations={eval_key("linear", ecfg.labels): asdict(result)})
     return result

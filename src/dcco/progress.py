@@ -1,7 +1,9 @@
-"""A live progress bar for long loops: round, loss, rounds per second and ETA.
+"""Progress of long loops (rounds, probe steps): count, values, rate and ETA.
 
-On a terminal it redraws one line in place; when the stream is not a terminal (CI logs, pipes,
-files) it stays silent except for the final line, so logs are not flooded with carriage returns.
+On a terminal it redraws one line in place. When the stream is not a terminal (nohup, CI
+logs, pipes, files) it writes a plain line now and then instead: at every tenth of the work
+and at least every ``interval`` seconds, so a log shows a long run is alive without being
+flooded with carriage returns. ``enabled=False`` silences it.
 """
 
 from __future__ import annotations
@@ -22,17 +24,30 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Progress of ``total`` steps starting at ``initial``; use as a context manager."""
+    """Progress of ``total`` steps starting at ``initial``; use as a context manager.
+
+    Args:
+        total: steps in all.
+        initial: steps already done (a resumed run).
+        label: what a step is called ("round", "probe step").
+        stream: where to write (default: standard error).
+        enabled: None: a live bar on a terminal, plain lines elsewhere; False: nothing.
+        interval: the longest wait, in seconds, between two plain lines.
+    """
 
     def __init__(self, total: int, initial: int = 0, label: str = "round",
-                 stream: TextIO | None = None, enabled: bool | None = None) -> None:
+                 stream: TextIO | None = None, enabled: bool | None = None,
+                 interval: float = 30.0) -> None:
         self.total, self.done, self.label = total, initial, label
         self.stream = stream if stream is not None else sys.stderr
-        isatty = getattr(self.stream, "isatty", lambda: False)()
-        self.enabled = isatty if enabled is None else enabled
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = enabled is not False
+        self.interval = interval
         self._start = time.perf_counter()
         self._initial = initial
         self._last_draw = 0.0
+        self._last_line = self._start
+        self._tenth = self._tenths(initial)
         self._postfix = ""
 
     def __enter__(self) -> Self:
@@ -47,29 +62,54 @@ class Progress:
         elapsed = time.perf_counter() - self._start
         return (self.done - self._initial) / elapsed if elapsed > 0 else 0.0
 
+    def _tenths(self, done: int) -> int:
+        return 10 * done // self.total if self.total else 10
+
     def update(self, done: int, **postfix: float | str) -> None:
+        """``done`` steps so far; ``postfix`` values are shown after the count (floats with
+        4 significant digits, strings as given)."""
         self.done = done
         self._postfix = "  ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in postfix.items()
         )
+        if not self.enabled:
+            return
         now = time.perf_counter()
-        if self.enabled and (now - self._last_draw > 0.1 or done >= self.total):
-            self._last_draw = now
-            self.stream.write("\r" + self.line() + "\033[K")
+        if self.live:
+            if now - self._last_draw > 0.1 or done >= self.total:
+                self._last_draw = now
+                self.stream.write("\r" + self.line() + "\033[K")
+                self.stream.flush()
+            return
+        tenth = self._tenths(done)
+        if (tenth > self._tenth and done < self.total) or now - self._last_line >= self.interval:
+            self._tenth, self._last_line = tenth, now
+            self.stream.write(self.line(plain=True) + "\n")
             self.stream.flush()
 
-    def line(self) -> str:
+    def line(self, plain: bool = False) -> str:
+        """The progress as one line: with a bar, or ``plain`` for logs."""
         frac = self.done / self.total if self.total else 1.0
-        width = 24
-        filled = int(frac * width)
-        bar = "█" * filled + "·" * (width - filled)
         rate = self.rate
         eta = (self.total - self.done) / rate if rate > 0 else float("nan")
         eta_text = _duration(eta) if math.isfinite(eta) else "--:--"
-        return (f"{self.label} {self.done}/{self.total} |{bar}| {frac:4.0%}  {self._postfix}  "
-                f"{rate:.2f} {self.label}s/s  ETA {eta_text}")
+        if plain:
+            head = f"{self.label} {self.done}/{self.total} ({frac:.0%})"
+        else:
+            width = 24
+            filled = int(frac * width)
+            bar = "█" * filled + "·" * (width - filled)
+            head = f"{self.label} {self.done}/{self.total} |{bar}| {frac:4.0%}"
+        postfix = f"  {self._postfix}" if self._postfix else ""
+        plural = self.label + ("es" if self.label.endswith(("s", "x", "ch", "sh")) else "s")
+        return f"{head}{postfix}  {rate:.2f} {plural}/s  ETA {eta_text}"
 
     def close(self) -> None:
-        if self.enabled:
+        """The last line: the bar's final state on a terminal, a plain line elsewhere."""
+        if not self.enabled:
+            return
+        if self.live:
             self.stream.write("\r" + self.line() + "\033[K\n")
-            self.stream.flush()
+        else:
+            self.stream.write(self.line(plain=True) + "\n")
+        self.stream.flush()

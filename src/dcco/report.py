@@ -98,22 +98,51 @@ def _pyplot():
     return plt
 
 
+def _round_axis(ax, rounds: Sequence[int]) -> None:
+    """Integer round ticks; a run with one logged point gets an axis from 0 to that round,
+    not a span of ±0.2 rounds around it."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(set(rounds)) == 1:
+        ax.set_xlim(0, max(1, rounds[0]) * 1.05)
+    ax.set_xlabel("round")
+
+
+def _method_of(run: RunDir) -> str:
+    summary = run.summary()
+    if summary.get("method"):
+        return summary["method"]
+    try:
+        return run.config().train.method
+    except ValueError:
+        return run.path.name
+
+
 def plot_run_curves(run: RunDir) -> list[Path]:
-    """plots/loss.png and plots/knn.png of one run (those it has data for)."""
+    """plots/loss.png and plots/knn.png of one run (those it has data for). The loss is the
+    logged mean over each logging window; k-NN accuracy is in %, on a 0–100 axis."""
     plt = _pyplot()
     records = run.metrics()
     run.plots_path.mkdir(exist_ok=True)
+    method = _method_of(run)
     written = []
-    for key, ylabel, name in (("loss", "training loss", "loss.png"),
-                              ("knn", "k-NN top-1 accuracy", "knn.png")):
+    for key, name in (("loss", "loss.png"), ("knn", "knn.png")):
         points = [(r["round"], r[key]) for r in records if key in r]
         if not points:
             continue
+        rounds, values = zip(*points)
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(*zip(*points), marker="o" if len(points) < 30 else None)
-        ax.set_xlabel("round")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{run.summary().get('method', run.path.name)}")
+        if key == "knn":
+            ax.plot(rounds, [100 * v for v in values], marker="o")
+            ax.set_ylim(0, 100)
+            ax.set_ylabel("k-NN top-1 accuracy (%)")
+            ax.set_title(f"{method}: k-NN monitor", fontsize=9)
+        else:
+            ax.plot(rounds, values, marker="o" if len(points) < 30 else None)
+            ax.set_ylabel("training loss")
+            ax.set_title(f"{method}: {_loss_kind(method)}", fontsize=9)
+        _round_axis(ax, rounds)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(run.plots_path / name, dpi=120)
@@ -122,48 +151,110 @@ def plot_run_curves(run: RunDir) -> list[Path]:
     return written
 
 
-def plot_loss_curves(runs: Sequence[RunDir], path: Path) -> Path:
-    """Loss curves of several runs on one figure (each normalised by its first value)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+def _loss_kind(method: str) -> str:
+    """What a method's logged loss measures (``Method.loss_kind``)."""
+    from dcco.methods.registry import METHODS
+
+    return METHODS[method].loss_kind if method in METHODS else "training loss"
+
+
+def loss_panels(runs: Sequence[RunDir]) -> dict[str, list[tuple[str, list[tuple[int, float]]]]]:
+    """The logged loss curves of ``runs`` grouped by kind of loss: {loss kind: [(method,
+    [(round, loss), ...]), ...]}, in the order of ``runs``; runs with no loss logged are left
+    out."""
+    panels: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {}
     for run in runs:
         points = [(r["round"], r["loss"]) for r in run.metrics() if "loss" in r]
         if points:
+            method = _method_of(run)
+            panels.setdefault(_loss_kind(method), []).append((method, points))
+    return panels
+
+
+def plot_loss_curves(runs: Sequence[RunDir], path: Path, title: str = "training loss") -> Path:
+    """Loss curves of several runs, one panel per kind of loss (``Method.loss_kind``): only
+    losses that measure the same thing share a panel, on their own values (DCCO's loss on the
+    round's pooled batch and cco_fedavg's within-client loss are not comparable)."""
+    plt = _pyplot()
+    panels = loss_panels(runs)
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.2 * max(1, len(panels)), 3.6),
+                             squeeze=False)
+    for ax, (kind, curves) in zip(axes[0], panels.items()):
+        rounds = []
+        for method, points in curves:
             x, y = zip(*points)
-            ax.plot(x, [v / y[0] for v in y], label=run.summary().get("method", run.path.name))
-    ax.set_xlabel("round")
-    ax.set_ylabel("loss / first logged loss")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+            rounds += x
+            ax.plot(x, y, label=method, marker="o" if len(points) < 30 else None)
+        ax.set_title(kind, fontsize=8)
+        ax.set_ylabel("loss")
+        _round_axis(ax, rounds)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
+def _comparison_protocols(runs: Sequence[RunDir]) -> tuple[list[dict], list[str]]:
+    summaries = [r.summary() for r in runs]
+    return summaries, sorted({p for s in summaries for p in s.get("evaluations", {})})
+
+
+def comparison_plot_paths(runs: Sequence[RunDir], prefix: Path) -> list[Path]:
+    """The files ``plot_comparison`` writes: PREFIX-<protocol>.png per evaluation."""
+    return [prefix.parent / f"{prefix.name}-{protocol.replace('@', '-')}.png"
+            for protocol in _comparison_protocols(runs)[1]]
+
+
 def plot_comparison(runs: Sequence[RunDir], prefix: Path) -> list[Path]:
     """One bar chart of accuracy per run for each evaluation protocol: PREFIX-<protocol>.png."""
-    summaries = [r.summary() for r in runs]
-    protocols = sorted({p for s in summaries for p in s.get("evaluations", {})})
+    summaries, protocols = _comparison_protocols(runs)
     written = []
-    for protocol in protocols:
-        pairs = [(f"{r.path.name}", s["evaluations"][protocol]["accuracy"])
+    for protocol, path in zip(protocols, comparison_plot_paths(runs, prefix), strict=True):
+        pairs = [(r.path.name, s["evaluations"][protocol]["accuracy"], s.get("method"))
                  for r, s in zip(runs, summaries) if protocol in s.get("evaluations", {})]
-        path = prefix.parent / f"{prefix.name}-{protocol.replace('@', '-')}.png"
         written.append(plot_accuracy_bars([p[0] for p in pairs], [p[1] for p in pairs], path,
-                                          f"test accuracy, {protocol}"))
+                                          f"test accuracy, {protocol}",
+                                          families=[family(p[2]) for p in pairs]))
     return written
 
 
+FAMILY_COLOURS = {"federated": "#4c72b0", "centralized": "#dd8452",
+                  "reference baseline": "#8c8c8c"}
+"""Bar colours by kind of method."""
+
+
+def family(method: str | None) -> str:
+    """"federated", "centralized" or "reference baseline" (supervised from scratch, a random
+    encoder, anything that is not a pretraining method)."""
+    from dcco.methods.registry import METHODS
+
+    if method in METHODS:
+        return "federated" if METHODS[method].federated else "centralized"
+    return "reference baseline"
+
+
 def plot_accuracy_bars(labels: Sequence[str], accuracies: Sequence[float], path: Path,
-                       title: str) -> Path:
-    """A bar chart of accuracy (in %) per method."""
+                       title: str, families: Sequence[str] | None = None) -> Path:
+    """A bar chart of accuracy (in %) per method, coloured by ``families`` (see ``family``)
+    with a legend, or all alike when None."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(labels)), 3.6))
-    bars = ax.bar(range(len(labels)), [100 * a for a in accuracies], color="#4c72b0")
+    colours = [FAMILY_COLOURS[f] for f in families] if families else FAMILY_COLOURS["federated"]
+    bars = ax.bar(range(len(labels)), [100 * a for a in accuracies], color=colours)
     ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 118)  # room above 100 % for the bar labels and the legend
+    ax.set_yticks(range(0, 101, 20))
+    if families:
+        from matplotlib.patches import Patch
+
+        shown = [f for f in FAMILY_COLOURS if f in families]
+        ax.legend([Patch(color=FAMILY_COLOURS[f]) for f in shown], shown, fontsize=7,
+                  loc="upper left", ncol=len(shown), frameon=False)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

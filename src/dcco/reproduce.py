@@ -13,22 +13,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dcco.config import ConfigError, RunConfig, load_config
+from dcco.config import ConfigError, RunConfig, load_config, read_toml
 from dcco.data.datasets import ImageDataset
+from dcco.evaluate import StepCallback
 from dcco.experiments import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.methods.registry import METHODS
 from dcco.rundir import RunDir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SUPERVISED = "supervised"
 PROTOCOLS = ("linear", "finetune")
@@ -73,15 +68,11 @@ class Cell:
     """Why the cell cannot run ("n/a"), or None."""
 
 
-def load_grid(path: str | Path, scale: str) -> Grid:
-    """Read a grid file and apply one scale's overrides, with errors naming the key."""
+def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) -> Grid:
+    """Read a grid file and apply one scale's overrides, then ``overrides`` (``section.key=
+    value``, e.g. the data folder), with errors naming the key."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"grid file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"grid file {path} is not valid TOML: {e}") from None
+    raw = read_toml(path, "grid file")
     for key in raw:
         if key not in ("base", "setting", "grid", "scale"):
             raise ConfigError(f"unknown key '{key}' in {path}; allowed: base, setting, grid, scale")
@@ -92,7 +83,8 @@ def load_grid(path: str | Path, scale: str) -> Grid:
     if unknown:
         raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
                           f"global_batch")
-    base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", [])))
+    base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", []))
+                       + list(overrides or []))
     try:
         settings = tuple(Setting(**s) for s in raw.get("setting", []))
     except TypeError as e:
@@ -127,9 +119,9 @@ def load_grid(path: str | Path, scale: str) -> Grid:
 
 def _flatten(sections: dict[str, Any]) -> list[str]:
     """``{"train": {"rounds": 5}}`` → ``["train.rounds=5"]`` (values as TOML literals)."""
-    from dcco.config import _toml_value
+    from dcco.config import to_toml_value
 
-    return [f"{s}.{k}={_toml_value(v)}" for s, keys in sections.items() for k, v in keys.items()]
+    return [f"{s}.{k}={to_toml_value(v)}" for s, keys in sections.items() for k, v in keys.items()]
 
 
 def select_cells(cells: list[Cell], patterns: list[str]) -> list[Cell]:
@@ -183,20 +175,22 @@ def _slug(text: str) -> str:
 
 
 def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[ImageDataset, ImageDataset],
-             pretrain: Callable[..., dict], say: Callable[[str], None]) -> None:
+             pretrain: Callable[..., dict], say: Callable[[str], None],
+             progress: StepCallback | None = None) -> None:
     """Pretrain (or resume) one cell and run its missing evaluations, holding the cell's
-    lock (``RunDirBusy`` if another process holds it)."""
+    lock (``RunDirBusy`` if another process holds it); ``progress`` is told how each
+    evaluation advances."""
     if cell.na is not None:
         return
     cell.path.mkdir(parents=True, exist_ok=True)
     with RunDir(cell.path).lock():
         run, existed = RunDir.open_or_create(cell.path, cell.cfg)
-        _run_cell(cell, run, existed, evaluations, splits, pretrain, say)
+        _run_cell(cell, run, existed, evaluations, splits, pretrain, say, progress)
 
 
 def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ...],
               splits: tuple[ImageDataset, ImageDataset], pretrain: Callable[..., dict],
-              say: Callable[[str], None]) -> None:
+              say: Callable[[str], None], progress: StepCallback | None) -> None:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
     from dcco.train import resolve_device
 
@@ -217,7 +211,7 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
                 + _stale_note(run, key))
             ids = labelled_subset(train.labels, labels, train.num_classes, cell.seed)
             result = supervised_from_scratch(cell.cfg.model, train.images.shape[1], train, test,
-                                             ids, ecfg, cell.seed, device)
+                                             ids, ecfg, cell.seed, device, progress)
             run.update_summary(method=SUPERVISED, evaluations={key: asdict(result)})
         else:
             if eval_key(protocol, labels) in done:
@@ -225,7 +219,8 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
             say(f"[{cell.path.name}] {protocol} evaluation, {labels} labels"
                 + _stale_note(run, eval_key(protocol, labels)))
             model = pretrained_model(cell.cfg, run, train.images.shape[1], device)
-            result = evaluate_model(model, protocol, ecfg, cell.seed, train, test, device)
+            result = evaluate_model(model, protocol, ecfg, cell.seed, train, test, device,
+                                    progress)
             run.update_summary(evaluations={eval_key(protocol, labels): asdict(result)})
         done = _current(run.summary())
 

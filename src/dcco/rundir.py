@@ -29,9 +29,10 @@ import torch
 import dcco
 from dcco.checkpoint import atomic_write_text
 from dcco.config import RunConfig, load_config, to_toml
+from dcco.errors import UserError
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError):
     """A run directory is missing, incomplete, or would be overwritten."""
 
 
@@ -93,6 +94,17 @@ def code_version() -> dict[str, str]:
             **_SOURCE}
 
 
+def config_differences(stored: RunConfig, wanted: RunConfig, limit: int = 6) -> str:
+    """The keys whose values differ between two configs, as ``key: stored → wanted`` joined
+    by "; " (at most ``limit`` of them, then a count); empty when the configs are equal."""
+    a, b = asdict(stored), asdict(wanted)
+    changes = [f"{section}.{key}: {a[section][key]!r} here, {b[section][key]!r} asked"
+               for section in a for key in a[section] if a[section][key] != b[section][key]]
+    if len(changes) > limit:
+        changes = changes[:limit] + [f"and {len(changes) - limit} more"]
+    return "; ".join(changes)
+
+
 def _jsonable(value: Any) -> Any:
     if is_dataclass(value):
         return asdict(value)
@@ -111,11 +123,19 @@ class RunDir:
     summary_path = property(lambda self: self.path / "summary.json")
     plots_path = property(lambda self: self.path / "plots")
 
+    STARTED_ONLY = frozenset({"config.toml", "version.json", ".lock"})
+    """The files of a run directory that was created but never ran a round (a run stopped by
+    an error in its config or data): ``create`` may start afresh in it."""
+
     @classmethod
     def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
-        """A new run directory; refuses to touch one that already holds a run."""
+        """A new run directory; refuses to touch one that already holds a run. A directory
+        that holds only the files of a run that never started (``STARTED_ONLY``) is reused."""
         run = cls(path)
-        if run.path.exists() and any(p.name != ".lock" for p in run.path.iterdir()):
+        if run.path.exists() and not run.path.is_dir():
+            raise RunDirError(f"{run.path} is a file, not a run directory; choose another "
+                              f"--run-dir")
+        if run.path.exists() and any(p.name not in cls.STARTED_ONLY for p in run.path.iterdir()):
             raise RunDirError(
                 f"run directory {run.path} already exists and is not empty; resume it with "
                 f"--resume {run.path}, or choose another --run-dir"
@@ -135,9 +155,10 @@ class RunDir:
         path = Path(path)
         if (path / "config.toml").is_file():
             run = cls.open(path)
-            if to_toml(run.config()) != to_toml(cfg):
-                raise RunDirError(f"{path} holds a run with another config; use a new output "
-                                  f"folder or delete that run")
+            differ = config_differences(run.config(), cfg)
+            if differ:
+                raise RunDirError(f"{path} holds a run with another config ({differ}); use a "
+                                  f"new output folder or delete that run")
             return run, True
         return cls.create(path, cfg), False
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from dcco.augment import augment_pair
 from dcco.checkpoint import load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
-from dcco.config import RunConfig
+from dcco.config import ConfigError, RunConfig
 from dcco.data.datasets import ImageDataset
 from dcco.data.partition import Partition, dirichlet_partition
 from dcco.evaluate import knn_accuracy
@@ -40,14 +40,14 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device = {name!r} but CUDA is not available on this machine")
+        raise ConfigError(f"train.device = {name!r} but CUDA is not available on this machine")
     return device
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, k: int) -> Tensor:
     """The K distinct clients of a round, uniformly without replacement: a function of (seed, r)."""
     if k > num_clients:
-        raise ValueError(
+        raise ConfigError(
             f"train.clients_per_round = {k} but the partition has only {num_clients} clients"
         )
     return torch.randperm(num_clients, generator=generator(seed, "sample", round_index))[:k]
@@ -57,7 +57,7 @@ def centralized_batch(seed: int, step: int, pool: Tensor, batch_size: int) -> Te
     """Sample ids of centralized step ``step``: epochs of shuffled pool, last partial batch dropped."""
     per_epoch = pool.shape[0] // batch_size
     if per_epoch == 0:
-        raise ValueError(
+        raise ConfigError(
             f"the centralized batch size {batch_size} exceeds the {pool.shape[0]} samples available"
         )
     epoch, offset = divmod(step, per_epoch)
@@ -123,7 +123,7 @@ class Pretraining:
         self.method = build_method(cfg.train.method, cfg.loss)
         self.partition = partition if partition is not None else build_partition(cfg, train_set)
         if self.method.federated and cfg.train.clients_per_round > self.partition.num_clients:
-            raise ValueError(
+            raise ConfigError(
                 f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
                 f"only {self.partition.num_clients} clients"
             )
@@ -187,8 +187,9 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: ImageDataset,
         train_set: the pretraining images.
         test_set: used by the k-NN monitor; None disables it.
         resume: continue from ``run``'s checkpoint (from round 0 if none was written yet).
-        on_round: called after every round with its metrics and the latest logged values,
-            e.g. to drive a progress bar.
+        on_round: called after every round with its metrics and the latest logged values
+            (``loss``: the mean over the last logging window, as ``final_loss`` is;
+            ``rounds_per_sec``; ``knn`` once measured), e.g. to drive a progress bar.
 
     Returns:
         The summary written to ``summary.json``.
@@ -209,8 +210,8 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: ImageDataset,
         last = pt.finished
         if m.round % t_cfg.log_every == 0 or last:
             now = time.perf_counter()
-            latest = {"loss": window_loss / window_rounds,
-                      "rounds_per_sec": window_rounds / (now - window_start)}
+            latest.update(loss=window_loss / window_rounds,
+                          rounds_per_sec=window_rounds / (now - window_start))
             run.append_metrics({
                 "round": m.round, "loss": latest["loss"], "lr": m.lr,
                 "rounds_per_sec": latest["rounds_per_sec"], "clients": m.num_clients,

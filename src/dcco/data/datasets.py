@@ -4,7 +4,9 @@ Only this layer touches data files. Images stay uint8 (N, C, H, W) so a whole da
 the device and a round gathers its samples by index. Every problem with a file raises
 ``DataError`` naming the file.
 
-Files are looked for, in order, in ``data_dir``, ``$DCCO_DATA``, ``~/.cache/dcco`` and, for
+An explicit ``data_dir`` is the only place looked in: it must exist, and files missing from
+it are downloaded into it (or the error says how to get them), never taken from elsewhere.
+Without one, files are looked for, in order, in ``$DCCO_DATA``, ``~/.cache/dcco`` and, for
 Fashion-MNIST only, ``/usr/share/datasets/fashion-mnist`` (Debian package
 ``dataset-fashion-mnist``). When they are nowhere, the official download is tried into
 ``$DCCO_DATA`` (or ``~/.cache/dcco``), with a short timeout so an offline machine fails fast.
@@ -30,6 +32,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dcco.checkpoint import umask_mode
+from dcco.errors import UserError
+
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
 Split = Literal["train", "test"]
 
@@ -51,7 +56,7 @@ CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
 DOWNLOAD_TIMEOUT_S = 10.0
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data file is missing, corrupt or inconsistent; the message names the file."""
 
 
@@ -127,16 +132,32 @@ class ImageDataset:
 
 
 def search_dirs(data_dir: str | Path | None) -> list[Path]:
-    """Where data is looked for, in order: ``data_dir``, ``$DCCO_DATA``, ``~/.cache/dcco``."""
-    dirs = [] if data_dir is None else [Path(data_dir).expanduser()]
+    """Where data is looked for, in order: an explicit ``data_dir`` alone (it must exist), or
+    else ``$DCCO_DATA`` and ``~/.cache/dcco``.
+
+    Raises:
+        DataError: ``data_dir`` is given but is not a folder.
+    """
+    if data_dir is not None:
+        folder = Path(data_dir).expanduser()
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise DataError(f"the data directory {folder} (data.data_dir or --data-dir) {what}; "
+                            f"give the folder that holds the data set's files, or leave it out "
+                            f"to search $DCCO_DATA, ~/.cache/dcco and the system copy")
+        return [folder]
+    dirs = []
     if os.environ.get("DCCO_DATA"):
         dirs.append(Path(os.environ["DCCO_DATA"]).expanduser())
     dirs.append(Path.home() / ".cache" / "dcco")
     return list(dict.fromkeys(dirs))  # without repeats, order kept
 
 
-def download_dir() -> Path:
-    """Where downloads go: ``$DCCO_DATA`` when set, else ``~/.cache/dcco``."""
+def download_dir(data_dir: str | Path | None = None) -> Path:
+    """Where downloads go: an explicit ``data_dir``, else ``$DCCO_DATA`` when set, else
+    ``~/.cache/dcco``."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser()
     env = os.environ.get("DCCO_DATA")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dcco"
 
@@ -148,8 +169,9 @@ def load_dataset(name: DatasetName, split: Split, data_dir: str | Path | None = 
     Args:
         name: ``"fashion_mnist"`` (1×28×28), ``"cifar10"`` or ``"cifar100"`` (3×32×32).
         split: ``"train"`` or ``"test"``.
-        data_dir: searched first; then ``$DCCO_DATA``, ``~/.cache/dcco`` and, for
-            Fashion-MNIST, ``/usr/share/datasets/fashion-mnist``.
+        data_dir: the folder of the files, and the only one searched (it must exist); None
+            searches ``$DCCO_DATA``, ``~/.cache/dcco`` and, for Fashion-MNIST,
+            ``/usr/share/datasets/fashion-mnist``.
         download: try the official download when the files are nowhere to be found.
 
     Raises:
@@ -171,14 +193,14 @@ def load_dataset(name: DatasetName, split: Split, data_dir: str | Path | None = 
 
 def _load_fashion_mnist(split: Split, data_dir: str | Path | None,
                         download: bool) -> ImageDataset:
-    dirs = search_dirs(data_dir) + [DEBIAN_FASHION_MNIST]
+    dirs = search_dirs(data_dir) + ([DEBIAN_FASHION_MNIST] if data_dir is None else [])
     found = _find_fashion_mnist(dirs, split)
     if found is None:
         failure = "download=False, so no download was tried"
         if download:
             try:
-                _download_fashion_mnist(split)
-                found = _find_fashion_mnist([download_dir()], split)
+                _download_fashion_mnist(split, download_dir(data_dir))
+                found = _find_fashion_mnist([download_dir(data_dir)], split)
             except (OSError, http.client.HTTPException, DataError) as e:
                 failure = f"the download from {FASHION_MNIST_URL} failed: {e}"
     if found is None:
@@ -247,8 +269,8 @@ def read_idx(path: Path, expected_ndim: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def _download_fashion_mnist(split: Split) -> None:
-    target = download_dir() / "fashion-mnist"
+def _download_fashion_mnist(split: Split, into: Path) -> None:
+    target = into / "fashion-mnist"
     for stem in FASHION_MNIST_FILES[split]:
         name = f"{stem}.gz"
         if not (target / name).is_file():
@@ -265,6 +287,7 @@ def _download(url: str, path: Path, md5: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
+        os.fchmod(fd, umask_mode())
         digest = hashlib.md5(usedforsecurity=False)
         with os.fdopen(fd, "wb") as out, \
                 urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
@@ -288,8 +311,8 @@ def _load_cifar(spec: CifarSpec, name: str, split: Split, data_dir: str | Path |
     failure = "download=False, so no download was tried"
     if folder is None and download:
         try:
-            _download(CIFAR_URL + spec.archive, download_dir() / spec.archive, spec.md5)
-            folder = _find_cifar(spec, [download_dir()])
+            _download(CIFAR_URL + spec.archive, download_dir(data_dir) / spec.archive, spec.md5)
+            folder = _find_cifar(spec, [download_dir(data_dir)])
         except (OSError, http.client.HTTPException, DataError) as e:
             failure = f"the download from {CIFAR_URL}{spec.archive} failed: {e}"
     if folder is None:
@@ -328,6 +351,7 @@ def _extract(archive: Path, folder: str) -> Path:
                 _safe_extract_all(archive, Path(tmp))
                 if not (Path(tmp) / folder).is_dir():
                     raise DataError(f"{archive} does not contain the folder {folder}")
+                os.chmod(Path(tmp) / folder, umask_mode(0o777))
                 os.replace(Path(tmp) / folder, target / folder)
             return target / folder
         except (tarfile.TarError, EOFError, zlib.error) as e:

@@ -91,6 +91,9 @@ class Method(Protocol):
     """Smallest client a round can use (within-client losses need two samples)."""
     default_projector: ClassVar[tuple[int, ...]]
     """Projector widths used when the model config leaves them unset (paper §4)."""
+    loss_kind: ClassVar[str]
+    """What the logged loss measures; methods whose kinds differ have losses that cannot be
+    compared (plots put them in separate panels)."""
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         """One client's objective on its own encodings (N_k, d); ``shared`` is S_A or None."""

@@ -26,6 +26,7 @@ class DCCO:
     needs_statistics: ClassVar[bool] = True
     min_client_samples: ClassVar[int] = 1
     default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
+    loss_kind: ClassVar[str] = "CCO loss of the round's pooled batch"
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         if shared is None:

@@ -1,0 +1,42 @@
+"""Tables and plots from run directories: comparable losses only, accuracy in %, bars by family."""
+
+from __future__ import annotations
+
+from dcco.config import load_config
+from dcco.report import family, loss_panels, plot_accuracy_bars, plot_loss_curves, plot_run_curves
+from dcco.rundir import RunDir
+
+
+def _run(path, method: str, records: list[dict]) -> RunDir:
+    run = RunDir.create(path, load_config(None, [f"train.method={method}"]))
+    for record in records:
+        run.append_metrics(record)
+    return run
+
+
+def test_loss_panels__only_comparable_losses_share_a_panel(tmp_path):
+    runs = [_run(tmp_path / m, m, [{"round": 10, "loss": 100.0}, {"round": 20, "loss": 90.0}])
+            for m in ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")]
+    runs.append(_run(tmp_path / "none-logged", "dcco", []))
+    panels = loss_panels(runs)
+    methods = {kind: [m for m, _ in curves] for kind, curves in panels.items()}
+    assert sorted(methods.values()) == [["cco_fedavg"], ["contrastive_fedavg"],
+                                        ["dcco", "centralized_cco"]]
+    assert panels[next(k for k in panels if "pooled" in k)][0][1] == [(10, 100.0), (20, 90.0)]
+    assert plot_loss_curves(runs, tmp_path / "loss.png", "title").stat().st_size > 0
+
+
+def test_plot_run_curves__one_logged_point_and_knn_in_percent(tmp_path):
+    run = _run(tmp_path / "short", "dcco", [{"round": 5, "loss": 120.0}, {"round": 5, "knn": 0.613}])
+    written = plot_run_curves(run)
+    assert sorted(p.name for p in written) == ["knn.png", "loss.png"]
+
+
+def test_family__colours_federated_centralized_and_reference_bars(tmp_path):
+    assert [family(m) for m in ("dcco", "contrastive_fedavg", "centralized_cco", "supervised",
+                                "random_init", None)] == [
+        "federated", "federated", "centralized", "reference baseline", "reference baseline",
+        "reference baseline"]
+    path = plot_accuracy_bars(["dcco", "supervised"], [0.7, 0.8], tmp_path / "acc.png", "t",
+                              families=["federated", "reference baseline"])
+    assert path.stat().st_size > 0
