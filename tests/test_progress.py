@@ -12,7 +12,7 @@ class _Tty(io.StringIO):
 
 def test_progress__log_gets_a_plain_line_every_tenth_and_at_the_end():
     out = io.StringIO()
-    with Progress(100, stream=out, interval=3600.0) as bar:
+    with Progress(100, stream=out, interval=3600.0, min_gap=0.0) as bar:
         for i in range(1, 101):
             bar.update(i, loss=1.5)
     lines = out.getvalue().splitlines()
@@ -31,10 +31,19 @@ def test_progress__log_line_at_least_every_interval():
 
 def test_progress__resumed_run_counts_tenths_from_where_it_starts():
     out = io.StringIO()
-    with Progress(10, initial=7, stream=out, interval=3600.0) as bar:
+    with Progress(10, initial=7, stream=out, interval=3600.0, min_gap=0.0) as bar:
         for i in range(8, 11):
             bar.update(i)
     assert [line.split()[1] for line in out.getvalue().splitlines()] == ["8/10", "9/10", "10/10"]
+
+
+def test_progress__a_quick_phase_leaves_only_its_closing_line():
+    out = io.StringIO()
+    with Progress(300, label="probe step", stream=out) as bar:
+        for i in range(1, 301):
+            bar.update(i)
+    [line] = out.getvalue().splitlines()
+    assert line.startswith("probe step 300/300 (100%)")
 
 
 def test_progress__disabled_is_silent_anywhere():

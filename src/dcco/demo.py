@@ -150,8 +150,8 @@ def _write_results(out: Path, cfg: RunConfig, rows: list, runs: list[RunDir]) ->
     write_tables(header, table, out / "results")
     plot_accuracy_bars(labels, accs, out / "accuracy.png",
                        f"Fashion-MNIST, α={cfg.data.alpha}, {cfg.data.samples_per_client} "
-                       f"images/client: test accuracy with {cfg.eval.labels} labels (linear "
-                       f"probe; supervised: trained from scratch)",
+                       f"images/client: test accuracy with {cfg.eval.labels} labels\n(linear "
+                       f"probe; supervised: trained from scratch on the labels)",
                        families=[family(name) for name in labels])
     plot_loss_curves(runs, out / "loss.png",
                      f"demo pretraining loss, {cfg.train.rounds} rounds of "

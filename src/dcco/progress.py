@@ -2,8 +2,9 @@
 
 On a terminal it redraws one line in place. When the stream is not a terminal (nohup, CI
 logs, pipes, files) it writes a plain line now and then instead: at every tenth of the work
-and at least every ``interval`` seconds, so a log shows a long run is alive without being
-flooded with carriage returns. ``enabled=False`` silences it.
+and at least every ``interval`` seconds (a tenth reached within ``min_gap`` seconds of the
+last line is skipped, so a phase that takes a second leaves one line), so a log shows a long
+run is alive without being flooded. ``enabled=False`` silences it.
 """
 
 from __future__ import annotations
@@ -33,16 +34,17 @@ class Progress:
         stream: where to write (default: standard error).
         enabled: None: a live bar on a terminal, plain lines elsewhere; False: nothing.
         interval: the longest wait, in seconds, between two plain lines.
+        min_gap: the shortest wait, in seconds, between two plain lines before the last.
     """
 
     def __init__(self, total: int, initial: int = 0, label: str = "round",
                  stream: TextIO | None = None, enabled: bool | None = None,
-                 interval: float = 30.0) -> None:
+                 interval: float = 30.0, min_gap: float = 1.0) -> None:
         self.total, self.done, self.label = total, initial, label
         self.stream = stream if stream is not None else sys.stderr
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.enabled = enabled is not False
-        self.interval = interval
+        self.interval, self.min_gap = interval, min_gap
         self._start = time.perf_counter()
         self._initial = initial
         self._last_draw = 0.0
@@ -82,7 +84,9 @@ class Progress:
                 self.stream.flush()
             return
         tenth = self._tenths(done)
-        if (tenth > self._tenth and done < self.total) or now - self._last_line >= self.interval:
+        since = now - self._last_line
+        if (tenth > self._tenth and done < self.total and since >= self.min_gap) \
+                or since >= self.interval:
             self._tenth, self._last_line = tenth, now
             self.stream.write(self.line(plain=True) + "\n")
             self.stream.flush()

@@ -99,13 +99,12 @@ def _pyplot():
 
 
 def _round_axis(ax, rounds: Sequence[int]) -> None:
-    """Integer round ticks; a run with one logged point gets an axis from 0 to that round,
-    not a span of ±0.2 rounds around it."""
+    """Integer round ticks on an axis from round 0 (a run with one logged point gets 0 to
+    that round, not a span of ±0.2 rounds around it)."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if len(set(rounds)) == 1:
-        ax.set_xlim(0, max(1, rounds[0]) * 1.05)
+    ax.set_xlim(0, max(1, max(rounds)) * 1.04)
     ax.set_xlabel("round")
 
 

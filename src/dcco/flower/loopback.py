@@ -78,9 +78,13 @@ class Loopback:
         self.home = self.out / "flwr-home"
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        # Flower's commands (flower-superlink, flwr, and the flwr-clientapp a SuperNode
+        # starts) come from this interpreter's environment first, so a virtual environment
+        # works without being activated.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self.env = os.environ | {"FLWR_HOME": str(self.home),
                                  "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                                 "PYTHONUNBUFFERED": "1"}
+                                 "PYTHONUNBUFFERED": "1", "PATH": path}
 
     # ------------------------------------------------------------------ processes
 
