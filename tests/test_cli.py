@@ -45,10 +45,10 @@ def test_cli_pretrain__bad_config_exits_nonzero_naming_the_key(tiny_config, tmp_
 
 def test_cli_pretrain__unknown_key_in_file_is_named(tmp_path, capsys):
     cfg = tmp_path / "bad.toml"
-    cfg.write_text("[train]\nmethod = 'dcco'\nlocal_steps = 2\n")
+    cfg.write_text("[train]\nmethod = 'dcco'\nlocal_epochs = 2\n")
     assert main(["pretrain", str(cfg), "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "train.local_steps" in err and "allowed:" in err
+    assert "train.local_epochs" in err and "allowed:" in err
 
 
 def test_cli__pretrain_evaluate_compare_end_to_end(tiny_config, tmp_path, capsys):

@@ -23,7 +23,7 @@ def _model(projector=(24, 24, 16)):
     return build_dual_encoder(cfg, in_channels=1, projector_dims=projector, seed=7).double()
 
 
-def _round_views(sizes, seed=0):
+def _round_views(sizes, seed=0, round_index=5):
     """Non-IID clients: each client's images are noisy copies of its own base pattern."""
     gen = torch.Generator().manual_seed(seed)
     base = torch.rand(len(sizes), 1, 12, 12, generator=gen)
@@ -32,7 +32,7 @@ def _round_views(sizes, seed=0):
         for k, n in enumerate(sizes)
     ])
     ids = torch.arange(imgs.shape[0]) + 1000
-    return augment_pair(imgs, ids, seed=3, round_index=5, cfg=AugmentConfig.byol(),
+    return augment_pair(imgs, ids, seed=3, round_index=round_index, cfg=AugmentConfig.byol(),
                         dtype=torch.float64)
 
 

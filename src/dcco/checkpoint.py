@@ -59,10 +59,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def save_checkpoint(path: str | Path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None, rounds_done: int,
-                    meta: dict[str, Any] | None = None) -> None:
-    """Save model and optimiser state atomically to ``path`` (a .safetensors file)."""
+                    meta: dict[str, Any] | None = None,
+                    state: dict[str, torch.Tensor] | None = None) -> None:
+    """Save model and optimiser state atomically to ``path`` (a .safetensors file), with the
+    run's other round state (``state``, e.g. the last aggregated statistics) if any."""
     path = Path(path)
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tensors |= {f"state.{k}": v.detach().contiguous().cpu() for k, v in (state or {}).items()}
     opt_meta: dict[str, Any] = {}
     if optimizer is not None:
         state = optimizer.state_dict()
@@ -136,3 +139,9 @@ def load_checkpoint(path: str | Path, model: nn.Module,
 def checkpoint_meta(path: str | Path) -> dict[str, Any]:
     """The ``meta`` dictionary stored with a checkpoint."""
     return json.loads(read_checkpoint(path)[1]["meta"])
+
+
+def checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The round state saved with a checkpoint (``save_checkpoint``'s ``state``)."""
+    tensors, _ = read_checkpoint(path)
+    return {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}

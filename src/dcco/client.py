@@ -1,4 +1,4 @@
-"""One client's work, as a device runs it: statistics of its encodings and one local step.
+"""One client's work, as a device runs it: statistics of its encodings and its local steps.
 
 The simulator's ``reference`` backend and the Flower client app call these same functions.
 """
@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from dcco.methods.base import Method
-from dcco.stats import EncodingStats, Moments, encoding_stats
+from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, encoding_stats
 
 
 @dataclass(frozen=True)
@@ -35,34 +36,69 @@ def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 @torch.no_grad()
-def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor) -> EncodingStats:
+def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor,
+                      spec: StatsSpec = CCO_STATS) -> EncodingStats:
     """Phase 1 of a DCCO round: the count and sums of the client's encodings.
 
     Args:
         model: the dual encoder broadcast by the server; ``model(x1, x2)`` returns (F, G).
         x1, x2: the two views of the client's N_k samples, (N_k, C, H, W).
+        spec: which sums the method shares (default: the CCO loss's).
     """
     f, g = model(x1, x2)
-    return encoding_stats(f, g)
+    return encoding_stats(f, g, spec)
+
+
+def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tensor]:
+    """The sample positions of each of a client's E local steps: consecutive slices of size
+    ``batch`` (all samples when None or larger), wrapping around, so every sample is used
+    equally often and the schedule needs no randomness (the round's views are random)."""
+    size = num_samples if batch is None else min(batch, num_samples)
+    return [torch.arange(e * size, (e + 1) * size) % num_samples for e in range(steps)]
 
 
 def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
-                  shared: Moments | None, local_lr: float) -> ClientUpdate:
-    """Phase 2: one local SGD step on the method's client loss, returned as a model delta.
+                  shared: Moments | None, local_lr: float, local_steps: int = 1,
+                  local_batch: int | None = None) -> ClientUpdate:
+    """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
-    The model itself is left unchanged; the delta is −local_lr·∇L_k exactly (computing θ' − θ
-    after an in-place step would add rounding error of the size of θ).
+    One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
+    the model itself is left unchanged, and computing θ' − θ after an in-place step would add
+    rounding error of the size of θ. With E > 1 steps, or minibatches of ``local_batch``
+    samples (``local_batches``), the delta accumulates the steps, each gradient taken at
+    θ + Δ (``torch.func.functional_call``), with ``shared`` held fixed through the round: the
+    paper's "partial gradients and stale statistics".
 
     Args:
         shared: the server's aggregated moments S_A (DCCO), or None.
         local_lr: the client learning rate (paper: 1.0).
+        local_steps: E.
+        local_batch: samples per local step; None: all of them.
+
+    Returns:
+        The delta, the client's sample count (its FedAvg weight) and its loss before the
+        first step.
     """
     named = trainable_parameters(model)
-    f, g = model(x1, x2)
-    loss = method.client_loss(f, g, shared)
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    delta = {
-        name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
-        for (name, p), gr in zip(named, grads)
-    }
-    return ClientUpdate(delta=delta, num_samples=int(x1.shape[0]), loss=float(loss.detach()))
+    n = int(x1.shape[0])
+    if local_steps == 1 and (local_batch is None or local_batch >= n):
+        f, g = model(x1, x2)
+        loss = method.client_loss(f, g, shared)
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        delta = {
+            name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
+            for (name, p), gr in zip(named, grads)
+        }
+        return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()))
+    delta = {name: torch.zeros_like(p) for name, p in named}
+    first_loss = None
+    for idx in local_batches(n, local_steps, local_batch):
+        current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
+        f, g = functional_call(model, current, (x1[idx], x2[idx]))
+        loss = method.client_loss(f, g, shared)
+        first_loss = float(loss.detach()) if first_loss is None else first_loss
+        grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
+        for (name, _), gr in zip(named, grads):
+            if gr is not None:
+                delta[name] = delta[name] - local_lr * gr
+    return ClientUpdate(delta=delta, num_samples=n, loss=float(first_loss))

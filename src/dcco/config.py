@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig
@@ -70,7 +71,14 @@ class TrainConfig:
     clients_per_round: int = 128
     """K. Centralized methods use K × samples_per_client as their batch size."""
     local_lr: float = 1.0
-    """Client SGD learning rate (paper: 1.0), one local step per round."""
+    """Client SGD learning rate (paper: 1.0)."""
+    local_steps: int = 1
+    """E, client SGD steps per round (paper: 1), with the shared statistics held fixed."""
+    local_batch: int | None = None
+    """b, samples per local step; None: all of the client's samples."""
+    staleness: int = 0
+    """0: each round's statistics are its own clients' (two exchanges per round); 1: the
+    previous round's aggregate (one exchange per round)."""
     backend: Literal["batched", "reference"] = "batched"
     seed: int = 0
     device: str = "auto"
@@ -116,6 +124,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         method = METHODS[self.train.method]
+        Algorithm(method(), self.train.local_lr, self.train.local_steps, self.train.local_batch,
+                  self.train.staleness)  # its checks name the train.* keys
         if self.data.samples_per_client < method.min_client_samples:
             raise ValueError(
                 f"train.method {method.name!r} computes its loss within each client and needs "

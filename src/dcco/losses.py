@@ -17,6 +17,12 @@ BN_EPS = 1e-5
 """Added to each variance before the square root, as ``torch.nn.BatchNorm1d`` does."""
 TEMPERATURE = 0.1
 """NT-Xent temperature (paper appendix B, following SimCLR)."""
+VICREG_COEFFS = (25.0, 25.0, 1.0)
+"""VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022, §4)."""
+VICREG_EPS = 1e-4
+"""Added to each variance before the square root in VICReg's variance term."""
+VICREG_GAMMA = 1.0
+"""γ, the target standard deviation of VICReg's variance hinge."""
 
 
 def cross_correlation(m: Moments, eps: float = BN_EPS) -> Tensor:
@@ -128,3 +134,42 @@ def nt_xent_per_anchor(
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = TEMPERATURE) -> Tensor:
     """The NT-Xent loss of a batch: the mean over its 2N views (SimCLR, Chen et al. 2020)."""
     return nt_xent_per_anchor(z1, z2, temperature).mean()
+
+
+def vicreg_loss(m: Moments, coeffs: tuple[float, float, float] = VICREG_COEFFS,
+                eps: float = VICREG_EPS, gamma: float = VICREG_GAMMA) -> Tensor:
+    """VICReg (Bardes et al. 2022, eqs. 1–6) from batch averages and the batch size.
+
+    With N = ``m.count`` samples and encodings of width d, every term follows from additive
+    statistics (``stats.VICREG_STATS``):
+
+    - invariance s = (1/(N d)) Σ_n ‖F_n − G_n‖² = (1/d) Σ_i (⟨F_i²⟩ + ⟨G_i²⟩ − 2⟨F_i G_i⟩),
+      with ⟨F_i²⟩ the diagonal of ⟨F Fᵀ⟩;
+    - the unbiased covariance Cov(F) = N/(N−1) (⟨F Fᵀ⟩ − ⟨F⟩⟨F⟩ᵀ), and likewise for G;
+    - variance v = (1/d) Σ_j max(0, γ − √(Cov(F)_jj + eps)), averaged over F and G: the hinge
+      on the standard deviation is exact, because the pooled variance is;
+    - covariance c = (1/d) Σ_{i≠j} Cov(F)_ij² + (1/d) Σ_{i≠j} Cov(G)_ij².
+
+    Loss = λ s + μ v + ν c with (λ, μ, ν) = ``coeffs``, as the reference implementation
+    computes it on a batch (``F.mse_loss``, ``x.var(dim=0)``, ``off_diagonal(cov)``).
+
+    Args:
+        m: ``mean_f``, ``mean_g`` (d,), ``mean_fft``, ``mean_ggt`` (d, d), ``mean_fg_diag``
+            (d,), and ``count`` N ≥ 2.
+    """
+    n = m.count
+    d = m.mean_f.shape[0]
+    cov_f = (m.mean_fft - torch.outer(m.mean_f, m.mean_f)) * (n / (n - 1))
+    cov_g = (m.mean_ggt - torch.outer(m.mean_g, m.mean_g)) * (n / (n - 1))
+    invariance = (torch.diagonal(m.mean_fft) + torch.diagonal(m.mean_ggt)
+                  - 2 * m.mean_fg_diag).sum() / d
+    variance = (torch.relu(gamma - torch.sqrt(torch.diagonal(cov_f) + eps)).mean()
+                + torch.relu(gamma - torch.sqrt(torch.diagonal(cov_g) + eps)).mean()) / 2
+    covariance = (_off_diagonal_sq(cov_f) + _off_diagonal_sq(cov_g)) / d
+    lambd, mu, nu = coeffs
+    return lambd * invariance + mu * variance + nu * covariance
+
+
+def _off_diagonal_sq(c: Tensor) -> Tensor:
+    """Σ_{i≠j} c_ij²."""
+    return (c * c).sum() - (torch.diagonal(c) ** 2).sum()

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from dcco.client import ClientUpdate
-from dcco.stats import EncodingStats
+from dcco.stats import CCO_STATS, EncodingStats, StatsSpec
 
 T = TypeVar("T")
 LOG = logging.getLogger(__name__)
@@ -81,18 +81,22 @@ def check_count(count: object, max_count: int = 1 << 31) -> int:
 
 
 def validate_statistics(reply: dict[str, object], d_f: int, d_g: int,
-                        max_abs: float = MAX_ABS) -> EncodingStats:
-    """Phase-1 reply → ``EncodingStats`` (float64), or ``ReplyError``."""
-    shapes = {"sum_f": (d_f,), "sum_g": (d_g,), "sum_ff": (d_f,), "sum_gg": (d_g,),
-              "sum_fg": (d_f, d_g)}
+                        max_abs: float = MAX_ABS, spec: StatsSpec = CCO_STATS) -> EncodingStats:
+    """Statistics reply → ``EncodingStats`` (float64) with the sums of ``spec``, or
+    ``ReplyError``: a key missing, a shape or dtype wrong, a value non-finite or beyond
+    ``max_abs``, or a sum of squares (Σ F², or the diagonal of Σ F Fᵀ) negative."""
+    shapes = spec.shapes(d_f, d_g)
     missing = [k for k in ("count", *shapes) if k not in reply]
     if missing:
         raise ReplyError("missing_key", f"statistics reply lacks {', '.join(missing)}")
     n = check_count(reply["count"])
     sums = {k: _check_tensor(k, reply[k], s, max_abs).to(torch.float64) for k, s in shapes.items()}
-    if (sums["sum_ff"] < 0).any() or (sums["sum_gg"] < 0).any():
-        raise ReplyError("magnitude", "a sum of squares is negative")
-    return EncodingStats(count=torch.tensor(float(n), dtype=torch.float64), **sums)
+    for fld in spec.fields:
+        if fld.left == fld.right:  # a second moment of one encoding
+            squares = sums[f"sum_{fld.name}"]
+            if (torch.diagonal(squares) if fld.form == "outer" else squares).lt(0).any():
+                raise ReplyError("magnitude", f"sum_{fld.name}, a sum of squares, is negative")
+    return EncodingStats({"count": torch.tensor(float(n), dtype=torch.float64)} | sums)
 
 
 def check_loss(loss: object, max_abs: float = MAX_ABS) -> float:
@@ -128,6 +132,15 @@ def validate_update(reply: dict[str, object], count: object, shapes: dict[str, t
     delta = {k: _check_tensor(k, reply[k], s, max_abs) for k, s in shapes.items()}
     return ClientUpdate(delta=delta, num_samples=n,
                         loss=math.nan if loss is None else check_loss(loss, max_abs))
+
+
+def pooled_update(updates: list[ClientUpdate], params: dict[str, Tensor]) -> ClientUpdate:
+    """Several clients' updates as one: Σ_k (N_k/N)·Δ_k, N = Σ_k N_k, and their
+    sample-weighted loss (what a node hosting them replies, and a round's combination)."""
+    total = sum(u.num_samples for u in updates)
+    loss = sum(u.num_samples / total * u.loss for u in updates)
+    delta = {k: -v for k, v in aggregate_updates(updates, params).items()}
+    return ClientUpdate(delta, total, float(loss))
 
 
 def aggregate_updates(updates: list[ClientUpdate],

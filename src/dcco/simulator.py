@@ -1,97 +1,123 @@
-"""Execution backends for one round: ``reference`` (client by client) or ``batched``.
+"""Execution backends for one round on one machine: ``reference`` (client by client) or
+``batched``.
 
-Both return the round's pseudo-gradient, the negated sample-weighted average of the clients'
-updates: with one local SGD step of learning rate η, client k's update is −η∇L_k, and the
-server's optimiser consumes −Σ_k (N_k/N)·update_k = η Σ_k (N_k/N) ∇L_k (FedOpt).
+Both carry out ``Algorithm.run_round``'s two steps and return the round's pseudo-gradient,
+the negated sample-weighted average of the clients' updates: with one local SGD step of
+learning rate η, client k's update is −η∇L_k, and the server's optimiser consumes
+−Σ_k (N_k/N)·update_k = η Σ_k (N_k/N) ∇L_k (FedOpt).
 
 ``batched`` runs all of a round's clients in one forward/backward over the concatenated batch,
-with per-client segments in the loss. This is exact for one local step because the encoders use
-group norm and weight standardisation, which have no cross-sample terms.
+with per-client segments in the loss. This is exact for one local step on all of a client's
+samples because the encoders use group norm and weight standardisation, which have no
+cross-sample terms. For several local steps (or minibatches) no batched form exists here, and
+the batched executor runs the clients' updates one by one, as ``reference`` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from dcco.algorithm import Algorithm, RoundResult, Updates
 from dcco.client import client_statistics, client_update, trainable_parameters
 from dcco.methods.base import Method, Segments
-from dcco.server import aggregate_updates
-from dcco.stats import encoding_stats, merge
+from dcco.server import pooled_update
+from dcco.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
 
 Backend = Literal["batched", "reference"]
 
+__all__ = ["Backend", "BatchedExecutor", "ReferenceExecutor", "RoundResult", "run_round"]
 
-@dataclass(frozen=True)
-class RoundResult:
-    """The outcome of one round before the server optimiser.
 
-    Attributes:
-        pseudo_gradient: by parameter name, −Σ_k (N_k/N)·Δ_k (the gradient, in centralized mode).
-        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their step.
-        num_clients: K.
-        num_samples: N.
+class ReferenceExecutor:
+    """Each client on its own, as a device would run it: its statistics, then its local steps.
+
+    Args:
+        model: the current global dual encoder.
+        x1, x2: both views of every sample of the round, (N, C, H, W), grouped by client in
+            the order of ``segments``.
+        segments: the client of each sample.
     """
 
-    pseudo_gradient: dict[str, Tensor]
-    loss: float
-    num_clients: int
-    num_samples: int
+    def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
+        self.model = model
+        sizes = segments.counts.tolist()
+        self.views = list(zip(torch.split(x1, sizes), torch.split(x2, sizes), strict=True))
+
+    def statistics(self, spec: StatsSpec) -> EncodingStats:
+        return merge([client_statistics(self.model, a, b, spec) for a, b in self.views])
+
+    def updates(self, algorithm: Algorithm, shared: Moments | None,
+                with_stats: StatsSpec | None) -> Updates:
+        fresh = self.statistics(with_stats) if with_stats is not None else None
+        updates = [client_update(self.model, algorithm.method, a, b, shared, algorithm.local_lr,
+                                 algorithm.local_steps, algorithm.local_batch)
+                   for a, b in self.views]
+        pooled = pooled_update(updates, dict(trainable_parameters(self.model)))
+        pseudo = {k: -v for k, v in pooled.delta.items()}
+        return Updates(pseudo, pooled.loss, len(updates), pooled.num_samples, fresh)
 
 
-def run_round(model: nn.Module, method: Method, x1: Tensor, x2: Tensor, segments: Segments,
-              backend: Backend = "batched", local_lr: float = 1.0) -> RoundResult:
+class BatchedExecutor(ReferenceExecutor):
+    """All of a round's clients in one forward (statistics) and one forward/backward
+    (updates), exact where ``Algorithm.batched_exact``; otherwise the updates run client by
+    client (``ReferenceExecutor``)."""
+
+    def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
+        super().__init__(model, x1, x2, segments)
+        self.x1, self.x2, self.segments = x1, x2, segments
+
+    def statistics(self, spec: StatsSpec) -> EncodingStats:
+        with torch.no_grad():
+            f, g = self.model(self.x1, self.x2)
+        return encoding_stats(f, g, spec)
+
+    def updates(self, algorithm: Algorithm, shared: Moments | None,
+                with_stats: StatsSpec | None) -> Updates:
+        if not algorithm.batched_exact(int(self.segments.counts.min())):
+            return super().updates(algorithm, shared, with_stats)
+        named = trainable_parameters(self.model)
+        f, g = self.model(self.x1, self.x2)
+        fresh = encoding_stats(f.detach(), g.detach(), with_stats) if with_stats else None
+        loss = algorithm.method.round_loss(f, g, self.segments.to(f.device), shared)
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        pseudo = {
+            name: (torch.zeros_like(p) if gr is None else algorithm.local_lr * gr)
+            for (name, p), gr in zip(named, grads)
+        }
+        return Updates(pseudo, float(loss.detach()), self.segments.num_clients,
+                       self.segments.num_samples, fresh)
+
+
+EXECUTORS = {"batched": BatchedExecutor, "reference": ReferenceExecutor}
+
+
+def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tensor,
+              segments: Segments, backend: Backend = "batched", local_lr: float = 1.0,
+              previous: Moments | None = None) -> RoundResult:
     """One round (or, for centralized methods, one step) on a round's views.
 
     Args:
         model: the current global dual encoder.
-        method: what clients optimise.
+        method: what clients optimise: an ``Algorithm``, or a method for the paper's round
+            (one local step of ``local_lr``, fresh statistics).
         x1, x2: both views of every sample of the round, (N, C, H, W), grouped by client in the
             order of ``segments`` (client 0's samples first).
         segments: the client of each sample.
         backend: ``"batched"`` or ``"reference"``.
-        local_lr: client SGD learning rate η (paper: 1.0).
+        local_lr: client SGD learning rate η (paper: 1.0) when ``method`` is a method.
+        previous: the previous round's aggregate (stale statistics), or None.
     """
+    algorithm = method if isinstance(method, Algorithm) else Algorithm(method, local_lr)
     small = int(segments.counts.min())
-    if small < method.min_client_samples:
+    needed = algorithm.method.min_client_samples
+    if small < needed:
         raise ValueError(
-            f"{method.name} needs at least {method.min_client_samples} samples per client, but a "
+            f"{algorithm.method.name} needs at least {needed} samples per client, but a "
             f"client of this round has {small}; use a partition with more samples per client"
         )
-    if backend == "batched":
-        return _batched_round(model, method, x1, x2, segments, local_lr)
-    if backend == "reference":
-        return _reference_round(model, method, x1, x2, segments, local_lr)
-    raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
-
-
-def _batched_round(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
-                   segments: Segments, local_lr: float) -> RoundResult:
-    named = trainable_parameters(model)
-    f, g = model(x1, x2)
-    shared = encoding_stats(f.detach(), g.detach()).moments() if method.needs_statistics else None
-    loss = method.round_loss(f, g, segments.to(f.device), shared)
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    pseudo = {
-        name: (torch.zeros_like(p) if gr is None else local_lr * gr)
-        for (name, p), gr in zip(named, grads)
-    }
-    return RoundResult(pseudo, float(loss.detach()), segments.num_clients, segments.num_samples)
-
-
-def _reference_round(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
-                     segments: Segments, local_lr: float) -> RoundResult:
-    sizes = segments.counts.tolist()
-    views = list(zip(torch.split(x1, sizes), torch.split(x2, sizes)))
-    shared = None
-    if method.needs_statistics:  # exchange 1: statistics up, their aggregate back down
-        shared = merge([client_statistics(model, a, b) for a, b in views]).moments()
-    updates = [client_update(model, method, a, b, shared, local_lr) for a, b in views]
-    total = sum(u.num_samples for u in updates)
-    # exchange 2: the server's sample-weighted average of the updates
-    pseudo = aggregate_updates(updates, dict(trainable_parameters(model)))
-    loss = sum(u.num_samples / total * u.loss for u in updates)
-    return RoundResult(pseudo, float(loss), len(updates), total)
+    if backend not in EXECUTORS:
+        raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
+    return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous)

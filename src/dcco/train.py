@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dcco.algorithm import Algorithm, RoundResult
 from dcco.augment import augment_pair
-from dcco.checkpoint import load_checkpoint, save_checkpoint
+from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
 from dcco.config import ConfigError, RunConfig
 from dcco.data.datasets import ImageDataset
@@ -30,6 +31,7 @@ from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
 from dcco.simulator import run_round
+from dcco.stats import Moments
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -85,6 +87,13 @@ def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundP
     return RoundPlan(ids, Segments.from_counts([batch]))
 
 
+def algorithm_of(cfg: RunConfig) -> Algorithm:
+    """The run's method with its round settings (``train.local_*``, ``train.staleness``)."""
+    t = cfg.train
+    return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
+                     t.local_batch, t.staleness)
+
+
 def build_partition(cfg: RunConfig, train_set: ImageDataset) -> Partition:
     """The run's clients: Hsu et al. Dirichlet partitioning of the training labels."""
     return dirichlet_partition(
@@ -104,6 +113,12 @@ class RoundMetrics:
     num_clients: int
     num_samples: int
     seconds: float
+    exchanges: int = 1
+    """Server–client exchanges the round took."""
+    skipped: str | None = None
+    """Why the round was skipped (too few valid replies over Flower), or None."""
+    details: Any = None
+    """What the backend has to say besides (Flower: the round's reply counters)."""
 
 
 class Pretraining:
@@ -120,7 +135,11 @@ class Pretraining:
         self.cfg = cfg
         self.device = resolve_device(cfg.train.device)
         self.dtype = DTYPES[cfg.train.dtype]
-        self.method = build_method(cfg.train.method, cfg.loss)
+        self.algorithm = algorithm_of(cfg)
+        self.method = self.algorithm.method
+        self.aggregate: Moments | None = None
+        """The last round's aggregated statistics, which the next round uses when
+        ``train.staleness = 1`` (saved in checkpoints)."""
         self.partition = partition if partition is not None else build_partition(cfg, train_set)
         if self.method.federated and cfg.train.clients_per_round > self.partition.num_clients:
             raise ConfigError(
@@ -158,28 +177,159 @@ class Pretraining:
         plan = plan_round(self.cfg, self.partition, r)
         x1, x2 = self.views(plan, r)
         lr = self.lr(r)
-        set_lr(self.optimizer, lr)
-        result = run_round(self.model, self.method, x1, x2, plan.segments,
-                           self.cfg.train.backend, self.cfg.train.local_lr)
+        result = run_round(self.model, self.algorithm, x1, x2, plan.segments,
+                           self.cfg.train.backend, previous=self.aggregate)
+        return self.apply(result, lr, start)
+
+    def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
+        """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
+        aggregate for the next round; refuses a non-finite loss."""
+        r = self.rounds_done
         if not math.isfinite(result.loss):
             raise FloatingPointError(
                 f"round {r + 1}: the loss is {result.loss}; training diverged (try a lower "
                 f"optim.lr); the model was left as it was before this round"
             )
+        set_lr(self.optimizer, lr)
         grads = [result.pseudo_gradient[name] for name, _ in self.params]
         apply_pseudo_gradient(self.optimizer, [p for _, p in self.params], grads)
+        self.aggregate = result.aggregate
         self.rounds_done += 1
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
-                            result.num_samples, time.perf_counter() - start)
+                            result.num_samples, time.perf_counter() - start, result.exchanges)
+
+    def round_state(self) -> dict[str, Tensor]:
+        """What a checkpoint must keep besides model and optimiser: the last aggregate."""
+        if self.aggregate is None:
+            return {}
+        return {f"aggregate.{k}": v for k, v in self.aggregate.items()} | {
+            "aggregate.count": self.aggregate.count}
+
+    def load_round_state(self, state: dict[str, Tensor]) -> None:
+        """Restore ``round_state``: the aggregate of the last round before the checkpoint."""
+        values = {k[len("aggregate."):]: v.to(self.device) for k, v in state.items()
+                  if k.startswith("aggregate.")}
+        count = values.pop("count", None)
+        self.aggregate = Moments(values, count=count) if values else None
 
 
 RoundCallback = Callable[[RoundMetrics, dict[str, float]], None]
 
 
+class MetricsWindow:
+    """The rounds since the last metrics record (one record every ``train.log_every``
+    rounds): their mean loss, rate, clients, samples and exchanges. A backend with more to
+    report (Flower's reply counters) extends ``add`` and ``record``."""
+
+    def __init__(self) -> None:
+        self.rounds = self.skipped = self.clients = self.samples = self.exchanges = 0
+        self.losses: list[float] = []
+        self.start = time.perf_counter()
+
+    def add(self, m: RoundMetrics) -> None:
+        self.rounds += 1
+        if m.skipped is not None:
+            self.skipped += 1
+            return
+        self.losses.append(m.loss)
+        self.clients += m.num_clients
+        self.samples += m.num_samples
+        self.exchanges += m.exchanges
+
+    def record(self, round_done: int, lr: float) -> dict[str, Any]:
+        """The metrics record of the window: ``loss`` is the mean over its rounds (absent if
+        all were skipped); ``clients``, ``samples`` and ``exchanges`` are per round."""
+        done = max(self.rounds - self.skipped, 1)
+        rec: dict[str, Any] = {"round": round_done}
+        if self.losses:
+            rec["loss"] = sum(self.losses) / len(self.losses)
+        return rec | {"lr": lr, "rounds_per_sec": self.rounds / (time.perf_counter() - self.start),
+                      "clients": self.clients // done, "samples": self.samples // done,
+                      "exchanges": self.exchanges / done}
+
+
+def resume_from_checkpoint(pt: Pretraining, run: RunDir) -> None:
+    """Restore model, optimiser, rounds done and round state from ``run``'s checkpoint (none
+    yet: round 0), and drop the metrics logged after it."""
+    if run.checkpoint_path.is_file():
+        pt.rounds_done = load_checkpoint(run.checkpoint_path, pt.model, pt.optimizer)
+        pt.load_round_state(checkpoint_state(run.checkpoint_path))
+    run.truncate_metrics(pt.rounds_done)
+
+
+def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetrics],
+                     train_set: ImageDataset, test_set: ImageDataset | None = None,
+                     on_round: RoundCallback | None = None,
+                     window: Callable[[], MetricsWindow] = MetricsWindow,
+                     meta: dict[str, Any] | None = None,
+                     on_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The run loop of every backend: rounds until ``pt`` is finished, with metrics records,
+    the k-NN monitor, atomic checkpoints and the summary.
+
+    Args:
+        pt: the training state (resumed or fresh).
+        run: its run directory.
+        step: runs the next round and applies it (``Pretraining.step``, or the Flower
+            federation's), returning its metrics.
+        train_set, test_set: the k-NN monitor's bank and queries; no test set, no monitor.
+        on_round: called after every round with its metrics and the latest logged values
+            (``loss``: the mean over the last logging window, as ``final_loss`` is;
+            ``rounds_per_sec``; ``knn`` once measured), e.g. to drive a progress bar.
+        window: makes a fresh ``MetricsWindow`` (a backend's subclass).
+        meta: stored with each checkpoint (the method is always stored).
+        on_log: called with every metrics record written.
+
+    Returns:
+        The summary written to ``summary.json``.
+    """
+    cfg = pt.cfg
+    t_cfg = cfg.train
+    meta = {"method": t_cfg.method} | (meta or {})
+    w, latest, started = window(), {}, time.perf_counter()
+    while not pt.finished:
+        m = step()
+        w.add(m)
+        last = pt.finished
+        if m.skipped is not None:
+            run.append_metrics({"round": m.round, "skipped": m.skipped})
+        if m.round % t_cfg.log_every == 0 or last:
+            record = w.record(m.round, m.lr)
+            run.append_metrics(record)
+            latest |= {k: record[k] for k in ("loss", "rounds_per_sec") if k in record}
+            if on_log is not None:
+                on_log(record)
+            w = window()
+        if test_set is not None and ((t_cfg.knn_every and m.round % t_cfg.knn_every == 0)
+                                     or last):
+            latest["knn"] = monitor_knn(pt, train_set, test_set)
+            run.append_metrics({"round": m.round, "knn": latest["knn"]})
+        if m.round % t_cfg.checkpoint_every == 0 or last:
+            save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round, meta=meta,
+                            state=pt.round_state())
+        if on_round is not None:
+            on_round(m, latest)
+    history = run.metrics()
+    losses = [r["loss"] for r in history if "loss" in r]
+    knn = [r["knn"] for r in history if "knn" in r]
+    skipped = sum(1 for r in history if isinstance(r.get("skipped"), str))
+    model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
+    d = pt.model.projection_dim
+    return run.update_summary(
+        method=t_cfg.method, dataset=cfg.data.dataset, rounds=pt.rounds_done,
+        alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
+        clients_per_round=t_cfg.clients_per_round,
+        final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
+        exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
+        bytes_per_client_round=pt.algorithm.message_bytes(d, d, model_bytes),
+        pretrain_seconds_this_session=time.perf_counter() - started,
+        **({"skipped_rounds": skipped} if skipped else {}),
+    )
+
+
 def run_pretraining(cfg: RunConfig, run: RunDir, train_set: ImageDataset,
                     test_set: ImageDataset | None = None, resume: bool = False,
                     on_round: RoundCallback | None = None) -> dict[str, Any]:
-    """Pretrain into a run directory: metrics, atomic checkpoints, k-NN monitor, summary.
+    """Pretrain in this process into a run directory (``pretraining_loop``).
 
     Args:
         cfg: the run config (for a resumed run, the one stored in ``run``).
@@ -187,56 +337,15 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: ImageDataset,
         train_set: the pretraining images.
         test_set: used by the k-NN monitor; None disables it.
         resume: continue from ``run``'s checkpoint (from round 0 if none was written yet).
-        on_round: called after every round with its metrics and the latest logged values
-            (``loss``: the mean over the last logging window, as ``final_loss`` is;
-            ``rounds_per_sec``; ``knn`` once measured), e.g. to drive a progress bar.
+        on_round: see ``pretraining_loop``.
 
     Returns:
         The summary written to ``summary.json``.
     """
     pt = Pretraining(cfg, train_set)
     if resume:
-        if run.checkpoint_path.is_file():
-            pt.rounds_done = load_checkpoint(run.checkpoint_path, pt.model, pt.optimizer)
-        run.truncate_metrics(pt.rounds_done)
-    t_cfg = cfg.train
-    window_loss, window_start, window_rounds = 0.0, time.perf_counter(), 0
-    latest: dict[str, float] = {}
-    started = time.perf_counter()
-    while not pt.finished:
-        m = pt.step()
-        window_loss += m.loss
-        window_rounds += 1
-        last = pt.finished
-        if m.round % t_cfg.log_every == 0 or last:
-            now = time.perf_counter()
-            latest.update(loss=window_loss / window_rounds,
-                          rounds_per_sec=window_rounds / (now - window_start))
-            run.append_metrics({
-                "round": m.round, "loss": latest["loss"], "lr": m.lr,
-                "rounds_per_sec": latest["rounds_per_sec"], "clients": m.num_clients,
-                "samples": m.num_samples,
-            })
-            window_loss, window_start, window_rounds = 0.0, now, 0
-        if test_set is not None and ((t_cfg.knn_every and m.round % t_cfg.knn_every == 0)
-                                     or last):
-            latest["knn"] = monitor_knn(pt, train_set, test_set)
-            run.append_metrics({"round": m.round, "knn": latest["knn"]})
-        if m.round % t_cfg.checkpoint_every == 0 or last:
-            save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round,
-                            meta={"method": cfg.train.method})
-        if on_round is not None:
-            on_round(m, latest)
-    history = run.metrics()
-    losses = [r["loss"] for r in history if "loss" in r]
-    knn = [r["knn"] for r in history if "knn" in r]
-    return run.update_summary(
-        method=cfg.train.method, dataset=cfg.data.dataset, rounds=pt.rounds_done,
-        alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
-        clients_per_round=cfg.train.clients_per_round,
-        final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
-        pretrain_seconds_this_session=time.perf_counter() - started,
-    )
+        resume_from_checkpoint(pt, run)
+    return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round)
 
 
 def monitor_knn(pt: Pretraining, train_set: ImageDataset, test_set: ImageDataset) -> float:

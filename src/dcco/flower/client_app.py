@@ -5,8 +5,10 @@ A SuperNode hosts the clients of its partition (``dcco.flower.nodes``). Messages
 - ``query``: who the node is (partition id, number of partitions, number of clients);
 - ``train`` with ``phase = "stats"``: the summed statistics of the sampled clients (DCCO's
   phase 1); the node keeps the round's model in ``context.state`` for phase 2;
-- ``train`` with ``phase = "update"``: one local step per sampled client, pooled; DCCO uses
-  the model kept from phase 1 and the server's S_A, the FedAvg methods get the model here.
+- ``train`` with ``phase = "update"``: the local steps of each sampled client, pooled; DCCO
+  uses the model kept from phase 1 and the server's S_A, the FedAvg methods get the model
+  here; with stale statistics the model and the previous round's S_A come together, and the
+  node sends its fresh statistics with its update.
 
 Under SecAgg+ the same handler runs inside Flower's ``secaggplus_mod``, which masks the reply.
 """
@@ -30,7 +32,7 @@ from dcco.flower.nodes import (
     node_statistics,
     node_update,
 )
-from dcco.methods.registry import build_method
+from dcco.train import algorithm_of
 
 KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"
 
@@ -56,23 +58,32 @@ def train(msg: Message, context: Context) -> Message:
     identity = _identity(context)
     data = node_data(cfg)
     model = build_model(cfg, data.images.shape[1])
+    algorithm = algorithm_of(cfg)
+    spec = algorithm.method.stats
     params = None
     if secagg.is_secure(msg.content):
-        ins, params = secagg.decode_secure_instruction(msg.content, list(model.state_dict()))
+        ins, params = secagg.decode_secure_instruction(msg.content, list(model.state_dict()),
+                                                       spec)
     else:
         ins = codec.decode_instruction(msg.content)
     check_hosted(ins.clients, identity)
     load_weights(model, ins.model if ins.model is not None else _kept(context.state, ins.round))
-    method = build_method(cfg.train.method, cfg.loss)
+    if (ins.phase == "stats" or ins.with_stats) and spec is None:
+        raise ValueError(f"the server asked for statistics, but {algorithm.method.name} "
+                         f"shares none; do server and nodes run one config?")
     if ins.phase == "stats":
         _keep(context.state, ins.round, model.state_dict())
-        stats = node_statistics(cfg, data, model, ins.clients, ins.round)
-        reply = (secagg.secure_stats_reply(stats, params) if params
+        stats = node_statistics(cfg, data, model, ins.clients, ins.round, spec)
+        reply = (secagg.secure_stats_reply(stats, params, spec) if params
                  else codec.encode_stats_reply(stats))
     else:
-        update = node_update(cfg, method, data, model, ins.clients, ins.round, ins.shared)
-        reply = (secagg.secure_update_reply(update, params) if params
-                 else codec.encode_update_reply(update))
+        # fresh statistics for the next round (stale mode) come from the round's model, as
+        # the clients' local steps leave it untouched
+        stats = (node_statistics(cfg, data, model, ins.clients, ins.round, spec)
+                 if ins.with_stats else None)
+        update = node_update(cfg, algorithm, data, model, ins.clients, ins.round, ins.shared)
+        reply = (secagg.secure_update_reply(update, params, stats, spec) if params
+                 else codec.encode_update_reply(update, stats))
     return Message(reply, reply_to=msg)
 
 

@@ -3,14 +3,15 @@
 Plain messages (Message API records):
 
 =============  ==========================================================================
-instruction    ConfigRecord ``dcco``: ``phase`` ("stats" | "update"), ``round``, ``clients``;
-               ArrayRecord ``model`` (the global ``state_dict``) in phase "stats" and in
-               the one exchange of the FedAvg methods; ArrayRecord ``shared`` (S_A as
-               ``mean_f`` … ``mean_fg``) in DCCO's phase "update"
-stats reply    ArrayRecord ``stats`` (``sum_f`` … ``sum_fg``, float64); MetricRecord
-               ``stats``: ``count`` (samples)
+instruction    ConfigRecord ``dcco``: ``phase`` ("stats" | "update"), ``round``, ``clients``,
+               ``with_stats`` (stale statistics: send them with the update), and S_A's
+               ``shared_count``; ArrayRecord ``model`` (the global ``state_dict``) in phase
+               "stats" and in a round's only exchange; ArrayRecord ``shared`` (S_A as
+               ``mean_<name>`` of the method's ``StatsSpec``) in phase "update"
+stats reply    ArrayRecord ``stats`` (``sum_<name>`` of the spec, float64); MetricRecord
+               ``stats.meta``: ``count`` (samples)
 update reply   ArrayRecord ``delta`` (Δ per parameter name); MetricRecord ``update``:
-               ``count``, ``loss``
+               ``count``, ``loss``; with ``with_stats``, also the stats reply's records
 node query     ConfigRecord ``dcco``: ``phase`` = "node" → MetricRecord ``node``:
                ``partition_id``, ``num_partitions``, ``num_clients``
 =============  ==========================================================================
@@ -26,7 +27,7 @@ malformed replies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -67,7 +68,9 @@ class Instruction:
         clients: the sampled clients the node answers for.
         model: the global ``state_dict``, or None when the node already holds it (DCCO's
             phase 2 uses the model stored in phase 1).
-        shared: S_A for DCCO's phase 2, else None.
+        shared: S_A for the update phase of a method that shares statistics, else None.
+        with_stats: the node also returns its fresh statistics with its update (stale
+            statistics: they become the next round's S_A).
     """
 
     phase: Phase
@@ -75,15 +78,19 @@ class Instruction:
     clients: tuple[int, ...]
     model: dict[str, Tensor] | None = None
     shared: Moments | None = None
+    with_stats: bool = False
 
 
 def encode_instruction(ins: Instruction) -> RecordDict:
-    content = RecordDict({CONFIG: ConfigRecord({"phase": ins.phase, "round": ins.round,
-                                                "clients": list(ins.clients)})})
+    config = {"phase": ins.phase, "round": ins.round, "clients": list(ins.clients),
+              "with_stats": ins.with_stats}
+    if ins.shared is not None:
+        config["shared_count"] = float(ins.shared.count)
+    content = RecordDict({CONFIG: ConfigRecord(config)})
     if ins.model is not None:
         content[MODEL] = array_record(ins.model)
     if ins.shared is not None:
-        content[SHARED] = array_record(moments_dict(ins.shared))
+        content[SHARED] = array_record(dict(ins.shared.items()))
     return content
 
 
@@ -95,13 +102,10 @@ def decode_instruction(content: RecordDict) -> Instruction:
     model = tensors_of(content.array_records[MODEL]) if MODEL in content.array_records else None
     shared = None
     if SHARED in content.array_records:
-        shared = Moments(**tensors_of(content.array_records[SHARED]))
+        count = torch.tensor(float(cfg["shared_count"]), dtype=torch.float64)
+        shared = Moments(tensors_of(content.array_records[SHARED]), count=count)
     return Instruction(phase, int(cfg["round"]), tuple(int(k) for k in cfg["clients"]), model,
-                       shared)
-
-
-def moments_dict(m: Moments) -> dict[str, Tensor]:
-    return {f.name: getattr(m, f.name) for f in fields(m)}
+                       shared, bool(cfg.get("with_stats", False)))
 
 
 def encode_stats_reply(stats: EncodingStats) -> RecordDict:
@@ -117,9 +121,15 @@ def decode_stats_reply(content: RecordDict) -> dict[str, object]:
     return reply
 
 
-def encode_update_reply(update: ClientUpdate) -> RecordDict:
-    return RecordDict({DELTA: array_record(update.delta),
-                       UPDATE: MetricRecord({"count": update.num_samples, "loss": update.loss})})
+def encode_update_reply(update: ClientUpdate, stats: EncodingStats | None = None) -> RecordDict:
+    """An update reply; with ``stats``, the node's fresh statistics travel with it."""
+    content = RecordDict({DELTA: array_record(update.delta),
+                          UPDATE: MetricRecord({"count": update.num_samples,
+                                                "loss": update.loss})})
+    if stats is not None:
+        for key, record in encode_stats_reply(stats).items():
+            content[key] = record
+    return content
 
 
 def decode_update_reply(content: RecordDict) -> tuple[dict[str, Tensor], object, object]:

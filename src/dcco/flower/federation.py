@@ -24,7 +24,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,27 +34,35 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from dcco.checkpoint import load_checkpoint, save_checkpoint
-from dcco.config import RunConfig, to_toml
+from dcco.algorithm import Algorithm, RoundResult, RoundSkipped, Updates
+from dcco.config import RunConfig
 from dcco.data.datasets import ImageDataset
 from dcco.flower import codec, secagg
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.flower.nodes import NodeIdentity, assign
 from dcco.methods.base import Segments
-from dcco.optim import apply_pseudo_gradient, set_lr
-from dcco.rundir import RunDir, RunDirError
+from dcco.rundir import RunDir, RunDirError, config_differences
 from dcco.seeding import generator
 from dcco.server import (
+    ReplyError,
     ReplyTally,
     accept_valid,
-    aggregate_updates,
+    pooled_update,
     skip_reason,
     validate_statistics,
     validate_update,
 )
-from dcco.stats import Moments, merge
-from dcco.train import Pretraining, RoundPlan, monitor_knn, sample_clients
+from dcco.stats import EncodingStats, Moments, StatsSpec, merge
+from dcco.train import (
+    MetricsWindow,
+    Pretraining,
+    RoundMetrics,
+    RoundPlan,
+    pretraining_loop,
+    resume_from_checkpoint,
+    sample_clients,
+)
 
 LOG = logging.getLogger("flwr.dcco")
 CALIBRATION_SAMPLES = 64
@@ -89,6 +97,8 @@ class RoundAggregate:
     replies: dict[str, ReplyTally]
     unreachable: int = 0
     clipped: dict[str, float] = field(default_factory=dict)
+    result: RoundResult | None = None
+    """The round's outcome for the server optimiser; None when skipped."""
 
 
 class Federation:
@@ -179,26 +189,35 @@ class Federation:
     # ------------------------------------------------------------------ rounds
 
     def collect(self) -> RoundAggregate:
-        """Run the exchanges of round ``pt.rounds_done``; the model is left unchanged."""
+        """Run the exchanges of round ``pt.rounds_done`` (``Algorithm.run_round`` over the
+        nodes); the model is left unchanged."""
         self.discover()
         r = self.pt.rounds_done
         targets, unreachable = self.targets(r)
         weights = {k: v.detach() for k, v in self.pt.model.state_dict().items()}
-        run = self._secure_round if self.fcfg.secagg else self._plain_round
-        return replace(run(r, targets, weights), unreachable=unreachable)
+        exchanges = (SecureExchanges if self.fcfg.secagg else PlainExchanges)(
+            self, r, targets, weights)
+        try:
+            result = self.pt.algorithm.run_round(exchanges, self.pt.aggregate)
+        except RoundSkipped as skip:
+            LOG.warning("round %d skipped: %s", r + 1, skip.reason)
+            return RoundAggregate(r, None, skip.shared, math.nan, 0, 0, skip.reason,
+                                  exchanges.replies, unreachable, exchanges.clipped)
+        return RoundAggregate(r, result.pseudo_gradient, result.shared, result.loss,
+                              result.num_clients, result.num_samples, None, exchanges.replies,
+                              unreachable, exchanges.clipped, result)
 
     def step(self) -> RoundAggregate:
         """``collect`` and apply the update with the server optimiser (unless skipped)."""
         agg = self.collect()
-        if agg.pseudo_gradient is not None:
-            set_lr(self.pt.optimizer, self.pt.lr(agg.round))
-            grads = [agg.pseudo_gradient[name] for name, _ in self.pt.params]
-            apply_pseudo_gradient(self.pt.optimizer, [p for _, p in self.pt.params], grads)
-        self.pt.rounds_done += 1
+        if agg.result is not None:
+            self.pt.apply(agg.result, self.pt.lr(agg.round), time.perf_counter())
+        else:
+            self.pt.rounds_done += 1
         return agg
 
-    def _exchange(self, r: int, contents: dict[int, RecordDict],
-                  tally: ReplyTally) -> dict[int, RecordDict]:
+    def exchange(self, r: int, contents: dict[int, RecordDict],
+                 tally: ReplyTally) -> dict[int, RecordDict]:
         """Send ``train`` messages and return the contents of the non-error replies."""
         msgs = [Message(c, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(r))
                 for n, c in contents.items()]
@@ -217,38 +236,10 @@ class Federation:
         tally.missing += len(contents) - len(got) - len(failed)
         return got
 
-    def _plain_round(self, r: int, targets: dict[int, list[int]],
-                     weights: dict[str, Tensor]) -> RoundAggregate:
-        method, replies = self.pt.method, {}
-        shared = None
-        if method.needs_statistics:
-            tally = replies["stats"] = ReplyTally()
-            got = self._exchange(r, {n: codec.encode_instruction(
-                Instruction("stats", r, tuple(c), weights)) for n, c in targets.items()}, tally)
-            d = self.pt.model.projection_dim
-            valid = accept_valid(got.values(), lambda c: validate_statistics(
-                codec.decode_stats_reply(c), d, d), tally)
-            nodes = list(got)
-            targets = {nodes[i]: targets[nodes[i]] for i, _ in valid}
-            if reason := skip_reason("stats", len(valid), self.fcfg.min_survivors):
-                return _skipped(r, reason, replies)
-            shared = merge([s for _, s in valid]).moments()
-        tally = replies["update"] = ReplyTally()
-        model = None if method.needs_statistics else weights
-        got = self._exchange(r, {n: codec.encode_instruction(
-            Instruction("update", r, tuple(c), model, shared)) for n, c in targets.items()}, tally)
-        shapes = {name: tuple(p.shape) for name, p in self.pt.params}
-        valid = accept_valid(got.values(), lambda c: _update(c, shapes), tally)
-        if reason := skip_reason("update", len(valid), self.fcfg.min_survivors):
-            return _skipped(r, reason, replies, shared)
-        nodes, updates = list(got), [u for _, u in valid]
-        total = sum(u.num_samples for u in updates)
-        return RoundAggregate(
-            r, aggregate_updates(updates, dict(self.pt.params)), shared,
-            sum(u.num_samples / total * u.loss for u in updates),
-            sum(len(targets[nodes[i]]) for i, _ in valid), total, None, replies)
-
-    # ------------------------------------------------------------------ secure rounds
+    def _max_weight(self, targets: dict[int, list[int]]) -> float:
+        """SecAgg+'s weight normaliser: the most samples one node holds in the round."""
+        sizes = self.pt.partition.sizes
+        return float(max(int(sizes[c].sum()) for c in targets.values()))
 
     def calibration(self, r: int) -> secagg.SecureScales:
         """The round's SecAgg+ ranges, from a step on the server's own images."""
@@ -259,67 +250,143 @@ class Federation:
         return secagg.calibrate(self.pt.model, self.pt.method, x1, x2,
                                 self.pt.cfg.train.local_lr)
 
-    def _max_weight(self, targets: dict[int, list[int]]) -> float:
-        sizes = self.pt.partition.sizes
-        return float(max(int(sizes[c].sum()) for c in targets.values()))
 
-    def _secure_exchange(self, r: int, targets: dict[int, list[int]],
-                         make: Callable[[list[int]], Instruction], clip: float,
-                         scales: secagg.SecureScales,
-                         tally: ReplyTally) -> secagg.SecureAverage | None:
-        if not targets:
+class PlainExchanges:
+    """``Algorithm.run_round``'s two steps as Flower exchanges of plain messages, one per node
+    hosting sampled clients, with every reply checked (``dcco.server``).
+
+    Args:
+        fed: the federation (grid, nodes, training state).
+        r: the round. targets: node id → its sampled clients. weights: the global model.
+    """
+
+    def __init__(self, fed: Federation, r: int, targets: dict[int, list[int]],
+                 weights: dict[str, Tensor]) -> None:
+        self.fed, self.r, self.targets, self.weights = fed, r, targets, weights
+        self.replies: dict[str, ReplyTally] = {}
+        self.clipped: dict[str, float] = {}
+        self.model_sent = False
+        """Whether the nodes got the model in the statistics exchange (they keep it)."""
+
+    def _instruction(self, phase: str, clients: list[int], shared: Moments | None = None,
+                     with_stats: bool = False) -> Instruction:
+        model = None if phase == "update" and self.model_sent else self.weights
+        return Instruction(phase, self.r, tuple(clients), model, shared, with_stats)
+
+    def _check(self, phase: str, count: int, shared: Moments | None = None) -> None:
+        if reason := skip_reason(phase, count, self.fed.fcfg.min_survivors):
+            raise RoundSkipped(reason, shared)
+
+    def statistics(self, spec: StatsSpec) -> EncodingStats:
+        tally = self.replies["stats"] = ReplyTally()
+        got = self.fed.exchange(self.r, {n: codec.encode_instruction(
+            self._instruction("stats", c)) for n, c in self.targets.items()}, tally)
+        d = self.fed.pt.model.projection_dim
+        valid = accept_valid(got.values(), lambda c: validate_statistics(
+            codec.decode_stats_reply(c), d, d, spec=spec), tally)
+        nodes = list(got)
+        self.targets = {nodes[i]: self.targets[nodes[i]] for i, _ in valid}
+        self.model_sent = True
+        self._check("stats", len(valid))
+        return merge([s for _, s in valid])
+
+    def updates(self, algorithm: Algorithm, shared: Moments | None,
+                with_stats: StatsSpec | None) -> Updates:
+        tally = self.replies["update"] = ReplyTally()
+        got = self.fed.exchange(self.r, {n: codec.encode_instruction(self._instruction(
+            "update", c, shared, with_stats is not None)) for n, c in self.targets.items()},
+            tally)
+        shapes = {name: tuple(p.shape) for name, p in self.fed.pt.params}
+        d = self.fed.pt.model.projection_dim
+        valid = accept_valid(got.values(), lambda c: _update(c, shapes, d, with_stats), tally)
+        self._check("update", len(valid), shared)
+        nodes = list(got)
+        updates = [u for _, (u, _) in valid]
+        pooled = pooled_update(updates, dict(self.fed.pt.params))
+        fresh = merge([s for _, (_, s) in valid]) if with_stats is not None else None
+        return Updates({k: -v for k, v in pooled.delta.items()}, pooled.loss,
+                       sum(len(self.targets[nodes[i]]) for i, _ in valid), pooled.num_samples,
+                       fresh)
+
+
+class SecureExchanges(PlainExchanges):
+    """The same two steps under SecAgg+: the server sees only the nodes' weighted averages,
+    in the frame of the round's calibration (``dcco.flower.secagg``)."""
+
+    def __init__(self, fed: Federation, r: int, targets: dict[int, list[int]],
+                 weights: dict[str, Tensor]) -> None:
+        super().__init__(fed, r, targets, weights)
+        self.scales = fed.calibration(r)
+
+    def _secure(self, phase: str, make: Callable[[list[int]], Instruction],
+                clip: float) -> secagg.SecureAverage | None:
+        tally = self.replies[phase] = ReplyTally()
+        if not self.targets:
             return None
-        params = secagg.SecureParams(self._max_weight(targets), clip,
-                                     self.fcfg.secagg_quantization, scales)
-        fitins = {n: secagg.secure_instruction(make(c), params) for n, c in targets.items()}
+        max_weight = self.fed._max_weight(self.targets)
+        params = secagg.SecureParams(max_weight, clip, self.fed.fcfg.secagg_quantization,
+                                     self.scales)
+        fitins = {n: secagg.secure_instruction(make(c), params) for n, c in self.targets.items()}
         tally.sent += len(fitins)
-        result = secagg.secure_average(self.grid, fitins, r, params.max_weight, clip, self.fcfg)
-        tally.accepted += len(result.counts) if result else 0
-        tally.failed += len(fitins) - (len(result.counts) if result else 0)
+        result = secagg.secure_average(self.fed.grid, fitins, self.r, max_weight, clip,
+                                       self.fed.fcfg)
+        took = len(result.counts) if result else 0
+        tally.accepted += took
+        tally.failed += len(fitins) - took
         if result is not None and not all(bool(torch.isfinite(torch.from_numpy(v)).all())
                                           for v in result.values):
             tally.reject("nonfinite")
             return None
         return result
 
-    def _secure_round(self, r: int, targets: dict[int, list[int]],
-                      weights: dict[str, Tensor]) -> RoundAggregate:
-        method, fcfg, replies, clipped = self.pt.method, self.fcfg, {}, {}
-        scales = self.calibration(r)
-        shared = None
-        if method.needs_statistics:
-            tally = replies["stats"] = ReplyTally()
-            res = self._secure_exchange(r, targets, lambda c: Instruction(
-                "stats", r, tuple(c), weights), fcfg.secagg_stats_clip, scales, tally)
-            n = len(res.counts) if res else 0
-            if reason := skip_reason("stats", n, fcfg.min_survivors):
-                return _skipped(r, reason, replies)
-            u = Moments(*(torch.from_numpy(v) for v in res.values[:5]))
-            shared, clipped["stats"] = secagg.unstandardise(u, scales), float(res.values[5][0])
-            targets = {k: targets[k] for k in res.counts}
-        tally = replies["update"] = ReplyTally()
-        model = None if method.needs_statistics else weights
-        res = self._secure_exchange(r, targets, lambda c: Instruction(
-            "update", r, tuple(c), model, shared), fcfg.secagg_update_clip, scales, tally)
-        if reason := skip_reason("update", len(res.counts) if res else 0, fcfg.min_survivors):
-            return _skipped(r, reason, replies, shared)
-        pseudo = {name: (-scales.update * torch.from_numpy(v)).to(p.dtype).reshape(p.shape)
-                  for (name, p), v in zip(self.pt.params, res.values[:-1], strict=True)}
-        loss_entry, clipped["update"] = (float(x) for x in res.values[-1])
-        return RoundAggregate(r, pseudo, shared, loss_entry * scales.loss,
-                              sum(len(targets[k]) for k in res.counts), sum(res.counts.values()),
-                              None, replies, clipped=clipped)
+    def _moments(self, arrays: list, spec: StatsSpec, count: float) -> Moments:
+        u = Moments({f"mean_{f.name}": torch.from_numpy(a) for f, a in
+                     zip(spec.fields, arrays, strict=True)},
+                    count=torch.tensor(count, dtype=torch.float64))
+        return secagg.unstandardise(u, self.scales, spec)
+
+    def statistics(self, spec: StatsSpec) -> EncodingStats:
+        res = self._secure("stats", lambda c: self._instruction("stats", c),
+                           self.fed.fcfg.secagg_stats_clip)
+        self.model_sent = True
+        self._check("stats", len(res.counts) if res else 0)
+        self.clipped["stats"] = float(res.values[len(spec.fields)][0])
+        self.targets = {k: self.targets[k] for k in res.counts}
+        n = float(sum(res.counts.values()))
+        m = self._moments(res.values[:len(spec.fields)], spec, n)
+        return EncodingStats({"count": m.count} | {"sum_" + k[len("mean_"):]: v * n
+                                                    for k, v in m.items()})
+
+    def updates(self, algorithm: Algorithm, shared: Moments | None,
+                with_stats: StatsSpec | None) -> Updates:
+        res = self._secure("update", lambda c: self._instruction(
+            "update", c, shared, with_stats is not None), self.fed.fcfg.secagg_update_clip)
+        self._check("update", len(res.counts) if res else 0, shared)
+        params = self.fed.pt.params
+        pseudo = {name: (-self.scales.update * torch.from_numpy(v)).to(p.dtype).reshape(p.shape)
+                  for (name, p), v in zip(params, res.values[:len(params)], strict=True)}
+        loss_entry, self.clipped["update"] = (float(x) for x in res.values[-1])
+        n = float(sum(res.counts.values()))
+        fresh = None
+        if with_stats is not None:
+            m = self._moments(res.values[len(params):-1], with_stats, n)
+            fresh = EncodingStats({"count": m.count} | {"sum_" + k[len("mean_"):]: v * n
+                                                        for k, v in m.items()})
+        return Updates(pseudo, loss_entry * self.scales.loss,
+                       sum(len(self.targets[k]) for k in res.counts), int(n), fresh)
 
 
-def _update(content: RecordDict, shapes: dict[str, tuple[int, ...]]) -> Any:
+def _update(content: RecordDict, shapes: dict[str, tuple[int, ...]], d: int,
+            with_stats: StatsSpec | None) -> tuple[Any, EncodingStats | None]:
     delta, count, loss = codec.decode_update_reply(content)
-    return validate_update(delta, count, shapes, loss=loss)
-
-
-def _skipped(r: int, reason: str, replies: dict[str, ReplyTally],
-             shared: Moments | None = None) -> RoundAggregate:
-    LOG.warning("round %d skipped: %s", r + 1, reason)
-    return RoundAggregate(r, None, shared, math.nan, 0, 0, reason, replies)
+    update = validate_update(delta, count, shapes, loss=loss)
+    if with_stats is None:
+        return update, None
+    stats = validate_statistics(codec.decode_stats_reply(content), d, d, spec=with_stats)
+    if int(stats.count) != update.num_samples:
+        raise ReplyError("count", f"statistics of {int(stats.count)} samples with an update "
+                                  f"of {update.num_samples}")
+    return update, stats
 
 
 # ---------------------------------------------------------------------- the run
@@ -333,9 +400,9 @@ def open_run(cfg: RunConfig, fcfg: FlowerConfig) -> RunDir:
         run = RunDir.create(path, cfg)
     else:
         run = RunDir.open(path)
-        if to_toml(run.config()) != to_toml(cfg):
-            raise RunDirError(f"{path} holds a run with another config; cannot resume it "
-                              f"with this one")
+        if differ := config_differences(run.config(), cfg):
+            raise RunDirError(f"flower.resume: {path} holds a run with another config "
+                              f"({differ}); cannot resume it with this one")
     run.update_summary(backend="flower", flower=asdict(fcfg))
     return run
 
@@ -361,72 +428,43 @@ def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: Ima
     run = open_run(cfg, fcfg)
     LOG.info("dcco: run directory %s", run.path.resolve())
     pt = Pretraining(cfg, train_set)
-    if fcfg.resume and run.checkpoint_path.is_file():
-        pt.rounds_done = load_checkpoint(run.checkpoint_path, pt.model, pt.optimizer)
-    run.truncate_metrics(pt.rounds_done)
+    if fcfg.resume:
+        resume_from_checkpoint(pt, run)
+    else:
+        run.truncate_metrics(0)
     fed = Federation(grid, pt, fcfg)
     fed.wait_for_nodes()
     LOG.info("dcco: %d nodes for %d partitions, %d clients", len(fed.nodes),
              fed.num_partitions, pt.partition.num_clients)
-    started, window = time.perf_counter(), _Window()
-    while not pt.finished:
+
+    def step() -> RoundMetrics:
+        start = time.perf_counter()
         agg = fed.step()
-        window.add(agg)
-        m, last = pt.rounds_done, pt.finished
-        if agg.skipped:
-            run.append_metrics({"round": m, "skipped": agg.skipped})
-        if m % cfg.train.log_every == 0 or last:
-            run.append_metrics(window.record(m, pt.lr(agg.round)))
-            LOG.info("dcco: round %d/%d loss %s", m, cfg.train.rounds, window.last_loss)
-            window = _Window()
-        if test_set is not None and ((cfg.train.knn_every and m % cfg.train.knn_every == 0)
-                                     or last):
-            run.append_metrics({"round": m, "knn": monitor_knn(pt, train_set, test_set)})
-        if m % cfg.train.checkpoint_every == 0 or last:
-            save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m,
-                            meta={"method": cfg.train.method, "backend": "flower"})
-    return _summary(run, cfg, pt, time.perf_counter() - started)
+        return RoundMetrics(pt.rounds_done, agg.loss, pt.lr(agg.round), agg.clients,
+                            agg.samples, time.perf_counter() - start,
+                            agg.result.exchanges if agg.result else 0, agg.skipped, agg)
+
+    def log(record: dict[str, Any]) -> None:
+        loss = f"{record['loss']:.4g}" if "loss" in record else "n/a (skipped)"
+        LOG.info("dcco: round %d/%d loss %s", record["round"], cfg.train.rounds, loss)
+
+    return pretraining_loop(pt, run, step, train_set, test_set, window=FlowerWindow,
+                            meta={"backend": "flower"}, on_log=log)
 
 
-def _summary(run: RunDir, cfg: RunConfig, pt: Pretraining, seconds: float) -> dict[str, Any]:
-    history = run.metrics()
-    losses = [r["loss"] for r in history if "loss" in r]
-    knn = [r["knn"] for r in history if "knn" in r]
-    return run.update_summary(
-        method=cfg.train.method, dataset=cfg.data.dataset, rounds=pt.rounds_done,
-        alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
-        clients_per_round=cfg.train.clients_per_round,
-        final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
-        skipped_rounds=sum(1 for r in history if isinstance(r.get("skipped"), str)),
-        pretrain_seconds_this_session=seconds,
-    )
+class FlowerWindow(MetricsWindow):
+    """The simulator's metrics window plus Flower's counters: skipped rounds, unreachable
+    clients, the fate of the requests per phase, and the SecAgg+ clipped fraction."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.unreachable = 0
+        self.replies: dict[str, ReplyTally] = {}
+        self.clipped: dict[str, list[float]] = {}
 
-@dataclass
-class _Window:
-    """Rounds since the last metrics record (the simulator logs windows of log_every)."""
-
-    rounds: int = 0
-    losses: list[float] = field(default_factory=list)
-    clients: int = 0
-    samples: int = 0
-    skipped: int = 0
-    unreachable: int = 0
-    replies: dict[str, ReplyTally] = field(default_factory=dict)
-    clipped: dict[str, list[float]] = field(default_factory=dict)
-    start: float = field(default_factory=time.perf_counter)
-
-    @property
-    def last_loss(self) -> str:
-        return f"{self.losses[-1]:.4g}" if self.losses else "n/a (skipped)"
-
-    def add(self, agg: RoundAggregate) -> None:
-        self.rounds += 1
-        self.skipped += agg.skipped is not None
-        if agg.skipped is None:
-            self.losses.append(agg.loss)
-            self.clients += agg.clients
-            self.samples += agg.samples
+    def add(self, m: RoundMetrics) -> None:
+        super().add(m)
+        agg: RoundAggregate = m.details
         self.unreachable += agg.unreachable
         for phase, tally in agg.replies.items():
             self.replies[phase] = self.replies.get(phase, ReplyTally()) + tally
@@ -434,14 +472,9 @@ class _Window:
             self.clipped.setdefault(phase, []).append(value)
 
     def record(self, round_done: int, lr: float) -> dict[str, Any]:
-        done = self.rounds - self.skipped
-        rec: dict[str, Any] = {"round": round_done}
-        if self.losses:
-            rec["loss"] = sum(self.losses) / len(self.losses)
-        rec |= {"lr": lr, "rounds_per_sec": self.rounds / (time.perf_counter() - self.start),
-                "clients": self.clients // max(done, 1), "samples": self.samples // max(done, 1),
-                "rounds_skipped": self.skipped, "unreachable": self.unreachable,
-                "replies": {p: t.as_dict() for p, t in self.replies.items()}}
+        rec = super().record(round_done, lr) | {
+            "rounds_skipped": self.skipped, "unreachable": self.unreachable,
+            "replies": {p: t.as_dict() for p, t in self.replies.items()}}
         if self.clipped:
             rec["secagg_clipped"] = {p: max(v) for p, v in self.clipped.items()}
         return rec

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
+from dcco.algorithm import Algorithm
 from dcco.augment import augment_pair
 from dcco.client import ClientUpdate, client_statistics, client_update, trainable_parameters
 from dcco.config import RunConfig
@@ -33,9 +34,9 @@ from dcco.data.partition import Partition
 from dcco.methods.base import Method
 from dcco.models import DualEncoder, build_dual_encoder
 from dcco.seeding import derive_seed
-from dcco.server import aggregate_updates
-from dcco.stats import EncodingStats, Moments, merge
-from dcco.train import DTYPES, build_partition, resolve_device
+from dcco.server import pooled_update
+from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
+from dcco.train import DTYPES, algorithm_of, build_partition, resolve_device
 
 
 def partition_of(client: int, num_partitions: int) -> int:
@@ -150,27 +151,29 @@ def check_hosted(clients: Sequence[int], identity: NodeIdentity) -> None:
 
 
 def node_statistics(cfg: RunConfig, data: NodeData, model: nn.Module, clients: Sequence[int],
-                    round_index: int) -> EncodingStats:
+                    round_index: int, spec: StatsSpec = CCO_STATS) -> EncodingStats:
     """Phase 1 for a node's sampled clients: the sum of their ``client_statistics``."""
-    return merge([client_statistics(model, *client_views(cfg, data, k, round_index))
+    return merge([client_statistics(model, *client_views(cfg, data, k, round_index), spec)
                   for k in clients])
 
 
-def node_update(cfg: RunConfig, method: Method, data: NodeData, model: nn.Module,
-                clients: Sequence[int], round_index: int,
+def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
+                model: nn.Module, clients: Sequence[int], round_index: int,
                 shared: Moments | None) -> ClientUpdate:
-    """Phase 2 for a node's sampled clients: each one's ``client_update``, pooled.
+    """Phase 2 for a node's sampled clients: each one's ``client_update`` (the algorithm's
+    local steps; a method alone takes the run's, ``train.local_*``), pooled.
 
     Returns:
         Δ = Σ_k (N_k / N)·Δ_k over the node's clients, N = Σ_k N_k, and their
         sample-weighted loss: one client's reply to the server, standing for all of them.
     """
-    updates = [client_update(model, method, *client_views(cfg, data, k, round_index), shared,
-                             cfg.train.local_lr) for k in clients]
-    pseudo = aggregate_updates(updates, dict(trainable_parameters(model)))
-    total = sum(u.num_samples for u in updates)
-    loss = sum(u.num_samples / total * u.loss for u in updates)
-    return ClientUpdate({k: -v for k, v in pseudo.items()}, total, float(loss))
+    if not isinstance(algorithm, Algorithm):
+        algorithm = replace(algorithm_of(cfg), method=algorithm)
+    updates = [client_update(model, algorithm.method,
+                             *client_views(cfg, data, k, round_index), shared,
+                             algorithm.local_lr, algorithm.local_steps, algorithm.local_batch)
+               for k in clients]
+    return pooled_update(updates, dict(trainable_parameters(model)))
 
 
 def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:

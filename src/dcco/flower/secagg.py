@@ -65,7 +65,7 @@ from dcco.client import ClientUpdate, client_statistics, client_update
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.methods.base import Method
-from dcco.stats import EncodingStats, Moments
+from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec
 
 FIT_CONFIG, FIT_PARAMETERS = "fitins.config", "fitins.parameters"
 STD_FLOOR = 1e-2
@@ -110,8 +110,9 @@ def calibrate(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         x1, x2: both views of the server's calibration batch, (B, C, H, W).
         local_lr: the clients' learning rate η.
     """
-    m = client_statistics(model, x1, x2).moments()
-    shared = m if method.needs_statistics else None
+    m = client_statistics(model, x1, x2).moments()  # the frame: means and variances
+    shared = (client_statistics(model, x1, x2, method.stats).moments()
+              if method.stats is not None else None)
     step = client_update(model, method, x1, x2, shared, local_lr)
     update = max(float(d.abs().max()) for d in step.delta.values())
     return SecureScales(m.mean_f, _frame(m.mean_f, m.mean_ff), m.mean_g,
@@ -119,31 +120,55 @@ def calibrate(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                         max(abs(step.loss), 1e-6))
 
 
-def standardise(m: Moments, s: SecureScales) -> Moments:
-    """Raw moments → the moments of u = (F − μ)/σ, v = (G − ν)/τ (all float64)."""
-    mu, sd, nu, td = s.mean_f, s.std_f, s.mean_g, s.std_g
-    return Moments(
-        mean_f=(m.mean_f - mu) / sd,
-        mean_g=(m.mean_g - nu) / td,
-        mean_ff=(m.mean_ff - 2 * mu * m.mean_f + mu * mu) / (sd * sd),
-        mean_gg=(m.mean_gg - 2 * nu * m.mean_g + nu * nu) / (td * td),
-        mean_fg=(m.mean_fg - mu[:, None] * m.mean_g[None, :] - m.mean_f[:, None] * nu[None, :]
-                 + mu[:, None] * nu[None, :]) / (sd[:, None] * td[None, :]),
-    )
+def _frames(s: SecureScales) -> dict[str, tuple[Tensor, Tensor]]:
+    return {"f": (s.mean_f, s.std_f), "g": (s.mean_g, s.std_g)}
 
 
-def unstandardise(u: Moments, s: SecureScales) -> Moments:
+def _combine(form: str, a: Tensor, b: Tensor) -> Tensor:
+    """a ⊗ b for an ``outer`` statistic, a ∘ b for a ``diag`` one."""
+    return a[:, None] * b[None, :] if form == "outer" else a * b
+
+
+def standardise(m: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> Moments:
+    """Raw moments → the moments of u = (F − μ)/σ, v = (G − ν)/τ (all float64).
+
+    For a first moment, (⟨A⟩ − μ_A)/σ_A; for a product moment of A and B (element-wise or
+    outer), (⟨A B⟩ − μ_A⟨B⟩ − ⟨A⟩μ_B + μ_A μ_B)/(σ_A σ_B). Every statistic of ``spec`` is of
+    one of these forms; its first moments must be in it too.
+    """
+    frames, out = _frames(s), {}
+    for fld in spec.fields:
+        x = m[f"mean_{fld.name}"]
+        mu_a, sd_a = frames[fld.left]
+        if fld.right is None:
+            out[f"mean_{fld.name}"] = (x - mu_a) / sd_a
+            continue
+        mu_b, sd_b = frames[fld.right]
+        m_a, m_b = m[f"mean_{fld.left}"], m[f"mean_{fld.right}"]
+        centred = (x - _combine(fld.form, mu_a, m_b) - _combine(fld.form, m_a, mu_b)
+                   + _combine(fld.form, mu_a, mu_b))
+        out[f"mean_{fld.name}"] = centred / _combine(fld.form, sd_a, sd_b)
+    return Moments(out, count=m.count)
+
+
+def unstandardise(u: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> Moments:
     """The inverse of ``standardise``; affine, so it commutes with weighted averages."""
-    mu, sd, nu, td = s.mean_f, s.std_f, s.mean_g, s.std_g
-    f, g = mu + sd * u.mean_f, nu + td * u.mean_g
-    return Moments(
-        mean_f=f,
-        mean_g=g,
-        mean_ff=sd * sd * u.mean_ff + 2 * mu * sd * u.mean_f + mu * mu,
-        mean_gg=td * td * u.mean_gg + 2 * nu * td * u.mean_g + nu * nu,
-        mean_fg=(sd[:, None] * td[None, :] * u.mean_fg + mu[:, None] * (td * u.mean_g)[None, :]
-                 + (sd * u.mean_f)[:, None] * nu[None, :] + mu[:, None] * nu[None, :]),
-    )
+    frames = _frames(s)
+    first = {k: mu + sd * u[f"mean_{k}"] for k, (mu, sd) in frames.items()
+             if f"mean_{k}" in u}
+    out = {}
+    for fld in spec.fields:
+        x = u[f"mean_{fld.name}"]
+        mu_a, sd_a = frames[fld.left]
+        if fld.right is None:
+            out[f"mean_{fld.name}"] = first[fld.left]
+            continue
+        mu_b, sd_b = frames[fld.right]
+        out[f"mean_{fld.name}"] = (x * _combine(fld.form, sd_a, sd_b)
+                                   + _combine(fld.form, mu_a, first[fld.right])
+                                   + _combine(fld.form, first[fld.left], mu_b)
+                                   - _combine(fld.form, mu_a, mu_b))
+    return Moments(out, count=u.count)
 
 
 def error_bound(max_weight: float, counts: Sequence[int], clip: float, levels: int,
@@ -186,17 +211,21 @@ def _scales_config(s: SecureScales) -> dict[str, list[float] | float]:
 def secure_instruction(ins: Instruction, params: SecureParams) -> FitIns:
     """An instruction in the ``FitIns`` layout that SecAgg+ delivers in its masking stage.
 
-    The payload is positional: the model's ``state_dict`` in its order, or S_A's five moments.
+    The payload is positional: the model's ``state_dict`` in its order, or S_A's averages in
+    the order of the method's ``StatsSpec``; in stale mode the model and S_A both travel.
     """
+    arrays, payload = [], []
     if ins.model is not None:
-        payload, arrays = "model", [v.detach().cpu().numpy() for v in ins.model.values()]
-    elif ins.shared is not None:
-        payload, arrays = "shared", [t.cpu().numpy() for t in ins.shared.tensors()]
-    else:
-        payload, arrays = "none", []
+        payload.append("model")
+        arrays += [v.detach().cpu().numpy() for v in ins.model.values()]
+    if ins.shared is not None:
+        payload.append("shared")
+        arrays += [t.cpu().numpy() for t in ins.shared.tensors()]
     config = {"phase": ins.phase, "round": ins.round, "clients": list(ins.clients),
               "max_weight": float(params.max_weight), "clip": float(params.clip),
-              "quantization": int(params.quantization), "payload": payload}
+              "quantization": int(params.quantization), "payload": "+".join(payload) or "none",
+              "with_stats": ins.with_stats,
+              "shared_count": float(ins.shared.count) if ins.shared is not None else 0.0}
     return FitIns(ndarrays_to_parameters(arrays), config | _scales_config(params.scales))
 
 
@@ -205,27 +234,34 @@ def is_secure(content: RecordDict) -> bool:
     return FIT_CONFIG in content.config_records
 
 
-def decode_secure_instruction(content: RecordDict,
-                              model_keys: Sequence[str]) -> tuple[Instruction, SecureParams]:
-    """The node's side of ``secure_instruction``; ``model_keys`` orders the model payload."""
+def decode_secure_instruction(content: RecordDict, model_keys: Sequence[str],
+                              spec: StatsSpec | None) -> tuple[Instruction, SecureParams]:
+    """The node's side of ``secure_instruction``; ``model_keys`` orders the model payload and
+    ``spec`` (the method's statistics) the shared one."""
     # read the FitIns records directly: compat.recorddict_to_fitins refuses list values
     cfg = content.config_records[FIT_CONFIG]
     arrays = parameters_to_ndarrays(compat.arrayrecord_to_parameters(
         content.array_records[FIT_PARAMETERS], keep_input=True))
     tensors = [torch.from_numpy(np.array(a, copy=True)) for a in arrays]
     model = shared = None
-    if cfg["payload"] == "model":
-        if len(tensors) != len(model_keys):
-            raise ValueError(f"the server sent {len(tensors)} model arrays, this node's model "
-                             f"has {len(model_keys)}; do server and nodes run one config?")
-        model = dict(zip(model_keys, tensors))
-    elif cfg["payload"] == "shared":
-        shared = Moments(*tensors)
+    payload = str(cfg["payload"]).split("+")
+    names = [f"mean_{f.name}" for f in spec.fields] if spec is not None else []
+    expected = len(model_keys) * ("model" in payload) + len(names) * ("shared" in payload)
+    if len(tensors) != expected:
+        raise ValueError(f"the server sent {len(tensors)} arrays ({'+'.join(payload)}), this "
+                         f"node expects {expected}; do server and nodes run one config?")
+    if "model" in payload:
+        model = dict(zip(model_keys, tensors[:len(model_keys)], strict=True))
+        tensors = tensors[len(model_keys):]
+    if "shared" in payload:
+        shared = Moments(dict(zip(names, tensors, strict=True)),
+                         count=torch.tensor(float(cfg["shared_count"]), dtype=torch.float64))
     scales = SecureScales(*(torch.tensor(cfg[k], dtype=torch.float64)
                             for k in ("mean_f", "std_f", "mean_g", "std_g")),
                           update=float(cfg["update_scale"]), loss=float(cfg["loss_scale"]))
     ins = Instruction(str(cfg["phase"]), int(cfg["round"]),
-                      tuple(int(k) for k in cfg["clients"]), model, shared)
+                      tuple(int(k) for k in cfg["clients"]), model, shared,
+                      bool(cfg.get("with_stats", False)))
     params = SecureParams(float(cfg["max_weight"]), float(cfg["clip"]),
                           int(cfg["quantization"]), scales)
     return ins, params
@@ -247,16 +283,26 @@ def _fitres(values: list[np.ndarray], aux: list[float], count: int,
     return compat.fitres_to_recorddict(res, keep_input=True)
 
 
-def secure_stats_reply(stats: EncodingStats, params: SecureParams) -> RecordDict:
+def _standardised(stats: EncodingStats, params: SecureParams, spec: StatsSpec) -> list:
+    return [t.numpy() for t in standardise(stats.moments(), params.scales, spec).tensors()]
+
+
+def secure_stats_reply(stats: EncodingStats, params: SecureParams,
+                       spec: StatsSpec = CCO_STATS) -> RecordDict:
     """Phase 1 under SecAgg+: the node's standardised moments, weighted by its count."""
-    u = standardise(stats.moments(), params.scales)
-    return _fitres([t.numpy() for t in u.tensors()], [], int(stats.count.item()), params)
+    return _fitres(_standardised(stats, params, spec), [], int(stats.count.item()), params)
 
 
-def secure_update_reply(update: ClientUpdate, params: SecureParams) -> RecordDict:
-    """Phase 2 under SecAgg+: Δ / s per parameter and the loss / ℓ."""
+def secure_update_reply(update: ClientUpdate, params: SecureParams,
+                        stats: EncodingStats | None = None,
+                        spec: StatsSpec = CCO_STATS) -> RecordDict:
+    """Phase 2 under SecAgg+: Δ / s per parameter, then (stale statistics) the node's
+    standardised moments, and the loss / ℓ. Everything is weighted by the node's count, so
+    one secure sum gives both averages."""
     s = params.scales
     values = [(d.detach().double().cpu() / s.update).numpy() for d in update.delta.values()]
+    if stats is not None:
+        values += _standardised(stats, params, spec)
     return _fitres(values, [update.loss / s.loss], update.num_samples, params)
 
 

@@ -1,13 +1,20 @@
-"""What every method provides: the loss a client optimises and its batched form over a round.
+"""What every method provides: the statistics its clients share, the loss a client optimises,
+and that loss's batched form over a round.
 
-A method is a small object around the math (fedjax style). The execution backend decides how
-clients run; the method only says what each client's objective is:
+A method is a small object around the math (fedjax style). ``dcco.algorithm.Algorithm`` puts a
+method together with the round's settings (local steps, staleness) and owns the sequence of a
+round; the execution backend decides how clients run. The method says:
 
-- ``client_loss``: the objective of ONE client on its own encodings (what a device computes);
+- ``stats``: which statistics a client shares (a ``StatsSpec`` of named sums), or None for
+  methods without a statistics exchange;
+- ``client_loss``: the objective of ONE client on its own encodings (what a device computes),
+  given the aggregated statistics S_A when the method shares statistics;
 - ``round_loss``: Σ_k (N_k / N) · client_loss_k over all of a round's clients at once, from the
   concatenated encodings and per-client segments. Its gradient is the sample-weighted average
   of the clients' gradients, i.e. the server's aggregate of one local SGD step per client
-  (divided by the local learning rate).
+  (divided by the local learning rate). ``MethodBase.round_loss`` computes it client by client;
+  a method overrides it with a faster exact form where one exists, with the argument in its
+  docstring.
 
 The two must agree; ``tests/test_rounds.py`` checks it for every registered method.
 """
@@ -20,8 +27,8 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor
 
-from dcco.losses import BN_EPS, LAMBDA, TEMPERATURE
-from dcco.stats import Moments
+from dcco.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
+from dcco.stats import Moments, StatsSpec, anchored, encoding_stats
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,9 @@ class LossConfig:
     """Variance epsilon, placed as BatchNorm places it."""
     temperature: float = TEMPERATURE
     """NT-Xent temperature τ."""
+    vicreg: tuple[float, float, float] = VICREG_COEFFS
+    """VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022: 25, 25,
+    1)."""
 
     def __post_init__(self) -> None:
         if not self.lambd >= 0:
@@ -42,6 +52,8 @@ class LossConfig:
             raise ValueError(f"loss.eps must be > 0, got {self.eps}")
         if not self.temperature > 0:
             raise ValueError(f"loss.temperature must be > 0, got {self.temperature}")
+        if not all(c >= 0 for c in self.vicreg):
+            raise ValueError(f"loss.vicreg coefficients must be >= 0, got {self.vicreg}")
 
 
 @dataclass(frozen=True)
@@ -85,8 +97,8 @@ class Method(Protocol):
     name: ClassVar[str]
     federated: ClassVar[bool]
     """False for centralized training on pooled minibatches."""
-    needs_statistics: ClassVar[bool]
-    """True if a round first aggregates encoding statistics (DCCO's extra exchange)."""
+    stats: ClassVar[StatsSpec | None]
+    """The statistics a client shares before its step (DCCO's first exchange), or None."""
     min_client_samples: ClassVar[int]
     """Smallest client a round can use (within-client losses need two samples)."""
     default_projector: ClassVar[tuple[int, ...]]
@@ -103,3 +115,56 @@ class Method(Protocol):
                    shared: Moments | None) -> Tensor:
         """Σ_k (N_k/N) client_loss_k over a round's concatenated encodings (N, d)."""
         ...
+
+
+class MethodBase:
+    """Defaults shared by the methods: ``needs_statistics`` from ``stats``, and the round loss
+    computed client by client (exact for any client loss; methods override it with a faster
+    exact form where one exists)."""
+
+    stats: ClassVar[StatsSpec | None] = None
+
+    @property
+    def needs_statistics(self) -> bool:
+        """True if a round aggregates encoding statistics (DCCO's extra exchange)."""
+        return self.stats is not None
+
+    def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
+                   shared: Moments | None) -> Tensor:
+        """Σ_k (N_k/N) client_loss_k, one client at a time (float64); ``client_loss`` is the
+        method's own."""
+        weights = segments.weights().to(f.device)
+        sizes = segments.counts.tolist()
+        losses = [self.client_loss(a, b, shared).to(torch.float64)
+                  for a, b in zip(f.split(sizes), g.split(sizes), strict=True)]
+        return (weights * torch.stack(losses)).sum()
+
+
+class AnchoredMethod(MethodBase):
+    """A loss of shared statistics, DCCO's way: client k steps on L(S_k + stopgrad(S_A − S_k))
+    (``stats.anchored``), so the loss sees the round's statistics while gradients flow only
+    through the client's own samples. A method gives ``stats`` and ``statistics_loss(m)``, the
+    loss as a function of batch averages ``m`` (and their count)."""
+
+    def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
+        if shared is None:
+            raise ValueError(f"{self.name} needs the aggregated statistics S_A of the round")
+        local = encoding_stats(f, g, self.stats).moments()
+        return self.statistics_loss(anchored(local, shared))
+
+    def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
+                   shared: Moments | None) -> Tensor:
+        """Σ_k w_k L(S_k + sg(S_A − S_k)) for all clients at once, exactly in value and gradient.
+
+        Every client's combined statistics equal S_A (count included), so its gradient with
+        respect to its own averages is the same ∇L(S_A), and Σ_k w_k ⟨∇L(S_A), ∂S_k⟩ =
+        ⟨∇L(S_A), ∂(Σ_k w_k S_k)⟩. With w_k = N_k/N, Σ_k w_k S_k is the pooled average of the
+        concatenated batch, so one anchored loss on the pooled averages has the round's
+        aggregate gradient — the paper's appendix A argument, used here as an implementation,
+        and valid for any loss of the averages. (``segments`` only fixes the weights, which
+        the pooled average already carries.)
+        """
+        if shared is None:
+            raise ValueError(f"{self.name} needs the aggregated statistics S_A of the round")
+        pooled = encoding_stats(f, g, self.stats).moments()
+        return self.statistics_loss(anchored(pooled, shared))

@@ -8,17 +8,16 @@ from typing import ClassVar
 from torch import Tensor
 
 from dcco.losses import cco_loss, cco_loss_per_segment
-from dcco.methods.base import LossConfig, Segments
+from dcco.methods.base import LossConfig, MethodBase, Segments
 from dcco.stats import Moments, encoding_stats
 
 
 @dataclass(frozen=True)
-class CCOFedAvg:
+class CCOFedAvg(MethodBase):
     loss: LossConfig = field(default_factory=LossConfig)
 
     name: ClassVar[str] = "cco_fedavg"
     federated: ClassVar[bool] = True
-    needs_statistics: ClassVar[bool] = False
     min_client_samples: ClassVar[int] = 2
     default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
     loss_kind: ClassVar[str] = "CCO loss within each client (weighted mean)"

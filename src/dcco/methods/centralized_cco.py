@@ -8,17 +8,16 @@ from typing import ClassVar
 from torch import Tensor
 
 from dcco.losses import cco_loss
-from dcco.methods.base import LossConfig, Segments
+from dcco.methods.base import LossConfig, MethodBase, Segments
 from dcco.stats import Moments, encoding_stats
 
 
 @dataclass(frozen=True)
-class CentralizedCCO:
+class CentralizedCCO(MethodBase):
     loss: LossConfig = field(default_factory=LossConfig)
 
     name: ClassVar[str] = "centralized_cco"
     federated: ClassVar[bool] = False
-    needs_statistics: ClassVar[bool] = False
     min_client_samples: ClassVar[int] = 1
     default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
     loss_kind: ClassVar[str] = "CCO loss of the round's pooled batch"

@@ -9,17 +9,16 @@ import torch
 from torch import Tensor
 
 from dcco.losses import nt_xent, nt_xent_per_anchor
-from dcco.methods.base import LossConfig, Segments
+from dcco.methods.base import LossConfig, MethodBase, Segments
 from dcco.stats import Moments
 
 
 @dataclass(frozen=True)
-class ContrastiveFedAvg:
+class ContrastiveFedAvg(MethodBase):
     loss: LossConfig = field(default_factory=LossConfig)
 
     name: ClassVar[str] = "contrastive_fedavg"
     federated: ClassVar[bool] = True
-    needs_statistics: ClassVar[bool] = False
     min_client_samples: ClassVar[int] = 2
     default_projector: ClassVar[tuple[int, ...]] = (256, 256, 128)
     loss_kind: ClassVar[str] = "NT-Xent loss within each client (weighted mean)"

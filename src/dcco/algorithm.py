@@ -1,0 +1,176 @@
+"""The federated algorithm: a method plus its round settings, and the one sequence of a round.
+
+An ``Algorithm`` says, for one method:
+
+- which statistics a client shares (``method.stats``, a spec of named sums) and how the server
+  merges them: fresh each round (two exchanges: statistics, then updates) or, with
+  ``staleness = 1``, the previous round's aggregate (one exchange: each client sends its
+  update and its fresh statistics together, and those become the next round's aggregate);
+- how a client updates: E local SGD steps on minibatches of b samples, the shared statistics
+  held fixed within the round (``client.client_update``);
+- how the server combines the updates: their sample-weighted average, negated into a
+  pseudo-gradient for Adam or LARS (``server.aggregate_updates``);
+- and whether the exact batched form of a round exists: for one local step on all of a
+  client's samples, ``method.round_loss`` over the concatenated batch. Without it, the
+  batched executor runs clients one by one; it is never silently wrong.
+
+``run_round`` is the round, written once. The executors (``simulator.BatchedExecutor`` and
+``ReferenceExecutor``, and the Flower app's plain and SecAgg+ exchanges) only carry out its two
+steps, ``statistics`` and ``updates``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor
+
+from dcco.methods.base import Method
+from dcco.stats import EncodingStats, Moments, StatsSpec
+
+STATS_BYTES = 8
+"""Bytes per shared statistic: sums travel in float64."""
+
+
+class RoundSkipped(Exception):
+    """An exchange ended with too few valid replies; the round leaves the model unchanged.
+
+    Attributes:
+        reason: why, for the log and metrics.
+        shared: S_A if the statistics exchange had finished, else None.
+    """
+
+    def __init__(self, reason: str, shared: Moments | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.shared = reason, shared
+
+
+@dataclass(frozen=True)
+class Updates:
+    """What the update exchange returns to the server.
+
+    Attributes:
+        pseudo_gradient: by parameter name, −Σ_k (N_k/N)·Δ_k.
+        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their first step.
+        num_clients: K that took part. num_samples: their N.
+        stats: the merged fresh statistics sent with the updates (stale mode), else None.
+    """
+
+    pseudo_gradient: dict[str, Tensor]
+    loss: float
+    num_clients: int
+    num_samples: int
+    stats: EncodingStats | None = None
+
+
+class Executor(Protocol):
+    """How the clients of one round run: in one batch, one by one, or over Flower."""
+
+    def statistics(self, spec: StatsSpec) -> EncodingStats:
+        """Exchange 1: every client's statistics, merged (raises ``RoundSkipped``)."""
+        ...
+
+    def updates(self, algorithm: Algorithm, shared: Moments | None,
+                with_stats: StatsSpec | None) -> Updates:
+        """The update exchange: the clients' local steps against ``shared``, combined; with
+        ``with_stats``, each client also sends its fresh statistics (raises
+        ``RoundSkipped``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """The outcome of one round before the server optimiser.
+
+    Attributes:
+        pseudo_gradient: by parameter name, −Σ_k (N_k/N)·Δ_k (the gradient, in centralized mode).
+        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their step.
+        num_clients: K.
+        num_samples: N.
+        shared: S_A, the statistics the clients' losses used (None without statistics).
+        aggregate: the aggregate the next round uses (stale mode), else None.
+        exchanges: server–client exchanges this round took (1 or 2).
+    """
+
+    pseudo_gradient: dict[str, Tensor]
+    loss: float
+    num_clients: int
+    num_samples: int
+    shared: Moments | None = None
+    aggregate: Moments | None = None
+    exchanges: int = 1
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A method and how its rounds run.
+
+    Attributes:
+        method: the losses and statistics (``dcco.methods``).
+        local_lr: client SGD learning rate η (paper: 1.0).
+        local_steps: E, client SGD steps per round (paper: 1).
+        local_batch: b, samples per local step; None: all of the client's.
+        staleness: 0: the statistics of this round's clients (two exchanges); 1: the aggregate
+            of the previous round's clients (one exchange per round; round 0, having no
+            previous aggregate, takes the extra statistics exchange once).
+    """
+
+    method: Method
+    local_lr: float = 1.0
+    local_steps: int = 1
+    local_batch: int | None = None
+    staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if self.staleness not in (0, 1):
+            raise ValueError(f"train.staleness must be 0 or 1, got {self.staleness}")
+        if self.staleness and self.method.stats is None:
+            raise ValueError(f"train.staleness = 1 needs a method that shares statistics; "
+                             f"{self.method.name} has none")
+        if self.local_steps < 1:
+            raise ValueError(f"train.local_steps must be >= 1, got {self.local_steps}")
+        if self.local_batch is not None and self.local_batch < self.method.min_client_samples:
+            raise ValueError(f"train.local_batch must be >= {self.method.min_client_samples} "
+                             f"for {self.method.name}, got {self.local_batch}")
+        if not self.method.federated and (self.local_steps != 1 or self.local_batch):
+            raise ValueError(f"{self.method.name} is centralized: it takes no local steps "
+                             f"(train.local_steps = 1, train.local_batch = none)")
+
+    def batched_exact(self, smallest_client: int) -> bool:
+        """Whether ``method.round_loss`` over the concatenated batch is the round: one local
+        step on all of each client's samples."""
+        return self.local_steps == 1 and (self.local_batch is None
+                                          or self.local_batch >= smallest_client)
+
+    def exchanges(self, has_previous: bool) -> int:
+        """Server–client exchanges of a round: 2 with a fresh statistics exchange, else 1."""
+        fresh = self.method.stats is not None and (self.staleness == 0 or not has_previous)
+        return 2 if fresh else 1
+
+    def run_round(self, executor: Executor, previous: Moments | None = None) -> RoundResult:
+        """One round: statistics (fresh, or the previous round's aggregate), then the clients'
+        updates against them, combined by the server. ``previous``: the last round's
+        aggregate in stale mode."""
+        spec = self.method.stats
+        shared = previous if self.staleness else None
+        exchanges = self.exchanges(previous is not None)
+        if spec is not None and shared is None:
+            shared = executor.statistics(spec).moments()
+        out = executor.updates(self, shared, spec if self.staleness else None)
+        aggregate = out.stats.moments() if out.stats is not None else None
+        return RoundResult(out.pseudo_gradient, out.loss, out.num_clients, out.num_samples,
+                           shared, aggregate, exchanges)
+
+    def message_bytes(self, d_f: int, d_g: int, model_bytes: int,
+                      has_previous: bool = True) -> dict[str, int]:
+        """Bytes one client sends (``up``) and receives (``down``) in a round, payloads only:
+        the model (``model_bytes``) down and the update (as large) up; the statistics up
+        (count and sums, float64) and S_A down when the method shares statistics."""
+        spec = self.method.stats
+        stats = spec.num_values(d_f, d_g) * STATS_BYTES if spec is not None else 0
+        shared = stats - STATS_BYTES if spec is not None else 0  # S_A: the means, no count
+        return {"up": model_bytes + stats, "down": model_bytes + shared}
+
+
+__all__ = ["Algorithm", "Executor", "RoundResult", "RoundSkipped", "Updates"]

@@ -1,0 +1,261 @@
+"""The round object and the paper's future work: VICReg from statistics, stale statistics,
+several local steps. Fixtures as in test_rounds: unequal non-IID clients, float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_rounds import _model
+from test_rounds import _round_views as _views
+
+from dcco.algorithm import Algorithm
+from dcco.client import client_update, trainable_parameters
+from dcco.losses import vicreg_loss
+from dcco.methods import Segments, build_method
+from dcco.simulator import run_round
+from dcco.stats import VICREG_STATS, encoding_stats
+
+SIZES = [1, 3, 1, 5, 2, 4]
+SIZES_FEDAVG = [2, 3, 5, 2, 4]
+
+
+def _flat(grads):
+    return torch.cat([v.flatten() for v in grads.values()])
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+# ------------------------------------------------------------------- VICReg from statistics
+
+
+def reference_vicreg(x: torch.Tensor, y: torch.Tensor, sim_coeff=25.0, std_coeff=25.0,
+                     cov_coeff=1.0) -> torch.Tensor:
+    """VICReg's loss as its reference implementation writes it (facebookresearch/vicreg,
+    ``main_vicreg.py``, ``VICReg.forward`` after the projector, one process), transcribed
+    independently of ``dcco.losses``."""
+    batch_size, num_features = x.shape
+    repr_loss = F.mse_loss(x, y)
+    x = x - x.mean(dim=0)
+    y = y - y.mean(dim=0)
+    std_x = torch.sqrt(x.var(dim=0) + 0.0001)
+    std_y = torch.sqrt(y.var(dim=0) + 0.0001)
+    std_loss = torch.mean(F.relu(1 - std_x)) / 2 + torch.mean(F.relu(1 - std_y)) / 2
+    cov_x = (x.T @ x) / (batch_size - 1)
+    cov_y = (y.T @ y) / (batch_size - 1)
+
+    def off_diagonal(m):
+        n = m.shape[0]
+        return m.flatten()[:-1].view(n - 1, n + 1)[:, 1:].flatten()
+
+    cov_loss = off_diagonal(cov_x).pow_(2).sum().div(num_features) + \
+        off_diagonal(cov_y).pow_(2).sum().div(num_features)
+    return sim_coeff * repr_loss + std_coeff * std_loss + cov_coeff * cov_loss
+
+
+@pytest.mark.parametrize("scale", [0.1, 3.0])  # variance hinge active / inactive
+def test_vicreg_loss__from_statistics_equals_reference_in_value_and_gradient(scale):
+    gen = torch.Generator().manual_seed(0)
+    f = (scale * torch.randn(11, 6, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    g = (scale * torch.randn(11, 6, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    ours = vicreg_loss(encoding_stats(f, g, VICREG_STATS).moments())
+    ref = reference_vicreg(f, g)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
+    a = torch.autograd.grad(ours, [f, g])
+    b = torch.autograd.grad(ref, [f, g])
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-14)
+
+
+def _centralized_vicreg_step(model, x1, x2):
+    """The gradient of the reference VICReg loss on the pooled batch: one centralized step."""
+    named = trainable_parameters(model)
+    f, g = model(x1, x2)
+    loss = reference_vicreg(f, g)
+    grads = torch.autograd.grad(loss, [p for _, p in named])
+    return {n: gr for (n, _), gr in zip(named, grads, strict=True)}, float(loss.detach())
+
+
+@pytest.mark.parametrize("backend", ["batched", "reference"])
+def test_dvicreg_round__equals_centralized_vicreg_step(backend):
+    model, (x1, x2) = _model(projector=(24, 24, 24)), _views(SIZES)
+    result = run_round(model, build_method("dvicreg"), x1, x2, Segments.from_counts(SIZES),
+                       backend)
+    central, loss = _centralized_vicreg_step(model, x1, x2)
+    assert _flat(central).norm() > 0
+    assert _rel(_flat(result.pseudo_gradient), _flat(central)) <= 1e-9
+    assert abs(result.loss - loss) <= 1e-9 * abs(loss)
+    assert result.exchanges == 2
+
+
+def test_vicreg_fedavg_round__batched_equals_reference_and_differs_from_centralized():
+    model, (x1, x2) = _model(projector=(24, 24, 24)), _views(SIZES_FEDAVG, seed=1)
+    segments = Segments.from_counts(SIZES_FEDAVG)
+    method = build_method("vicreg_fedavg")
+    batched = run_round(model, method, x1, x2, segments, "batched")
+    reference = run_round(model, method, x1, x2, segments, "reference")
+    assert _rel(_flat(batched.pseudo_gradient), _flat(reference.pseudo_gradient)) <= 1e-9
+    central, _ = _centralized_vicreg_step(model, x1, x2)
+    assert _rel(_flat(batched.pseudo_gradient), _flat(central)) > 0.1  # negative control
+    assert batched.exchanges == 1
+
+
+# ------------------------------------------------------------------------ stale statistics
+
+
+def test_stale_statistics__staleness_zero_is_dcco_exactly():
+    model, (x1, x2) = _model(), _views(SIZES)
+    segments = Segments.from_counts(SIZES)
+    dcco = build_method("dcco")
+    paper = run_round(model, dcco, x1, x2, segments, "batched")
+    other = run_round(model, dcco, *_views(SIZES, round_index=4), segments, "batched")
+    fresh = run_round(model, Algorithm(dcco, staleness=0), x1, x2, segments, "batched",
+                      previous=other.shared)  # ignored when fresh
+    assert torch.equal(_flat(fresh.pseudo_gradient), _flat(paper.pseudo_gradient))
+    assert fresh.exchanges == paper.exchanges == 2 and fresh.aggregate is None
+
+
+@pytest.mark.parametrize("backend", ["batched", "reference"])
+def test_stale_statistics__one_exchange_with_the_previous_aggregate(backend):
+    model, (x1, x2) = _model(), _views(SIZES)
+    segments = Segments.from_counts(SIZES)
+    stale = Algorithm(build_method("dcco"), staleness=1)
+    first = run_round(model, stale, x1, x2, segments, backend)  # round 0: no previous
+    assert first.exchanges == 2
+    paper = run_round(model, build_method("dcco"), x1, x2, segments, backend)
+    assert _rel(_flat(first.pseudo_gradient), _flat(paper.pseudo_gradient)) <= 1e-12
+    # the aggregate sent with the updates is this round's statistics, for the next round
+    for k, v in paper.shared.items():
+        torch.testing.assert_close(first.aggregate[k], v, rtol=1e-12, atol=1e-14)
+    # next round: another batch, the previous round's aggregate, one exchange
+    y1, y2 = _views(SIZES, seed=2, round_index=6)
+    second = run_round(model, stale, y1, y2, segments, backend, previous=first.aggregate)
+    assert second.exchanges == 1
+    for k, v in first.aggregate.items():
+        assert torch.equal(second.shared[k], v)
+    fresh = run_round(model, build_method("dcco"), y1, y2, segments, backend)
+    assert _rel(_flat(second.pseudo_gradient), _flat(fresh.pseudo_gradient)) > 1e-6
+
+
+def test_stale_statistics__batched_equals_reference():
+    model, (x1, x2) = _model(), _views(SIZES)
+    segments = Segments.from_counts(SIZES)
+    stale = Algorithm(build_method("dcco"), staleness=1)
+    prev = run_round(model, stale, *_views(SIZES, seed=4), segments, "reference").aggregate
+    a = run_round(model, stale, x1, x2, segments, "batched", previous=prev)
+    b = run_round(model, stale, x1, x2, segments, "reference", previous=prev)
+    assert _rel(_flat(a.pseudo_gradient), _flat(b.pseudo_gradient)) <= 1e-9
+    for k, v in b.aggregate.items():
+        torch.testing.assert_close(a.aggregate[k], v, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- local steps
+
+
+@pytest.mark.parametrize("method,sizes", [("dcco", [4, 6, 5]), ("cco_fedavg", [4, 6, 5]),
+                                          ("contrastive_fedavg", [4, 6, 5]),
+                                          ("dvicreg", [4, 6, 5])])
+def test_local_steps__batched_equals_reference(method, sizes):
+    model = _model(projector=(24, 24, 24))
+    x1, x2 = _views(sizes)
+    segments = Segments.from_counts(sizes)
+    alg = Algorithm(build_method(method), local_lr=0.05, local_steps=2, local_batch=3)
+    a = run_round(model, alg, x1, x2, segments, "batched")  # falls back to client by client
+    b = run_round(model, alg, x1, x2, segments, "reference")
+    assert _rel(_flat(a.pseudo_gradient), _flat(b.pseudo_gradient)) <= 1e-9
+    one = run_round(model, Algorithm(build_method(method), local_lr=0.05), x1, x2, segments,
+                    "reference")
+    assert _rel(_flat(a.pseudo_gradient), _flat(one.pseudo_gradient)) > 1e-6
+
+
+def test_local_steps__one_step_on_all_samples_is_the_paper_round():
+    model, (x1, x2) = _model(), _views(SIZES)
+    segments = Segments.from_counts(SIZES)
+    alg = Algorithm(build_method("dcco"), local_steps=1, local_batch=64)
+    a = run_round(model, alg, x1, x2, segments, "reference")
+    b = run_round(model, build_method("dcco"), x1, x2, segments, "reference")
+    assert torch.equal(_flat(a.pseudo_gradient), _flat(b.pseudo_gradient))
+
+
+def test_client_update__two_steps_equal_two_sgd_steps_on_a_copy():
+    """E = 2 steps of b = 3 samples (the second wraps around the 5 samples) against plain SGD
+    on a copy of the model, the shared statistics held fixed."""
+    import copy
+
+    model, (x1, x2) = _model(), _views([5])
+    method = build_method("dcco")
+    with torch.no_grad():
+        shared = encoding_stats(*model(*_views([7], seed=9))).moments()
+    update = client_update(model, method, x1, x2, shared, local_lr=0.5, local_steps=2,
+                           local_batch=3)
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.5)
+    for idx in ([0, 1, 2], [3, 4, 0]):
+        opt.zero_grad()
+        method.client_loss(*twin(x1[idx], x2[idx]), shared).backward()
+        opt.step()
+    before, after = dict(model.named_parameters()), dict(twin.named_parameters())
+    for name, delta in update.delta.items():
+        torch.testing.assert_close(delta, after[name] - before[name], rtol=1e-9, atol=1e-12)
+    assert update.num_samples == 5
+
+
+# ------------------------------------------------------------------------ exchanges, bytes
+
+
+def test_algorithm__exchanges_and_bytes_per_round():
+    d = 128
+    dcco, fedavg = build_method("dcco"), build_method("cco_fedavg")
+    assert Algorithm(dcco).exchanges(has_previous=True) == 2
+    assert Algorithm(dcco, staleness=1).exchanges(has_previous=True) == 1
+    assert Algorithm(dcco, staleness=1).exchanges(has_previous=False) == 2
+    assert Algorithm(fedavg).exchanges(has_previous=True) == 1
+    stats = 8 * (1 + 4 * d + d * d)  # count, four vectors, the d×d cross moment
+    assert Algorithm(dcco).message_bytes(d, d, 1000) == {"up": 1000 + stats,
+                                                         "down": 1000 + stats - 8}
+    assert Algorithm(fedavg).message_bytes(d, d, 1000) == {"up": 1000, "down": 1000}
+
+
+def test_algorithm__settings_are_checked_by_name():
+    with pytest.raises(ValueError, match="train.staleness"):
+        Algorithm(build_method("cco_fedavg"), staleness=1)
+    with pytest.raises(ValueError, match="train.local_batch"):
+        Algorithm(build_method("contrastive_fedavg"), local_batch=1)
+    with pytest.raises(ValueError, match="train.local_steps"):
+        Algorithm(build_method("centralized_cco"), local_steps=2)
+
+
+# ------------------------------------------------------------------------ in a run
+
+
+def test_stale_statistics__resume_is_bit_identical_with_the_saved_aggregate(tiny_config,
+                                                                           tmp_path):
+    from safetensors.torch import load_file
+
+    from dcco.checkpoint import save_checkpoint
+    from dcco.config import load_config
+    from dcco.experiments import load_splits
+    from dcco.rundir import RunDir
+    from dcco.train import Pretraining, run_pretraining
+
+    cfg = load_config(tiny_config(rounds=4, checkpoint_every=2), ["train.staleness=1"])
+    train, _ = load_splits(cfg)
+    whole = RunDir.create(tmp_path / "whole", cfg)
+    summary = run_pretraining(cfg, whole, train)
+    assert summary["rounds"] == 4
+    exchanges = [r["exchanges"] for r in whole.metrics() if "exchanges" in r]
+    assert exchanges == [1.5, 1.0]  # per round, over windows of 2: round 1 took two
+
+    stopped = RunDir.create(tmp_path / "stopped", cfg)
+    pt = Pretraining(cfg, train)
+    for _ in range(2):
+        pt.step()
+    assert pt.aggregate is not None
+    save_checkpoint(stopped.checkpoint_path, pt.model, pt.optimizer, 2, state=pt.round_state())
+    run_pretraining(cfg, stopped, train, resume=True)
+    a, b = load_file(whole.checkpoint_path), load_file(stopped.checkpoint_path)
+    assert a.keys() == b.keys() and any(k.startswith("state.aggregate.") for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
