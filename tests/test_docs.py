@@ -26,3 +26,25 @@ def test_readme__expected_demo_figures_match_docs_results():
     table = _demo_table()
     assert set(quoted) == set(table), "README and docs/results.md list different methods"
     assert quoted == table, "README's expected demo figures differ from docs/results.md"
+
+
+def test_readme__linear_evaluation_example_runs(tiny_config, tiny_fmnist, tmp_path, capsys):
+    """The README's example of a trained encoder in the user's own code, on tiny data."""
+    from dcco.cli import main
+
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### A trained encoder in your own code")[1]
+    code = section.split("```python\n")[1].split("```")[0]
+    assert 'dcco.load_encoder("runs/' in code
+    code = re.sub(r'dcco\.load_encoder\("[^"]+"\)', f'dcco.load_encoder("{run}")', code)
+    code = code.replace('load_dataset("fashion_mnist", "train")',
+                        f'load_dataset("fashion_mnist", "train", "{tiny_fmnist}")')
+    code = code.replace('load_dataset("fashion_mnist", "test")',
+                        f'load_dataset("fashion_mnist", "test", "{tiny_fmnist}")')
+    capsys.readouterr()
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert re.fullmatch(r"linear probe: \d+\.\d%\n", printed)

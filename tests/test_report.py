@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dcco.config import load_config
 from dcco.report import family, loss_panels, plot_accuracy_bars, plot_loss_curves, plot_run_curves
 from dcco.rundir import RunDir
@@ -40,3 +42,45 @@ def test_family__colours_federated_centralized_and_reference_bars(tmp_path):
     path = plot_accuracy_bars(["dcco", "supervised"], [0.7, 0.8], tmp_path / "acc.png", "t",
                               families=["federated", "reference baseline"])
     assert path.stat().st_size > 0
+
+
+def test_tensorboard__metrics_and_evaluations_read_back_with_tensorboards_reader(tiny_config,
+                                                                               tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dcco.cli import main
+
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(rounds=4)), "--run-dir", str(run),
+                 "--no-progress", "--tensorboard"]) == 0
+    assert main(["evaluate", str(run), "--no-progress"]) == 0
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "lr", "rounds_per_sec", "clients", "samples", "exchanges", "knn_percent",
+            "eval/linear@40"} <= tags
+    logged = [r for r in RunDir(run).metrics() if "loss" in r]
+    assert [e.step for e in events.Scalars("loss")] == [r["round"] for r in logged]
+    assert [e.value for e in events.Scalars("loss")] == [
+        pytest.approx(r["loss"], rel=1e-6) for r in logged]
+    summary = RunDir(run).summary()
+    [accuracy] = events.Scalars("eval/linear@40")
+    assert accuracy.step == 4
+    assert accuracy.value == pytest.approx(
+        100 * summary["evaluations"]["linear@40"]["accuracy"], rel=1e-6)
+
+
+def test_tensorboard__off_by_default_and_missing_package_named(tiny_config, tmp_path,
+                                                               monkeypatch, capsys):
+    from dcco import scalars
+    from dcco.cli import main
+
+    run = tmp_path / "plain"
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    assert not (run / "tensorboard").exists()
+    monkeypatch.setattr(scalars.importlib.util, "find_spec", lambda name: None)
+    assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(tmp_path / "tb"),
+                 "--tensorboard"]) == 2
+    assert "pip install 'dcco[tensorboard]'" in capsys.readouterr().err
+    assert not (tmp_path / "tb").exists()

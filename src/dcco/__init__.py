@@ -1,11 +1,30 @@
 """dcco: federated training of dual encoders on small non-IID clients.
 
 Implements Distributed Cross Correlation Optimization (DCCO; Vemulapalli et al., ICLR 2023)
-and the baselines the paper compares with, on a fast single-machine simulator.
+and the baselines the paper compares with, on a fast single-machine simulator and over Flower.
 
 Layers, dependencies flowing one way:
-``stats``/``losses`` (pure math) → ``client`` (one client's work) → ``methods`` (federated
-algorithms) → ``simulator`` (execution backend) → ``cli``.
+``stats``/``losses`` (pure math) → ``client`` (one client's work) → ``methods`` (the losses)
+→ ``algorithm`` (the round) → ``simulator``/``flower`` (executors) → ``train`` → ``cli``.
+
+``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as a plain ``torch.nn.Module``
+(``dcco.encoders``).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # imported on first use, so that `import dcco` stays light (no torch)
+    if name in ("load_encoder", "export_encoder", "Encoder"):
+        from dcco import encoders
+
+        return getattr(encoders, name)
+    raise AttributeError(f"module 'dcco' has no attribute {name!r}")
+
+
+__all__ = ["Encoder", "__version__", "export_encoder", "load_encoder"]

@@ -30,6 +30,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     _add_data_dir(p)
 
 
+def _add_tensorboard(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard scalars into each run directory "
+                        "(sets train.tensorboard; needs pip install 'dcco[tensorboard]')")
+
+
 def _add_data_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                    help="the folder of the data set's files (sets data.data_dir); it is then "
@@ -37,13 +43,14 @@ def _add_data_dir(p: argparse.ArgumentParser) -> None:
                         "$DCCO_DATA, ~/.cache/dcco and /usr/share/datasets/fashion-mnist")
 
 
-def _with_data_dir(overrides: list[str], data_dir: Path | None) -> list[str]:
-    """``overrides`` plus ``data.data_dir`` when ``--data-dir`` was given."""
-    if data_dir is None:
-        return list(overrides)
+def _with_data_dir(overrides: list[str], data_dir: Path | None,
+                   tensorboard: bool = False) -> list[str]:
+    """``overrides`` plus ``data.data_dir`` when ``--data-dir`` was given, and
+    ``train.tensorboard`` with ``--tensorboard``."""
     from dcco.config import to_toml_value
 
-    return [*overrides, f"data.data_dir={to_toml_value(str(data_dir))}"]
+    extra = [] if data_dir is None else [f"data.data_dir={to_toml_value(str(data_dir))}"]
+    return [*overrides, *extra, *(["train.tensorboard=true"] if tensorboard else [])]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=None,
                    help="where to write the run (default: runs/<config>-<method>-<time>)")
     _add_data_dir(p)
+    _add_tensorboard(p)
     p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
                    help="continue an interrupted run from its last checkpoint (bit-identical on CPU)")
     p.add_argument("--no-progress", action="store_true",
@@ -101,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: comparison-<time>)")
     p.add_argument("--force", action="store_true",
                    help="overwrite the output files if they exist (refused otherwise)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also print the command that shows these runs in TensorBoard")
+
+    p = sub.add_parser("export", help="write a run's trained encoder for use elsewhere",
+                       description="Write the trained dual encoder of a run directory as "
+                                   "FILE.safetensors and its architecture as FILE.json; "
+                                   "dcco.load_encoder(FILE.safetensors) reads them back "
+                                   "without the run directory.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, required=True, metavar="FILE",
+                   help="where to write (.safetensors is added if missing; never overwrites)")
 
     p = sub.add_parser("reproduce", help="run a declarative experiment grid (paper Table 1)",
                        description="Run every cell of a grid file, skipping finished cells "
@@ -121,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table-only", action="store_true",
                    help="run nothing; render the table from the finished cells")
     _add_data_dir(p)
+    _add_tensorboard(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")
 
     p = sub.add_parser("demo", help="the main job: all methods on non-IID Fashion-MNIST, ~10 min",
@@ -132,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder (default: runs/demo-<time>); give an interrupted "
                         "demo's folder to resume it")
     _add_data_dir(p)
+    _add_tensorboard(p)
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="SECTION.KEY=VALUE", help="override a value of the demo config")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -213,9 +234,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from dcco.rundir import RunDir
 
     if args.resume is not None:
-        if args.config is not None or args.overrides or args.data_dir is not None:
+        if args.config is not None or args.overrides or args.data_dir is not None \
+                or args.tensorboard:
             raise UserError("--resume takes the config stored in the run directory; do not "
-                            "pass CONFIG, --set or --data-dir with it")
+                            "pass CONFIG, --set, --data-dir or --tensorboard with it")
         run = RunDir.open(args.resume)
         cfg = run.config()
         train, test = load_splits(cfg)
@@ -223,7 +245,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     else:
         if args.config is None:
             raise UserError("pretrain needs a CONFIG file (or --resume RUN_DIR)")
-        cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir))
+        cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir,
+                                                      args.tensorboard))
         train, test = load_splits(cfg)  # data errors before any run directory exists
         path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
         run = RunDir.create(path, cfg)
@@ -293,6 +316,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     md, csv_path = write_tables(header, rows, prefix)
     plots = plot_comparison(runs, prefix)
     _say(f"wrote {md}, {csv_path}" + "".join(f", {p}" for p in plots))
+    if args.tensorboard:
+        from dcco.scalars import tensorboard_command
+
+        missing = [str(r.path) for r in runs if not (r.path / "tensorboard").is_dir()]
+        if missing:
+            _say(f"no TensorBoard scalars in {', '.join(missing)} (they ran without "
+                 f"train.tensorboard)")
+        _say(tensorboard_command([r.path for r in runs]))
     return 0
 
 
@@ -303,6 +334,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     again = ["dcco", "demo", "--run-dir", str(out)]
     if args.data_dir is not None:
         again += ["--data-dir", str(args.data_dir)]
+    if args.tensorboard:
+        again += ["--tensorboard"]
     _resume_with(args, again + [x for o in args.overrides for x in ("--set", o)])
     start = time.perf_counter()
 
@@ -310,10 +343,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
 
     with _PhaseProgress(not args.no_progress) as progress:
-        table = run_demo(out, pretrain, data_dir=args.data_dir, overrides=args.overrides,
+        table = run_demo(out, pretrain, data_dir=args.data_dir,
+                         overrides=_with_data_dir(args.overrides, None, args.tensorboard),
                          say=_say, progress=progress)
     sys.stdout.write("\n" + table)
     _say(f"\ntotal {time.perf_counter() - start:.0f} s; table, plots and runs in {out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from dcco.encoders import export_encoder, load_encoder
+
+    weights, meta = export_encoder(args.run_dir, args.out)
+    encoder = load_encoder(weights)
+    _say(f"wrote {weights} and {meta}: {encoder.info['method']} encoder, input "
+         f"{tuple(encoder.input_shape)}, {encoder.output_dim} features; load it with "
+         f"dcco.load_encoder({str(weights)!r})")
     return 0
 
 
@@ -346,7 +391,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     )
     from dcco.rundir import RunDirBusy
 
-    grid = load_grid(args.grid, args.scale, _with_data_dir([], args.data_dir))
+    grid = load_grid(args.grid, args.scale,
+                     _with_data_dir([], args.data_dir, args.tensorboard))
     out = args.out or Path("runs") / f"{args.grid.stem}-{args.scale}"
     cells = plan_cells(grid, out)
     if not args.table_only:
@@ -392,7 +438,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cmd_supervised,
-            "compare": cmd_compare, "demo": cmd_demo, "reproduce": cmd_reproduce}
+            "compare": cmd_compare, "demo": cmd_demo, "reproduce": cmd_reproduce,
+            "export": cmd_export}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

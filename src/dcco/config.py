@@ -23,6 +23,7 @@ from dcco.methods.base import LossConfig
 from dcco.methods.registry import METHODS
 from dcco.models import ModelConfig
 from dcco.optim import OptimConfig
+from dcco.scalars import INSTALL_HINT, tensorboard_available
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,6 +89,9 @@ class TrainConfig:
     checkpoint_every: int = 500
     knn_every: int = 0
     """Rounds between k-NN monitor evaluations; 0 = only at the end."""
+    tensorboard: bool = False
+    """Also write the metrics and evaluations as TensorBoard scalars (RUN_DIR/tensorboard);
+    needs ``pip install 'dcco[tensorboard]'``."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -104,6 +108,8 @@ class TrainConfig:
             raise ValueError(f"train.local_lr must be > 0, got {self.local_lr}")
         if self.seed < 0:
             raise ValueError(f"train.seed must be >= 0, got {self.seed}")
+        if self.tensorboard and not tensorboard_available():
+            raise ValueError(f"train.tensorboard = true needs TensorBoard: {INSTALL_HINT}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(
                 f"train.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"

@@ -30,6 +30,7 @@ import dcco
 from dcco.checkpoint import atomic_write_text
 from dcco.config import RunConfig, load_config, to_toml
 from dcco.errors import UserError
+from dcco.scalars import ScalarLog
 
 
 class RunDirError(UserError):
@@ -94,12 +95,19 @@ def code_version() -> dict[str, str]:
             **_SOURCE}
 
 
+NOT_COMPUTED = frozenset({"data.data_dir", "train.tensorboard"})
+"""Settings that say where the data lives or what is logged, not what a run computes: a run
+is reused whatever they are (it keeps its own)."""
+
+
 def config_differences(stored: RunConfig, wanted: RunConfig, limit: int = 6) -> str:
     """The keys whose values differ between two configs, as ``key: stored → wanted`` joined
-    by "; " (at most ``limit`` of them, then a count); empty when the configs are equal."""
+    by "; " (at most ``limit`` of them, then a count), ``NOT_COMPUTED`` left out; empty when
+    the configs agree."""
     a, b = asdict(stored), asdict(wanted)
     changes = [f"{section}.{key}: {a[section][key]!r} here, {b[section][key]!r} asked"
-               for section in a for key in a[section] if a[section][key] != b[section][key]]
+               for section in a for key in a[section]
+               if a[section][key] != b[section][key] and f"{section}.{key}" not in NOT_COMPUTED]
     if len(changes) > limit:
         changes = changes[:limit] + [f"and {len(changes) - limit} more"]
     return "; ".join(changes)
@@ -198,10 +206,20 @@ class RunDir:
         finally:
             os.close(fd)
 
+    @property
+    def scalars(self) -> ScalarLog | None:
+        """The run's TensorBoard log when its config asks for one (``train.tensorboard``)."""
+        if not hasattr(self, "_scalars"):
+            wanted = self.config_path.is_file() and self.config().train.tensorboard
+            self._scalars = ScalarLog(self.path / "tensorboard") if wanted else None
+        return self._scalars
+
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as fh:
             fh.write(json.dumps(record, default=_jsonable) + "\n")
             fh.flush()
+        if self.scalars is not None:
+            self.scalars.record(record)
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every metrics record; a torn last line (from a kill mid-write) is ignored."""
@@ -238,4 +256,9 @@ class RunDir:
                 summary[key] = value
         text = json.dumps(summary, indent=2, default=_jsonable) + "\n"
         atomic_write_text(self.summary_path, text)
+        evaluations = entries.get("evaluations")
+        if isinstance(evaluations, dict) and self.scalars is not None:
+            for key, result in evaluations.items():
+                result = asdict(result) if is_dataclass(result) else result
+                self.scalars.evaluation(key, result["accuracy"], summary.get("rounds") or 0)
         return summary

@@ -319,6 +319,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
         clients_per_round=t_cfg.clients_per_round,
         final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
+        input_shape=list(pt.images.shape[1:]),
         exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
         bytes_per_client_round=pt.algorithm.message_bytes(d, d, model_bytes),
         pretrain_seconds_this_session=time.perf_counter() - started,

@@ -1,0 +1,174 @@
+"""A trained encoder for the user's own code: ``load_encoder`` and ``export_encoder``.
+
+``load_encoder(RUN_DIR)`` gives a plain ``torch.nn.Module`` in eval mode: one tower's backbone
+(and optionally its projector), the weights of the run's checkpoint. ``export_encoder`` writes
+those weights as ``FILE`` (safetensors, the dual encoder's keys) and ``FILE.json`` beside it
+(the architecture, the input shape and the normalisation), which ``load_encoder`` also reads
+without the run directory::
+
+    import dcco
+    encoder = dcco.load_encoder("runs/fmnist_small-dcco-...")   # or an exported .safetensors
+    x = encoder.preprocess(uint8_images)                         # (B, C, H, W) uint8 → [−1, 1]
+    with torch.no_grad():
+        features = encoder(x)                                    # (B, encoder.output_dim)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from dcco.augment import eval_view
+from dcco.checkpoint import CheckpointError, atomic_write_text, load_checkpoint, save_checkpoint
+from dcco.config import from_dict
+from dcco.errors import UserError
+from dcco.models import DualEncoder, ModelConfig, build_dual_encoder
+from dcco.rundir import RunDir
+
+FORMAT = "dcco-encoder/1"
+IMAGE_SHAPES = {"fashion_mnist": (1, (28, 28)), "cifar10": (3, (32, 32)),
+                "cifar100": (3, (32, 32))}
+"""Channels and (H, W) of each data set's images, for runs that did not record theirs."""
+NORMALISATION = "x / 255, then (x − 0.5) / 0.5 per channel: inputs in [−1, 1]"
+"""What the encoder expects of an image, as ``dcco.augment.eval_view`` computes it."""
+
+
+class Encoder(nn.Module):
+    """One tower of a trained dual encoder: images → backbone features (or projections).
+
+    Attributes:
+        input_shape: (C, H, W) of the images it was trained on (other sizes run too: the
+            network ends in global average pooling).
+        normalisation: what it expects of an image (``NORMALISATION``); ``preprocess`` does
+            it for uint8 images.
+        output_dim: the width of what ``forward`` returns.
+        info: where it came from (method, data set, run, round).
+    """
+
+    def __init__(self, backbone: nn.Module, projector: nn.Module | None,
+                 input_shape: tuple[int, int, int], output_dim: int,
+                 info: dict[str, Any]) -> None:
+        super().__init__()
+        self.backbone, self.projector = backbone, projector
+        self.input_shape, self.output_dim, self.info = input_shape, output_dim, info
+        self.normalisation = NORMALISATION
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) float images, normalised as ``preprocess`` does → (B, output_dim)."""
+        z = self.backbone(x)
+        return z if self.projector is None else self.projector(z)
+
+    def preprocess(self, images: Tensor) -> Tensor:
+        """uint8 (B, C, H, W) images → the normalised float input, in the weights' dtype."""
+        return eval_view(images, next(self.parameters()).dtype)
+
+    def extra_repr(self) -> str:
+        return f"input_shape={self.input_shape}, output_dim={self.output_dim}"
+
+
+def _architecture(model_cfg: ModelConfig, projector: tuple[int, ...], in_channels: int,
+                  image_size: Sequence[int], info: dict[str, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "model": asdict(model_cfg), "projector": list(projector),
+            "input_shape": [in_channels, *image_size], "normalisation": NORMALISATION,
+            "info": info}
+
+
+def _run_architecture(run: RunDir) -> dict[str, Any]:
+    """The architecture record of a run directory's encoder."""
+    cfg = run.config()
+    summary = run.summary()
+    if "input_shape" in summary:  # recorded by the pretraining
+        channels, *size = summary["input_shape"]
+    else:  # a run from before dcco recorded it: the data set's standard size
+        channels, size = IMAGE_SHAPES[cfg.data.dataset]
+    info = {"method": cfg.train.method, "dataset": cfg.data.dataset,
+            "run": str(run.path), "rounds": summary.get("rounds"), "seed": cfg.train.seed}
+    return _architecture(cfg.model, cfg.projector, channels, size, info)
+
+
+def _build(arch: dict[str, Any]) -> DualEncoder:
+    model_cfg = from_dict(ModelConfig, arch["model"], "model")
+    return build_dual_encoder(model_cfg, arch["input_shape"][0], tuple(arch["projector"]),
+                              seed=0)
+
+
+def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False) -> Encoder:
+    """A trained encoder as a plain module in eval mode (float32, on the CPU).
+
+    Args:
+        path: a run directory (its ``checkpoint.safetensors``), or a file written by
+            ``export_encoder`` / ``dcco export`` (its ``.json`` beside it).
+        tower: which tower of a two-tower run (0: the one for the first input); a shared
+            encoder has one.
+        with_projector: also apply the projector (the encodings F the loss saw); by default
+            the backbone's features, which the evaluations use.
+
+    Raises:
+        UserError: no run directory or exported encoder at ``path``, a corrupt file, or a
+            tower the run does not have.
+    """
+    path = Path(path)
+    if path.is_dir():
+        run = RunDir.open(path)
+        arch, weights = _run_architecture(run), run.checkpoint_path
+    else:
+        meta = path.with_suffix(".json")
+        if not path.is_file() or not meta.is_file():
+            raise UserError(f"{path} is neither a dcco run directory nor an encoder written by "
+                            f"`dcco export` (a .safetensors file with its .json beside it)")
+        try:
+            arch = json.loads(meta.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"{meta} is unreadable: {e}") from None
+        if arch.get("format") != FORMAT:
+            raise UserError(f"{meta} is not a dcco encoder description "
+                            f"(format {arch.get('format')!r})")
+        weights = path
+    model = _build(arch)
+    try:
+        load_checkpoint(weights, model)
+    except CheckpointError as e:
+        raise UserError(str(e)) from None
+    if tower not in (0, 1) or (tower == 1 and model.shared):
+        towers = "tower 0 only (one shared encoder)" if model.shared else "towers 0 and 1"
+        raise UserError(f"{path} has {towers}; tower {tower} was asked for")
+    backbone, projector = model._tower(tower)
+    encoder = Encoder(backbone, projector if with_projector else None,
+                      tuple(arch["input_shape"]),
+                      model.projection_dim if with_projector else backbone.feature_dim,
+                      dict(arch["info"]) | {"tower": tower})
+    return encoder.eval()
+
+
+def export_encoder(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
+    """Write a run's trained dual encoder as ``out`` (safetensors; add the suffix if it is
+    missing) and its architecture as ``out`` with ``.json``, atomically; returns both paths.
+
+    Raises:
+        UserError: not a run directory, or it has no checkpoint yet, or ``out`` exists.
+    """
+    run = RunDir.open(run_dir)
+    if not run.checkpoint_path.is_file():
+        raise UserError(f"{run.path} has no checkpoint yet; nothing to export")
+    out = Path(out)
+    if out.suffix != ".safetensors":
+        out = out.with_name(out.name + ".safetensors")
+    meta = out.with_suffix(".json")
+    for target in (out, meta):
+        if target.exists():
+            raise UserError(f"{target} already exists; choose another --out")
+    arch = _run_architecture(run)
+    model = _build(arch)
+    load_checkpoint(run.checkpoint_path, model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out, model, None, arch["info"]["rounds"] or 0, meta={"export": FORMAT})
+    atomic_write_text(meta, json.dumps(arch, indent=2) + "\n")
+    return out, meta
+
+
+__all__ = ["NORMALISATION", "Encoder", "export_encoder", "load_encoder"]
