@@ -8,7 +8,12 @@ of --repeats runs after --warmup runs, and the median over repetitions of each v
 divided by the centralized step's time in the same repetition (the variants of a row are
 interleaved, so the ratios survive this shared machine's slow spells). Targets: batched dcco ≤ 1.10×, both FedAvg variants ≤ 1.25×.
 
+``--local-steps 2 4`` adds dcco rounds whose clients take E steps on minibatches of 1/E of
+their samples (one local epoch): no batched form exists for them, so the batched executor runs
+the clients one by one; the columns measure what that costs.
+
     python benchmarks/round_cost.py --widths 16 32 64 --repeats 5
+    python benchmarks/round_cost.py --clients 32 8 --local-steps 2 4 --repeats 3
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 
 import torch
 
+from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig, augment_pair
 from dcco.client import trainable_parameters
 from dcco.methods import Segments, build_method
@@ -67,6 +73,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--local-steps", type=int, nargs="*", default=[],
+                    help="also time dcco with E local steps of 1/E of a client's samples")
     args = ap.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -84,9 +92,10 @@ def main() -> None:
     contrastive = build_dual_encoder(ModelConfig(widths=tuple(args.widths)), args.channels,
                                      (256, 256, 128), seed=0).to(device)
 
+    extra = [f" dcco E = {e} |" for e in args.local_steps]
     print("| K | samples/client | centralized step | batched dcco | batched cco_fedavg |"
-          " batched contrastive_fedavg | reference dcco |")
-    print("|---|---|---|---|---|---|---|")
+          " batched contrastive_fedavg | reference dcco |" + "".join(extra))
+    print("|---|---|---|---|---|---|---|" + "---|" * len(extra))
     for k in args.clients:
         if args.samples % k:
             raise SystemExit(f"--samples {args.samples} is not divisible by K = {k}")
@@ -106,6 +115,13 @@ def main() -> None:
             else:
                 slots.append(len(variants))
                 variants.append((net, method, seg, backend))
+        for e in args.local_steps:
+            if per < e:
+                slots.append(f"n/a ({per} samples/client)")
+                continue
+            slots.append(len(variants))
+            variants.append((model, Algorithm(build_method("dcco"), local_steps=e,
+                                              local_batch=per // e), seg, "batched"))
         times = time_rounds(variants, x1, x2, args.warmup, args.repeats)
         base = times[0]
         cells = [f"{statistics.median(base) * 1e3:.0f} ms"]

@@ -285,3 +285,39 @@ def test_run_machines__one_entry_per_machine_with_counts_and_legacy_records(grid
         "1 run on x86_64 Linux (host vm); torch 2.13.0, Python 3.11",
     ]
     assert run_machines([]) == []
+
+
+def test_table1_grid__gpu_scale_runs_with_paper_label_counts_per_class(tiny_fmnist, tmp_path):
+    """The `gpu` scale (the paper's network and batch, R rounds) on tiny data with a tiny
+    override of R and the network: its evaluations at 500 and 50 labels (the paper's 50 and 5
+    per class) and supervised on each label set run, and the results block renders."""
+    from dataclasses import replace
+
+    from dcco.experiments import load_splits
+    from dcco.reproduce import results_markdown, run_cell
+    from dcco.rundir import RunDir
+    from dcco.train import run_pretraining
+
+    shipped = Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml"
+    grid = load_grid(shipped, "gpu")
+    assert grid.base.train.rounds == 5000 and grid.base.model.stage_widths == (64, 128, 256)
+    assert grid.evaluations == ("linear@5000", "linear@500", "linear@50", "finetune@5000")
+    assert grid.base.optim.name == "adam" and grid.base.optim.schedule == "cosine"
+    assert {s.samples_per_client * s.clients_per_round for s in grid.settings} == {512}
+    tiny = load_grid(shipped, "gpu", [
+        f'data.data_dir="{tiny_fmnist}"', "train.rounds=2", "train.knn_every=0",
+        "model.widths=[4, 8, 8]", "model.projector=[16, 16, 16]", "eval.probe_steps=5",
+        "eval.finetune_steps=2", "eval.scratch_epochs=1", "eval.knn_k=5"])
+    tiny = replace(tiny, evaluations=("linear@50", "linear@20"),
+                   settings=tuple(replace(s, clients_per_round=4) for s in tiny.settings))
+    cells = [c for c in plan_cells(tiny, tmp_path)
+             if c.path.name in ("non-iid-4-dcco-s0", "supervised-s0")]
+    splits = load_splits(tiny.base)
+    for cell in cells:
+        run_cell(cell, tiny.evaluations, splits, lambda cfg, run, tr, te, resume:
+                 run_pretraining(cfg, run, tr, te, resume), lambda s: None)
+    dcco_run, supervised = (RunDir(c.path).summary()["evaluations"] for c in cells)
+    assert {"linear@50", "linear@20"} <= dcco_run.keys()
+    assert {"supervised@50", "supervised@20"} <= supervised.keys()
+    text = results_markdown(tiny, cells, "dcco reproduce ...", None)
+    assert "linear@50" in text and "Paper, CIFAR-100" in text

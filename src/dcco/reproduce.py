@@ -79,10 +79,10 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     scales = raw.get("scale", {})
     if scale not in scales:
         raise ConfigError(f"{path} has no scale {scale!r}; choose one of {', '.join(scales)}")
-    unknown = set(scales[scale]) - {"set", "seeds", "global_batch"}
+    unknown = set(scales[scale]) - {"set", "seeds", "global_batch", "evaluations"}
     if unknown:
         raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
-                          f"global_batch")
+                          f"global_batch, evaluations")
     base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", []))
                        + list(overrides or []))
     try:
@@ -107,10 +107,10 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
         if m not in METHODS and m != SUPERVISED:
             raise ConfigError(f"grid.methods: unknown method {m!r}; choose from "
                               f"{', '.join(sorted(METHODS))}, {SUPERVISED}")
-    evaluations = tuple(g.get("evaluations", []))
+    evaluations = tuple(scales[scale].get("evaluations", g.get("evaluations", [])))
     for e in evaluations:
         protocol, _, labels = e.partition("@")
-        if protocol not in PROTOCOLS or not labels.isdigit():
+        if protocol not in PROTOCOLS or not labels.isdigit() or int(labels) < 1:
             raise ConfigError(f"grid.evaluations: {e!r} must look like linear@5000 or "
                               f"finetune@5000")
     seeds = tuple(scales[scale].get("seeds", g.get("seeds", [0])))
@@ -493,7 +493,8 @@ def _claim_values(grid: Grid, cells: list[Cell]) -> dict[tuple[str, str], list[t
             values[evaluation, label] = [
                 (_claim_value(ours, evaluation, grid.settings, s.name, minuend, subtrahend),
                  _claim_value(PAPER_TABLE1, evaluation, _PAPER_SETTINGS, s.name, minuend,
-                              subtrahend) if s.name in _P else None)
+                              subtrahend) if s.name in _P and evaluation in PAPER_TABLE1
+                 else None)
                 for s in grid.settings]
     return values
 
