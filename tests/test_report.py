@@ -58,7 +58,7 @@ def test_tensorboard__metrics_and_evaluations_read_back_with_tensorboards_reader
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"loss", "lr", "rounds_per_sec", "clients", "samples", "exchanges", "knn_percent",
-            "eval/linear@40"} <= tags
+            "bytes_per_client/up", "bytes_per_client/down", "eval/linear@40"} <= tags
     logged = [r for r in RunDir(run).metrics() if "loss" in r]
     assert [e.step for e in events.Scalars("loss")] == [r["round"] for r in logged]
     assert [e.value for e in events.Scalars("loss")] == [

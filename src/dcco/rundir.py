@@ -3,8 +3,10 @@
     config.toml               the resolved run config (reloadable with ``dcco.config.load_config``)
     version.json              dcco and torch versions, the machine (CPU, GPU), git commit and a
                               digest of the source files, command line
-    metrics.jsonl             one JSON object per logged round (loss, lr, rounds/s, clients, samples)
-                              and per k-NN evaluation ({"round": r, "knn": acc})
+    metrics.jsonl             one JSON object per logged round (loss, lr, rounds/s, clients, samples,
+                              exchanges, bytes per client) and per k-NN evaluation
+                              ({"round": r, "knn": acc})
+    tensorboard/              the same as TensorBoard scalars, with train.tensorboard
     checkpoint.safetensors    model + optimiser state + rounds done; rewritten atomically
     summary.json              the final results, including every evaluation run on it
     plots/*.png               loss curve, k-NN curve

@@ -286,6 +286,9 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     t_cfg = cfg.train
     meta = {"method": t_cfg.method} | (meta or {})
     w, latest, started = window(), {}, time.perf_counter()
+    model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
+    d = pt.model.projection_dim
+    message_bytes = pt.algorithm.message_bytes(d, d, model_bytes)
     while not pt.finished:
         m = step()
         w.add(m)
@@ -293,7 +296,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         if m.skipped is not None:
             run.append_metrics({"round": m.round, "skipped": m.skipped})
         if m.round % t_cfg.log_every == 0 or last:
-            record = w.record(m.round, m.lr)
+            record = w.record(m.round, m.lr) | {"bytes_per_client": message_bytes}
             run.append_metrics(record)
             latest |= {k: record[k] for k in ("loss", "rounds_per_sec") if k in record}
             if on_log is not None:
@@ -312,8 +315,6 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     losses = [r["loss"] for r in history if "loss" in r]
     knn = [r["knn"] for r in history if "knn" in r]
     skipped = sum(1 for r in history if isinstance(r.get("skipped"), str))
-    model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
-    d = pt.model.projection_dim
     return run.update_summary(
         method=t_cfg.method, dataset=cfg.data.dataset, rounds=pt.rounds_done,
         alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
@@ -321,7 +322,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
         input_shape=list(pt.images.shape[1:]),
         exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
-        bytes_per_client_round=pt.algorithm.message_bytes(d, d, model_bytes),
+        bytes_per_client_round=message_bytes,
         pretrain_seconds_this_session=time.perf_counter() - started,
         **({"skipped_rounds": skipped} if skipped else {}),
     )
