@@ -471,3 +471,65 @@ def test_secagg_carries_the_new_statistics_within_the_bound(make_federation, ove
         for k, v in plain_pt.aggregate.items():
             assert float((pt.aggregate[k] - v).abs().max()) <= 1e-3 * max(float(v.abs().max()),
                                                                             1.0), k
+
+
+# ---------------------------------------------------------------------- what the server sees
+
+
+def _observed_arrays(replies: list[Message]) -> list[np.ndarray]:
+    """Every numeric array in the replies the server received, flattened, as float64."""
+    out = []
+    for reply in replies:
+        if reply.has_error():
+            continue
+        for record in reply.content.array_records.values():
+            for array in record.values():
+                values = np.asarray(array.numpy())
+                if values.dtype.kind in "fiu" and values.size:
+                    out.append(values.astype(np.float64).ravel())
+    return out
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secagg"])
+def test_server_view__one_nodes_encodings_leak_in_plain_statistics_not_under_secagg(
+        make_federation, secure):
+    """An honest-but-curious server reads every reply. In plain DCCO a node's statistics
+    reply is Σ F and its count, so the server recovers the sum (and mean) of the node's
+    encodings exactly: one client's encoding when a node is one device with one sample
+    (docs/privacy.md). Under SecAgg+ it sees only masked vectors and the average over nodes:
+    no reply holds any node's Σ F."""
+    seen: list[Message] = []
+
+    def observe(node: int, instruction: Message, reply: Message) -> Message:
+        seen.append(reply)
+        return reply
+
+    fcfg = FlowerConfig(min_nodes=NODES, secagg=secure)
+    cfg, pt, fed = make_federation("dcco", fcfg, tamper=observe,
+                                   overrides=("data.samples_per_client=1",))
+    targets, _ = fed.targets(0)
+    data = node_data(cfg)
+    node_means = []
+    with torch.no_grad():
+        for clients in targets.values():
+            f = torch.cat([pt.model(*client_views(cfg, data, k, 0))[0] for k in clients])
+            node_means.append(f.double().sum(0).numpy())  # what its reply carries: Σ F
+    agg = fed.collect()
+    assert agg.skipped is None
+    arrays = _observed_arrays(seen)
+    d = node_means[0].shape[0]
+
+    def recovered(target: np.ndarray) -> bool:
+        """Some observed array holds ``target`` (to 1e-9) at some offset."""
+        for a in arrays:
+            starts = np.nonzero(np.isclose(a[:a.size - d + 1], target[0], rtol=1e-9,
+                                           atol=1e-12))[0]
+            if any(np.allclose(a[s:s + d], target, rtol=1e-9, atol=1e-12) for s in starts):
+                return True
+        return False
+
+    leaked = [recovered(m) for m in node_means]
+    if secure:
+        assert not any(leaked)
+    else:
+        assert all(leaked)
