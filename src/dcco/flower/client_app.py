@@ -67,6 +67,12 @@ def train(msg: Message, context: Context) -> Message:
     else:
         ins = codec.decode_instruction(msg.content)
     check_hosted(ins.clients, identity)
+    if ins.shared is not None:
+        expected = {f"mean_{f.name}" for f in spec.fields} if spec is not None else set()
+        if set(ins.shared) != expected:
+            raise codec.InstructionError(
+                f"malformed instruction from the server: S_A holds {sorted(ins.shared)}, "
+                f"{algorithm.method.name} needs {sorted(expected)}")
     load_weights(model, ins.model if ins.model is not None else _kept(context.state, ins.round))
     if (ins.phase == "stats" or ins.with_stats) and spec is None:
         raise ValueError(f"the server asked for statistics, but {algorithm.method.name} "

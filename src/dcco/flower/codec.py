@@ -94,18 +94,59 @@ def encode_instruction(ins: Instruction) -> RecordDict:
     return content
 
 
+class InstructionError(ValueError):
+    """A server instruction this node cannot read; the message says what is wrong."""
+
+
 def decode_instruction(content: RecordDict) -> Instruction:
+    """The server's instruction, checked: anything malformed raises ``InstructionError``
+    naming the problem (the ClientApp then answers with an error reply)."""
+    try:
+        return _decode_instruction(content)
+    except InstructionError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise InstructionError(f"malformed instruction from the server: {type(e).__name__}: "
+                               f"{e}") from None
+
+
+def _integer(value: object, what: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InstructionError(f"malformed instruction from the server: {what} must be an "
+                               f"integer >= {low}, got {value!r}")
+    return value
+
+
+def _decode_instruction(content: RecordDict) -> Instruction:
     cfg = content.config_records[CONFIG]
     phase = cfg["phase"]
     if phase not in ("stats", "update"):
-        raise ValueError(f"unknown phase {phase!r} in the server's message")
+        raise InstructionError(f"malformed instruction from the server: unknown phase "
+                               f"{phase!r}")
+    round_index = _integer(cfg["round"], "round")
+    clients = cfg["clients"]
+    if not isinstance(clients, list):
+        raise InstructionError(f"malformed instruction from the server: clients must be a "
+                               f"list, got {clients!r}")
+    clients = tuple(_integer(k, "a client id") for k in clients)
     model = tensors_of(content.array_records[MODEL]) if MODEL in content.array_records else None
     shared = None
     if SHARED in content.array_records:
-        count = torch.tensor(float(cfg["shared_count"]), dtype=torch.float64)
-        shared = Moments(tensors_of(content.array_records[SHARED]), count=count)
-    return Instruction(phase, int(cfg["round"]), tuple(int(k) for k in cfg["clients"]), model,
-                       shared, bool(cfg.get("with_stats", False)))
+        count = cfg["shared_count"]
+        if isinstance(count, bool) or not isinstance(count, (int, float)) or not count > 0:
+            raise InstructionError(f"malformed instruction from the server: shared_count must "
+                                   f"be a positive number, got {count!r}")
+        values = tensors_of(content.array_records[SHARED])
+        if not all(v.is_floating_point() and bool(torch.isfinite(v).all())
+                   for v in values.values()):
+            raise InstructionError("malformed instruction from the server: S_A must hold "
+                                   "finite floating-point values")
+        shared = Moments(values, count=torch.tensor(float(count), dtype=torch.float64))
+    with_stats = cfg.get("with_stats", False)
+    if not isinstance(with_stats, bool):
+        raise InstructionError(f"malformed instruction from the server: with_stats must be "
+                               f"true or false, got {with_stats!r}")
+    return Instruction(phase, round_index, clients, model, shared, with_stats)
 
 
 def encode_stats_reply(stats: EncodingStats) -> RecordDict:

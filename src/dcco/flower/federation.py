@@ -298,7 +298,8 @@ class PlainExchanges:
             tally)
         shapes = {name: tuple(p.shape) for name, p in self.fed.pt.params}
         d = self.fed.pt.model.projection_dim
-        valid = accept_valid(got.values(), lambda c: _update(c, shapes, d, with_stats), tally)
+        valid = accept_valid(got.values(),
+                             lambda c: validate_update_reply(c, shapes, d, with_stats), tally)
         self._check("update", len(valid), shared)
         nodes = list(got)
         updates = [u for _, (u, _) in valid]
@@ -376,8 +377,10 @@ class SecureExchanges(PlainExchanges):
                        sum(len(self.targets[k]) for k in res.counts), int(n), fresh)
 
 
-def _update(content: RecordDict, shapes: dict[str, tuple[int, ...]], d: int,
-            with_stats: StatsSpec | None) -> tuple[Any, EncodingStats | None]:
+def validate_update_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]], d: int,
+                          with_stats: StatsSpec | None) -> tuple[Any, EncodingStats | None]:
+    """An update reply → (``ClientUpdate``, its statistics in stale mode, else None), or
+    ``ReplyError``; the statistics must be of as many samples as the update."""
     delta, count, loss = codec.decode_update_reply(content)
     update = validate_update(delta, count, shapes, loss=loss)
     if with_stats is None:
