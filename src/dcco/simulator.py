@@ -7,7 +7,7 @@ learning rate η, client k's update is −η∇L_k, and the server's optimiser c
 −Σ_k (N_k/N)·update_k = η Σ_k (N_k/N) ∇L_k (FedOpt).
 
 ``batched`` runs all of a round's clients in one forward/backward over the concatenated batch,
-with per-client segments in the loss. This is exact for one local step on all of a client's
+with per-client segments in the loss (the statistics come from the same forward). This is exact for one local step on all of a client's
 samples because the encoders use group norm and weight standardisation, which have no
 cross-sample terms. For several local steps (or minibatches) no batched form exists here, and
 the batched executor runs the clients' updates one by one, as ``reference`` does.
@@ -68,18 +68,22 @@ class BatchedExecutor(ReferenceExecutor):
     def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
         super().__init__(model, x1, x2, segments)
         self.x1, self.x2, self.segments = x1, x2, segments
+        self._encodings: tuple[Tensor, Tensor] | None = None
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
-        with torch.no_grad():
-            f, g = self.model(self.x1, self.x2)
-        return encoding_stats(f, g, spec)
+        # one forward serves both steps: the statistics from its detached encodings, the
+        # update (one local step, at the same model) from its graph
+        self._encodings = self.model(self.x1, self.x2)
+        f, g = self._encodings
+        return encoding_stats(f.detach(), g.detach(), spec)
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
+        encodings, self._encodings = self._encodings, None
         if not algorithm.batched_exact(int(self.segments.counts.min())):
             return super().updates(algorithm, shared, with_stats)
         named = trainable_parameters(self.model)
-        f, g = self.model(self.x1, self.x2)
+        f, g = encodings if encodings is not None else self.model(self.x1, self.x2)
         fresh = encoding_stats(f.detach(), g.detach(), with_stats) if with_stats else None
         loss = algorithm.method.round_loss(f, g, self.segments.to(f.device), shared)
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
