@@ -13,6 +13,7 @@ never another exception. 2,500 examples per test, 10,000 in all.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
@@ -104,27 +105,16 @@ def _check(outcome: list, tally: ReplyTally, broken: bool) -> None:
         assert tally.accepted == 1 and len(outcome) == 1
 
 
+@pytest.mark.parametrize("spec", [CCO_STATS, VICREG_STATS], ids=["cco", "vicreg"])
 @EXAMPLES
-@given(m=mutation(["sum_f", "sum_g", "sum_ff", "sum_gg", "sum_fg"]),
-       seed=st.integers(0, 3))
-def test_fuzz__cco_statistics_replies(m, seed):
-    content = _mutate(codec.encode_stats_reply(_stats(CCO_STATS, seed)), codec.STATS,
+@given(data=st.data(), seed=st.integers(0, 3))
+def test_fuzz__statistics_replies(spec, data, seed):
+    m = data.draw(mutation(list(spec.sum_names)))
+    content = _mutate(codec.encode_stats_reply(_stats(spec, seed)), codec.STATS,
                       codec.STATS + ".meta", m)
     tally = ReplyTally()
     out = accept_valid([content], lambda c: validate_statistics(
-        codec.decode_stats_reply(c), D, D, spec=CCO_STATS), tally)
-    _check(out, tally, broken=m[0] not in ("none", "bad_loss", "foreign_record"))
-
-
-@EXAMPLES
-@given(m=mutation(["sum_f", "sum_g", "sum_fft", "sum_ggt", "sum_fg_diag"]),
-       seed=st.integers(0, 3))
-def test_fuzz__vicreg_statistics_replies(m, seed):
-    content = _mutate(codec.encode_stats_reply(_stats(VICREG_STATS, seed)), codec.STATS,
-                      codec.STATS + ".meta", m)
-    tally = ReplyTally()
-    out = accept_valid([content], lambda c: validate_statistics(
-        codec.decode_stats_reply(c), D, D, spec=VICREG_STATS), tally)
+        codec.decode_stats_reply(c), D, D, spec=spec), tally)
     _check(out, tally, broken=m[0] not in ("none", "bad_loss", "foreign_record"))
 
 
