@@ -533,3 +533,20 @@ def test_server_view__one_nodes_encodings_leak_in_plain_statistics_not_under_sec
         assert not any(leaked)
     else:
         assert all(leaked)
+
+
+def test_open_run__errors_name_the_apps_keys_not_the_clis_flags(tiny_config, tmp_path):
+    from dcco.flower.federation import open_run
+    from dcco.rundir import RunDirError
+
+    cfg = load_config(tiny_config(rounds=2))
+    run = tmp_path / "run"
+    open_run(cfg, FlowerConfig(run_dir=str(run)))
+    (run / "metrics.jsonl").write_text('{"round": 1, "loss": 1.0}\n')  # it has started
+    with pytest.raises(RunDirError, match="flower.resume=true") as err:
+        open_run(cfg, FlowerConfig(run_dir=str(run)))
+    assert "--resume" not in str(err.value).replace("flower.resume", "")
+    with pytest.raises(RunDirError, match="flower.run_dir .* holds no dcco run"):
+        open_run(cfg, FlowerConfig(run_dir=str(tmp_path / "nothing"), resume=True))
+    with pytest.raises(RunDirError, match=r"flower.resume: .*train.rounds: 2 here, 3 asked"):
+        open_run(load_config(tiny_config(rounds=3)), FlowerConfig(run_dir=str(run), resume=True))

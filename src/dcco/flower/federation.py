@@ -400,8 +400,17 @@ def open_run(cfg: RunConfig, fcfg: FlowerConfig) -> RunDir:
     path = Path(fcfg.run_dir or
                 f"runs/flower-{cfg.train.method}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if not fcfg.resume:
-        run = RunDir.create(path, cfg)
+        try:
+            run = RunDir.create(path, cfg)
+        except RunDirError:  # its message speaks of the CLI's flags, not the app's keys
+            raise RunDirError(
+                f"flower.run_dir {path} already holds a run; continue it with "
+                f"--run-config \"flower.resume=true flower.run_dir='{path}'\", or choose "
+                f"another flower.run_dir") from None
     else:
+        if not (path / "config.toml").is_file():
+            raise RunDirError(f"flower.resume = true, but flower.run_dir {path} holds no dcco "
+                              f"run (no config.toml); set flower.run_dir to the run to continue")
         run = RunDir.open(path)
         if differ := config_differences(run.config(), cfg):
             raise RunDirError(f"flower.resume: {path} holds a run with another config "
