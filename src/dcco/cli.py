@@ -8,6 +8,7 @@ and exit status 2; any other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -352,13 +353,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from dcco.encoders import export_encoder, load_encoder
+    from dcco.encoders import export_encoder
 
     weights, meta = export_encoder(args.run_dir, args.out)
-    encoder = load_encoder(weights)
-    _say(f"wrote {weights} and {meta}: {encoder.info['method']} encoder, input "
-         f"{tuple(encoder.input_shape)}, {encoder.output_dim} features; load it with "
-         f"dcco.load_encoder({str(weights)!r})")
+    arch = json.loads(meta.read_text())
+    _say(f"wrote {weights} and {meta}: {arch['info']['method']} encoder, input "
+         f"{tuple(arch['input_shape'])}; load it with dcco.load_encoder({str(weights)!r})")
     return 0
 
 

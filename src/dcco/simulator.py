@@ -43,15 +43,22 @@ class ReferenceExecutor:
 
     def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
         self.model = model
-        sizes = segments.counts.tolist()
-        self.views = list(zip(torch.split(x1, sizes), torch.split(x2, sizes), strict=True))
+        self.x1, self.x2, self.segments = x1, x2, segments
+
+    @property
+    def views(self) -> list[tuple[Tensor, Tensor]]:
+        """Each client's two views (split on use: the batched path never needs them)."""
+        sizes = self.segments.counts.tolist()
+        return list(zip(torch.split(self.x1, sizes), torch.split(self.x2, sizes), strict=True))
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
         return merge([client_statistics(self.model, a, b, spec) for a, b in self.views])
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
-        fresh = self.statistics(with_stats) if with_stats is not None else None
+        # client by client, also when the batched executor falls back here
+        fresh = (ReferenceExecutor.statistics(self, with_stats) if with_stats is not None
+                 else None)
         updates = [client_update(self.model, algorithm.method, a, b, shared, algorithm.local_lr,
                                  algorithm.local_steps, algorithm.local_batch)
                    for a, b in self.views]
@@ -67,7 +74,6 @@ class BatchedExecutor(ReferenceExecutor):
 
     def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
         super().__init__(model, x1, x2, segments)
-        self.x1, self.x2, self.segments = x1, x2, segments
         self._encodings: tuple[Tensor, Tensor] | None = None
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
