@@ -9,6 +9,11 @@ rounds, and prints the seconds per round, the peak accelerator memory, and the h
 (every seed); evaluations and the k-NN monitor come on top.
 
     python benchmarks/grid_cost.py experiments/table1_fmnist.toml --scale full --rounds 20
+
+Each cell runs as its config says, ``train.precision`` and ``train.compile`` included (``auto``:
+bf16 and torch.compile on CUDA, float32 eager on the CPU; ``dcco.precision.AUTO``); time
+today's path with ``--set train.precision=\"float32\" --set train.compile=\"off\"``. A compiled
+cell's warm-up rounds include its compilation.
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ def main() -> None:
                          "pretraining cell of the first seed")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=20, help="timed rounds per cell")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override every cell's config, as dcco pretrain --set (repeatable)")
     args = ap.parse_args()
     if args.warmup < 0 or args.rounds < 1:
         ap.error("--warmup must be >= 0 and --rounds >= 1")
 
     try:
-        grid = load_grid(args.grid, args.scale)
+        grid = load_grid(args.grid, args.scale, args.set)
         cells = [c for c in plan_cells(grid, Path(tempfile.gettempdir()) / "grid-cost")
                  if c.na is None and c.method != SUPERVISED]
         if args.cells:
@@ -64,9 +71,9 @@ def main() -> None:
     print(f"# {cpu_name()} ({platform.machine()}), "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}; "
           f"torch {torch.__version__}")
-    print("| cell | clients × samples | s / round | peak GPU memory (GiB) | rounds "
-          "| hours for the rounds |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| cell | clients × samples | precision, compile | s / round | peak GPU memory (GiB) "
+          "| rounds | hours for the rounds |")
+    print("|---|---|---|---:|---:|---:|---:|")
     total_hours = 0.0
     for cell in cells:
         pt = Pretraining(cell.cfg, train)
@@ -88,8 +95,9 @@ def main() -> None:
         t, d = cell.cfg.train, cell.cfg.data
         shape = (f"{t.clients_per_round} × {d.samples_per_client}" if pt.method.federated
                  else f"1 × {t.clients_per_round * d.samples_per_client} (pooled)")
-        print(f"| {cell.path.name} | {shape} | {per_round:.3f} | {memory} | {t.rounds} "
-              f"| {hours:.1f} |", flush=True)
+        speed = f"{pt.speed.precision}, {pt.speed.compile}"
+        print(f"| {cell.path.name} | {shape} | {speed} | {per_round:.4f} | {memory} | "
+              f"{t.rounds} | {hours:.1f} |", flush=True)
         del pt
     seeds = 1 if args.cells else len(grid.seeds)
     print(f"\nPretraining, all {len(cells) * seeds} cells: {total_hours * seeds:.1f} hours "

@@ -52,13 +52,15 @@ class Updates:
 
     Attributes:
         pseudo_gradient: by parameter name, −Σ_k (N_k/N)·Δ_k.
-        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their first step.
+        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their first step: a number, or
+            a scalar tensor still on the device (the batched executor's, read only when
+            logged).
         num_clients: K that took part. num_samples: their N.
         stats: the merged fresh statistics sent with the updates (stale mode), else None.
     """
 
     pseudo_gradient: dict[str, Tensor]
-    loss: float
+    loss: float | Tensor
     num_clients: int
     num_samples: int
     stats: EncodingStats | None = None
@@ -85,7 +87,8 @@ class RoundResult:
 
     Attributes:
         pseudo_gradient: by parameter name, −Σ_k (N_k/N)·Δ_k (the gradient, in centralized mode).
-        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their step.
+        loss: Σ_k (N_k/N)·loss_k, the clients' losses before their step (a number, or a
+            device scalar: see ``Updates``).
         num_clients: K.
         num_samples: N.
         shared: S_A, the statistics the clients' losses used (None without statistics).
@@ -94,7 +97,7 @@ class RoundResult:
     """
 
     pseudo_gradient: dict[str, Tensor]
-    loss: float
+    loss: float | Tensor
     num_clients: int
     num_samples: int
     shared: Moments | None = None

@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dcco.devices import to_device
+
 _M32 = 0xFFFFFFFF
 _CPU_CHUNK = 128
 """Samples per chunk on the CPU: keeps each intermediate image tensor inside the cache."""
@@ -208,7 +210,11 @@ def uniforms(seed: int, round_index: int, sample_ids: Tensor, view: int,
     for word in ((ids >> 32) & _M32, round_index & _M32, round_index >> 32, seed & _M32,
                  seed >> 32, view):
         h = _mix32(h ^ word)
-    slot_words = torch.tensor([(s * 0x85EBCA6B) & _M32 for s in slots], device=ids.device)
+    if isinstance(slots, range):  # built on the device: a tensor from a list would be a copy
+        slot_words = torch.arange(slots.start, slots.stop, slots.step, device=ids.device)
+    else:
+        slot_words = to_device(torch.tensor(list(slots), dtype=torch.int64), ids.device)
+    slot_words = (slot_words * 0x85EBCA6B) & _M32
     h = _mix32(_mix32(h[None, :] ^ slot_words[:, None]) ^ 0xC2B2AE35)
     return h.to(torch.float64) * 2.0**-32
 
@@ -327,7 +333,7 @@ def _shift_hue(x: Tensor, turns: Tensor) -> Tensor:
     num.addcmul_(torch.add(r - g, chroma, alpha=4), b_max)
     sextant = num.div_(chroma.clamp(min=torch.finfo(x.dtype).tiny))  # grey pixels: num = 0
     sextant += (6 * turns).to(x.dtype)[:, None, None]
-    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device)[None, :, None, None]
+    n = torch.arange(5, 0, -2, dtype=x.dtype, device=x.device)[None, :, None, None]  # 5, 3, 1
     k = sextant[:, None] + n  # (B, 3, H, W)
     k.sub_(torch.floor_(k / 6).mul_(6))  # mod 6; 3× faster than torch.remainder on the CPU
     weight = torch.minimum(k, 4 - k).clamp_(0, 1)
@@ -424,13 +430,26 @@ def _apply(mask: Tensor, op: Callable[..., Tensor], x: Tensor, *params: Tensor) 
 
     Every op here is per sample, so computing it on a subset changes no bit of the result.
     ``x`` is overwritten: it must be an intermediate of the pipeline.
+
+    Off the CPU, the op runs on every sample and ``mask`` selects (``_apply_all``): finding
+    the subset (``nonzero``, ``mask.all()``) would make the host wait for the device at
+    every op, and a GPU gains nothing from the smaller batch.
     """
+    if x.device.type != "cpu":
+        return _apply_all(mask, op, x, *params)
     if bool(mask.all()):
         return op(x, *params)
     idx = mask.nonzero()[:, 0]
     if idx.numel() == 0:
         return x
     return x.index_copy_(0, idx, op(x[idx], *(p[idx] for p in params)))
+
+
+def _apply_all(mask: Tensor, op: Callable[..., Tensor], x: Tensor, *params: Tensor) -> Tensor:
+    """``_apply`` without a host synchronisation: ``op`` on every sample, kept where ``mask``
+    holds. The same values as ``_apply``, since every op is per sample."""
+    out = op(x.clone(), *params)
+    return torch.where(mask.view(-1, *([1] * (x.ndim - 1))), out, x)
 
 
 def _render(images: Tensor, grid: Tensor, u: Tensor, view: int, cfg: AugmentConfig) -> Tensor:

@@ -23,6 +23,7 @@ from dcco.methods.base import LossConfig
 from dcco.methods.registry import METHODS
 from dcco.models import ModelConfig
 from dcco.optim import OptimConfig
+from dcco.precision import Compile, Precision, Speed, check, resolve
 from dcco.scalars import INSTALL_HINT, tensorboard_available
 
 if sys.version_info >= (3, 11):
@@ -84,7 +85,16 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     """"auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
-    dtype: Literal["float32", "float64"] = "float32"
+    precision: Precision = "auto"
+    """The encoders' arithmetic: "float32"; "bf16", bfloat16 autocast of the backbones (weights,
+    projectors and server optimiser in float32; statistics and losses in float64); "float64",
+    for exactness checks; "auto", the fastest measured safe on the run's device
+    (``dcco.precision.AUTO``), written out concretely in the run's config.toml."""
+    compile: Compile = "auto"
+    """torch.compile of the encoders: "off", "on", "cudagraphs" (CUDA graphs too, for rounds
+    of one shape), or "auto" (``dcco.precision.AUTO``)."""
+    channels_last: bool = False
+    """NHWC memory format for the backbones (measure it: group norm can undo the gain)."""
     log_every: int = 10
     checkpoint_every: int = 500
     knn_every: int = 0
@@ -140,13 +150,56 @@ class RunConfig:
             )
 
     @property
+    def speed(self) -> Speed:
+        """The encoders' precision, compile mode and memory format (``auto`` resolved for
+        ``train.device``)."""
+        t = self.train
+        precision, compile = resolve(t.precision, t.compile, _device_type(t.device))
+        return Speed(precision, compile, t.channels_last)
+
+    def resolved(self) -> RunConfig:
+        """This config with every ``auto`` of ``[train]``'s precision and compile made
+        concrete for ``train.device`` on this machine: what a run directory stores."""
+        s = self.speed
+        try:
+            check(s, _device_type(self.train.device))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return replace(self, train=replace(self.train, precision=s.precision, compile=s.compile))
+
+    @property
     def projector(self) -> tuple[int, ...]:
         """The projector widths: the model's, or the method's paper default."""
         return self.model.projector or METHODS[self.train.method].default_projector
 
 
+def _device_type(device: str) -> str:
+    """The device type a ``train.device`` value runs on, here ("auto": CUDA when present)."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":")[0]
+
+
+def _upgrade(raw: dict[str, Any]) -> None:
+    """Read a config written before ``train.precision`` existed as what it computed: its
+    ``train.dtype`` is the precision (the values carry over), and it ran eager (compile
+    "off"), so older run directories stay readable and comparable."""
+    train = raw.get("train")
+    if not isinstance(train, dict) or "dtype" not in train:
+        return
+    value = train.pop("dtype")
+    if "precision" in train and train["precision"] != value:
+        raise ConfigError(f"train.dtype (the old name of train.precision) is {value!r} but "
+                          f"train.precision is {train['precision']!r}; keep train.precision "
+                          f"alone")
+    train["precision"] = value
+    train.setdefault("compile", "off")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: RunConfig | None = None) -> RunConfig:
+                base: RunConfig | None = None, resolve_auto: bool = True) -> RunConfig:
     """Read a TOML run config, apply ``section.key=value`` overrides, and validate it all.
 
     Args:
@@ -154,6 +207,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         overrides: e.g. ``["train.rounds=10", "model.widths=[16, 32, 64]"]``; the value is read
             as TOML, or taken as a plain string when it is not valid TOML.
         base: the config that the file and overrides modify (default: ``RunConfig()``).
+        resolve_auto: make ``train.precision`` and ``train.compile`` concrete for this
+            machine (``RunConfig.resolved``), as every run directory stores them.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -165,7 +220,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 f"configs/, e.g. configs/fmnist_small.toml")
     for item in overrides or []:
         _apply_override(raw, item)
-    return from_dict(RunConfig, raw, "", base=base or RunConfig())
+    _upgrade(raw)
+    cfg = from_dict(RunConfig, raw, "", base=base or RunConfig())
+    return cfg.resolved() if resolve_auto else cfg
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

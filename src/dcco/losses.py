@@ -127,7 +127,7 @@ def nt_xent_per_anchor(
         g2 = torch.cat([groups, groups])
         mask = mask | (g2[:, None] != g2[None, :])
     logits = logits.masked_fill(mask, float("-inf"))
-    positives = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    positives = torch.arange(n, 3 * n, device=z.device) % (2 * n)  # view 1 ↔ view 2
     return F.cross_entropy(logits, positives, reduction="none")
 
 

@@ -295,6 +295,13 @@ class DualEncoder(nn.Module):
         second: the second tower's (backbone, projector), or None for a shared network.
     """
 
+    autocast_dtype: torch.dtype | None = None
+    """Training forwards run the backbones under autocast to this dtype (bf16 precision,
+    ``dcco.precision``); the projectors, and ``encode``/``features``, stay in the weights'
+    dtype."""
+    channels_last: bool = False
+    """Training forwards feed the backbones NHWC (channels-last) inputs."""
+
     def __init__(self, backbone: ResNet, projector: Projector,
                  second: tuple[ResNet, Projector] | None = None) -> None:
         super().__init__()
@@ -337,9 +344,21 @@ class DualEncoder(nn.Module):
             F (N1, d) and G (N2, d).
         """
         if self.shared:
-            z = self.projector(self.backbone(torch.cat([x1, x2])))
+            z = self.projector(self._backbone_features(self.backbone, torch.cat([x1, x2])))
             return z[: x1.shape[0]], z[x1.shape[0]:]
-        return self.encode(x1, 0), self.encode(x2, 1)
+        return (self.projector(self._backbone_features(self.backbone, x1)),
+                self.projector2(self._backbone_features(self.backbone2, x2)))
+
+    def _backbone_features(self, backbone: nn.Module, x: Tensor) -> Tensor:
+        """A training forward's backbone features: under autocast to ``autocast_dtype`` if
+        set, returned in the weights' dtype for the projector."""
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.autocast_dtype is None:
+            return backbone(x)
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype):
+            h = backbone(x)
+        return h.to(self.projector[-1].weight.dtype)
 
     def encode(self, x: Tensor, tower: int = 0) -> Tensor:
         """Projections of one input through one tower: (N, C, H, W) → (N, d)."""

@@ -97,7 +97,8 @@ class BatchedExecutor(ReferenceExecutor):
             name: (torch.zeros_like(p) if gr is None else algorithm.local_lr * gr)
             for (name, p), gr in zip(named, grads)
         }
-        return Updates(pseudo, float(loss.detach()), self.segments.num_clients,
+        # the loss stays on the device: reading it here would wait for the GPU every round
+        return Updates(pseudo, loss.detach(), self.segments.num_clients,
                        self.segments.num_samples, fresh)
 
 

@@ -214,7 +214,7 @@ def encoding_stats(f: Tensor, g: Tensor, spec: StatsSpec = CCO_STATS) -> Encodin
         spec: which sums (default: the CCO loss's five).
     """
     f64, g64 = f.to(STATS_DTYPE), g.to(STATS_DTYPE)
-    count = torch.tensor(float(f.shape[0]), dtype=STATS_DTYPE, device=f.device)
+    count = torch.full((), float(f.shape[0]), dtype=STATS_DTYPE, device=f.device)
     return EncodingStats({"count": count} | {f"sum_{s.name}": s.batch_sum(f64, g64)
                                              for s in spec.fields})
 

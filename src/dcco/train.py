@@ -23,18 +23,17 @@ from dcco.client import trainable_parameters
 from dcco.config import ConfigError, RunConfig
 from dcco.data.datasets import ImageDataset
 from dcco.data.partition import Partition, dirichlet_partition
+from dcco.devices import to_device
 from dcco.evaluate import knn_accuracy
 from dcco.methods.base import Segments
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
+from dcco.precision import prepare_model
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
 from dcco.simulator import run_round
 from dcco.stats import Moments
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
 
 def resolve_device(name: str) -> torch.device:
     """``"auto"`` is CUDA when present, else CPU; anything else is checked to exist."""
@@ -108,7 +107,8 @@ class RoundMetrics:
 
     round: int
     """1-based index of the round just finished."""
-    loss: float
+    loss: float | Tensor
+    """The round's loss: a number, or a scalar still on the device (read when logged)."""
     lr: float
     num_clients: int
     num_samples: int
@@ -134,7 +134,8 @@ class Pretraining:
                  partition: Partition | None = None) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.train.device)
-        self.dtype = DTYPES[cfg.train.dtype]
+        self.speed = cfg.speed
+        self.dtype = self.speed.param_dtype
         self.algorithm = algorithm_of(cfg)
         self.method = self.algorithm.method
         self.aggregate: Moments | None = None
@@ -147,14 +148,16 @@ class Pretraining:
                 f"only {self.partition.num_clients} clients"
             )
         self.images = train_set.images.to(self.device)
-        self.model: DualEncoder = build_dual_encoder(
+        self.model: DualEncoder = prepare_model(build_dual_encoder(
             cfg.model, in_channels=train_set.images.shape[1], projector_dims=cfg.projector,
             seed=cfg.train.seed,
-        ).to(self.device, self.dtype)
+        ), self.speed, self.device)
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.params, cfg.optim)
         self.rounds_done = 0
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
+        self._first_bad: Tensor | None = None
+        self._bad_loss: Tensor | None = None
 
     @property
     def finished(self) -> bool:
@@ -166,7 +169,7 @@ class Pretraining:
 
     def views(self, plan: RoundPlan, round_index: int) -> tuple[Tensor, Tensor]:
         """The two augmented views of the round's samples (N, C, H, W)."""
-        ids = plan.sample_ids.to(self.device)
+        ids = to_device(plan.sample_ids, self.device)
         return augment_pair(self.images[ids], ids, self._augment_seed, round_index,
                             self.cfg.augment, dtype=self.dtype)
 
@@ -177,15 +180,24 @@ class Pretraining:
         plan = plan_round(self.cfg, self.partition, r)
         x1, x2 = self.views(plan, r)
         lr = self.lr(r)
-        result = run_round(self.model, self.algorithm, x1, x2, plan.segments,
-                           self.cfg.train.backend, previous=self.aggregate)
+        result = run_round(self.model, self.algorithm, x1, x2,
+                           plan.segments.to(self.device), self.cfg.train.backend,
+                           previous=self.aggregate)
         return self.apply(result, lr, start)
 
     def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
         """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
-        aggregate for the next round; refuses a non-finite loss."""
+        aggregate for the next round.
+
+        A loss that is a number (Flower's) is checked at once: a non-finite one is refused
+        before the model changes. A loss still on the device (the simulator's) is not read
+        here, which would wait for the GPU every round: the first round with a non-finite
+        loss is kept on the device, and ``check_finite`` raises for it at the next metrics
+        record or checkpoint, so a diverged model never reaches a checkpoint."""
         r = self.rounds_done
-        if not math.isfinite(result.loss):
+        if isinstance(result.loss, Tensor):
+            self._watch_loss(result.loss.detach(), r + 1)
+        elif not math.isfinite(result.loss):
             raise FloatingPointError(
                 f"round {r + 1}: the loss is {result.loss}; training diverged (try a lower "
                 f"optim.lr); the model was left as it was before this round"
@@ -197,6 +209,27 @@ class Pretraining:
         self.rounds_done += 1
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
                             result.num_samples, time.perf_counter() - start, result.exchanges)
+
+    def _watch_loss(self, loss: Tensor, round_done: int) -> None:
+        """Remember, on the loss's device, the first round whose loss is not finite."""
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        first = ~torch.isfinite(loss) & (self._first_bad == 0)
+        self._first_bad = torch.where(first, round_done, self._first_bad)
+        self._bad_loss = torch.where(first, loss, self._bad_loss)
+
+    def check_finite(self) -> None:
+        """Raise ``FloatingPointError`` if a round since the start of this process had a
+        non-finite loss (``apply``); reads the device once."""
+        if self._first_bad is None or int(self._first_bad) == 0:
+            return
+        bad, loss = int(self._first_bad), float(self._bad_loss)
+        raise FloatingPointError(
+            f"round {bad}: the loss is {loss}; training diverged (try a lower optim.lr). "
+            f"Rounds {bad}-{self.rounds_done} were applied before the check, so this model is "
+            f"discarded: no checkpoint was written after round {bad - 1}"
+        )
 
     def round_state(self) -> dict[str, Tensor]:
         """What a checkpoint must keep besides model and optimiser: the last aggregate."""
@@ -223,7 +256,8 @@ class MetricsWindow:
 
     def __init__(self) -> None:
         self.rounds = self.skipped = self.clients = self.samples = self.exchanges = 0
-        self.losses: list[float] = []
+        self.losses: list[float | Tensor] = []
+        """Each round's loss: a number, or a tensor still on the device (read at ``record``)."""
         self.start = time.perf_counter()
 
     def add(self, m: RoundMetrics) -> None:
@@ -242,10 +276,20 @@ class MetricsWindow:
         done = max(self.rounds - self.skipped, 1)
         rec: dict[str, Any] = {"round": round_done}
         if self.losses:
-            rec["loss"] = sum(self.losses) / len(self.losses)
+            losses = [float(v) for v in _read(self.losses)]
+            rec["loss"] = sum(losses) / len(losses)
         return rec | {"lr": lr, "rounds_per_sec": self.rounds / (time.perf_counter() - self.start),
                       "clients": self.clients // done, "samples": self.samples // done,
                       "exchanges": self.exchanges / done}
+
+
+def _read(values: list[float | Tensor]) -> list[float]:
+    """Numbers from numbers and device scalars, with one transfer for all the tensors."""
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    if not tensors:
+        return list(values)
+    read = iter(torch.stack([t.to(torch.float64) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, Tensor) else v for v in values]
 
 
 def resume_from_checkpoint(pt: Pretraining, run: RunDir) -> None:
@@ -296,6 +340,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         if m.skipped is not None:
             run.append_metrics({"round": m.round, "skipped": m.skipped})
         if m.round % t_cfg.log_every == 0 or last:
+            pt.check_finite()
             record = w.record(m.round, m.lr) | {"bytes_per_client": message_bytes}
             run.append_metrics(record)
             latest |= {k: record[k] for k in ("loss", "rounds_per_sec") if k in record}
@@ -307,6 +352,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
             latest["knn"] = monitor_knn(pt, train_set, test_set)
             run.append_metrics({"round": m.round, "knn": latest["knn"]})
         if m.round % t_cfg.checkpoint_every == 0 or last:
+            pt.check_finite()
             save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round, meta=meta,
                             state=pt.round_state())
         if on_round is not None:

@@ -33,10 +33,11 @@ from dcco.data.datasets import load_dataset
 from dcco.data.partition import Partition
 from dcco.methods.base import Method
 from dcco.models import DualEncoder, build_dual_encoder
+from dcco.precision import prepare_model
 from dcco.seeding import derive_seed
 from dcco.server import pooled_update
 from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
-from dcco.train import DTYPES, algorithm_of, build_partition, resolve_device
+from dcco.train import algorithm_of, build_partition, resolve_device
 
 
 def partition_of(client: int, num_partitions: int) -> int:
@@ -125,7 +126,10 @@ def build_model(cfg: RunConfig, in_channels: int) -> DualEncoder:
     (``load_weights``), so one module serves every message (and in simulation every node).
     """
     model = build_dual_encoder(cfg.model, in_channels, cfg.projector, seed=cfg.train.seed)
-    return model.to(resolve_device(cfg.train.device), DTYPES[cfg.train.dtype])
+    # a node's clients come one message at a time, each of its own size (and over a
+    # deployment, each in a fresh process), so compiling would cost more than it saves
+    speed = replace(cfg.speed, compile="off")
+    return prepare_model(model, speed, resolve_device(cfg.train.device))
 
 
 def client_views(cfg: RunConfig, data: NodeData, client: int,
@@ -137,7 +141,7 @@ def client_views(cfg: RunConfig, data: NodeData, client: int,
     """
     ids = data.partition.client(client).to(data.images.device)
     return augment_pair(data.images[ids], ids, derive_seed(cfg.train.seed, "augment"),
-                        round_index, cfg.augment, dtype=DTYPES[cfg.train.dtype])
+                        round_index, cfg.augment, dtype=cfg.speed.param_dtype)
 
 
 def check_hosted(clients: Sequence[int], identity: NodeIdentity) -> None:

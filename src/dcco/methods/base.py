@@ -27,6 +27,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from dcco.devices import to_device
 from dcco.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
 from dcco.stats import Moments, StatsSpec, anchored, encoding_stats
 
@@ -68,6 +69,11 @@ class Segments:
     ids: Tensor
     counts: Tensor
 
+    def __post_init__(self) -> None:
+        # the round's bookkeeping (sizes, splits) reads the counts: on the host, that never
+        # waits for the device
+        object.__setattr__(self, "counts", self.counts.cpu())
+
     @property
     def num_clients(self) -> int:
         return int(self.counts.shape[0])
@@ -76,10 +82,11 @@ class Segments:
     def num_samples(self) -> int:
         return int(self.ids.shape[0])
 
-    def weights(self, dtype: torch.dtype = torch.float64) -> Tensor:
-        """N_k / N, the FedAvg weight of each client, shape (K,)."""
+    def weights(self, dtype: torch.dtype = torch.float64,
+                device: torch.device | str = "cpu") -> Tensor:
+        """N_k / N, the FedAvg weight of each client, shape (K,), on ``device``."""
         counts = self.counts.to(dtype)
-        return counts / counts.sum()
+        return to_device(counts / counts.sum(), device)
 
     @classmethod
     def from_counts(cls, counts: Tensor | list[int]) -> Segments:
@@ -88,7 +95,8 @@ class Segments:
         return cls(ids=ids, counts=counts)
 
     def to(self, device: torch.device | str) -> Segments:
-        return Segments(self.ids.to(device), self.counts.to(device))
+        """The ids on ``device`` (without waiting for it); the counts stay on the host."""
+        return Segments(to_device(self.ids, device), self.counts)
 
 
 class Method(Protocol):
@@ -133,7 +141,7 @@ class MethodBase:
                    shared: Moments | None) -> Tensor:
         """Σ_k (N_k/N) client_loss_k, one client at a time (float64); ``client_loss`` is the
         method's own."""
-        weights = segments.weights().to(f.device)
+        weights = segments.weights(device=f.device)
         sizes = segments.counts.tolist()
         losses = [self.client_loss(a, b, shared).to(torch.float64)
                   for a, b in zip(f.split(sizes), g.split(sizes), strict=True)]

@@ -30,4 +30,4 @@ class CCOFedAvg(MethodBase):
         per_client = cco_loss_per_segment(
             f, g, segments.ids, segments.num_clients, self.loss.lambd, self.loss.eps
         )
-        return (segments.weights().to(per_client.device) * per_client).sum()
+        return (segments.weights(device=per_client.device) * per_client).sum()
