@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +65,83 @@ def test_superlink_and_three_supernodes_train_the_model(tmp_path: Path, tiny_fmn
              zip(trainable_parameters(initial), trainable_parameters(trained), strict=True)]
     assert sum(moved) > len(moved) // 2
     assert (tmp_path / "deploy" / "logs" / "superlink.log").stat().st_size > 0
+
+
+# ----------------------------------------------------------------- the launcher as a user meets it
+
+LAUNCHER = [sys.executable, "-m", "dcco.flower.loopback"]
+
+
+def _tiny_overrides(data: Path, rounds: int) -> list[str]:
+    return [f"--set=data.data_dir={json.dumps(str(data))}", "--set=data.samples_per_client=2",
+            '--set=model.widths="[4, 8, 8]"', '--set=model.projector="[16, 16, 16]"',
+            "--set=train.clients_per_round=4", f"--set=train.rounds={rounds}",
+            "--set=train.knn_every=0", "--set=flower.min_nodes=1"]
+
+
+def _started_by(home: Path) -> list[int]:
+    """PIDs of live processes whose environment names this deployment's FLWR_HOME."""
+    marker = f"FLWR_HOME={home}".encode()
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes().split(b"\0"):
+                state = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    pids.append(int(environ.parent.name))
+        except (OSError, IndexError):
+            continue
+    return pids
+
+
+def test_launcher__refuses_an_undeclared_key_or_a_bad_value_before_starting_anything(
+        tmp_path, capsys):
+    from dcco.flower.loopback import main
+
+    out = tmp_path / "deploy"
+    assert main(["--nodes", "1", "--out", str(out), "--set", "train.roundz=3"]) == 2
+    err = capsys.readouterr().err
+    assert "'train.roundz' is not declared by the app" in err and "'train.rounds'" in err
+    assert main(["--nodes", "1", "--out", str(out), "--set", "train.rounds=three"]) == 2
+    assert "train.rounds must be an integer, got 'three'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_launcher__a_signal_stops_every_process_it_started_with_one_line(
+        tmp_path, tiny_fmnist, signum):
+    out = tmp_path / "deploy"
+    proc = subprocess.Popen(LAUNCHER + ["--nodes", "1", "--out", str(out)]
+                            + _tiny_overrides(tiny_fmnist, rounds=500),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "run" / "metrics.jsonl").is_file():  # the ServerApp is training
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.5)
+        assert _started_by(out / "flwr-home")
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    expected = 130 if signum == signal.SIGINT else 128 + signum
+    assert proc.returncode == expected, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "every process it started has been stopped" in err
+    assert _started_by(out / "flwr-home") == []
+
+
+@pytest.mark.slow
+def test_launcher__a_failed_run_prints_flowers_reason(tmp_path, tiny_fmnist):
+    out = tmp_path / "deploy"
+    done = subprocess.run(LAUNCHER + ["--nodes", "1", "--out", str(out)]
+                          + _tiny_overrides(tmp_path / "no-such-folder", rounds=1),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "ended finished:failed: ServerApp failed with exception: the data directory" in \
+        done.stderr
+    assert "(data.data_dir or --data-dir) does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert _started_by(out / "flwr-home") == []

@@ -292,3 +292,26 @@ def test_committed_cells__still_match_their_grid_after_train_dtype_became_precis
     assert cells
     for c in cells:
         assert config_differences(RunDir.open(c.path).config(), c.cfg) == "", c.path.name
+
+
+def test_precision_check__runs_both_configurations_and_writes_its_record(tmp_path, tiny_fmnist):
+    """The GPU accuracy check, at a tiny size on the CPU: two runs from one seed, the k-NN
+    difference in points, the overlaid loss curves."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "precision_check.py"), "--scale", "small",
+           "--rounds", "4", "--knn-every", "2", "--fast-precision", "bf16", "--fast-compile",
+           "off", "--set", f'data.data_dir="{tiny_fmnist}"', "--set", "model.widths=[4, 8, 8]",
+           "--set", "model.projector=[16, 16, 16]", "--set", "eval.knn_bank=200", "--set",
+           "eval.knn_queries=50", "--work", str(tmp_path / "work"), "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    record = json.loads((tmp_path / "precision_check_cpu.json").read_text())
+    runs = record["runs"]
+    assert (runs["eager float32"]["precision"], runs["eager float32"]["compile"]) == (
+        "float32", "off")
+    assert runs["fast"]["precision"] == "bf16"
+    for r in runs.values():
+        assert [p[0] for p in r["loss_curve"]] == [1, 2, 3, 4]
+        assert 0 <= r["knn"] <= 1
+    assert record["knn_difference_points"] == pytest.approx(
+        100 * (runs["fast"]["knn"] - runs["eager float32"]["knn"]), abs=1e-3)
+    assert (tmp_path / "precision_check_cpu.png").stat().st_size > 1000

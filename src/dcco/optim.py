@@ -139,11 +139,11 @@ class LARS(torch.optim.Optimizer):
         if not group["exclude"]:
             if group["weight_decay"] > 0:
                 grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
-            w_norms = torch._foreach_norm(params)
-            g_norms = torch._foreach_norm(grads)
-            ratios = [torch.where((w > 0) & (g > 0), group["trust_coefficient"] * w / g,
-                                  torch.ones_like(w)) for w, g in zip(w_norms, g_norms)]
-            grads = torch._foreach_mul(grads, ratios)
+            w = torch.stack(torch._foreach_norm(params))
+            g = torch.stack(torch._foreach_norm(grads))
+            ratios = torch.where((w > 0) & (g > 0), group["trust_coefficient"] * w / g,
+                                 torch.ones_like(w))
+            grads = torch._foreach_mul(grads, ratios.unbind())
         bufs = []
         for p in params:
             state = self.state[p]

@@ -13,12 +13,19 @@ also on a timeout, an error or Ctrl-C. Logs of every process are kept in ``<out>
 
 prints the run directory and the wall time per round (from ``metrics.jsonl``). The same
 commands by hand are in docs/flower.md.
+
+The run config is checked here before anything starts: a key the app does not declare, or a
+value dcco refuses, ends the launcher at once with one line naming it (Flower itself would
+only say "Invalid run configuration", or fail the run later). A run that ends
+``finished:failed`` is reported with Flower's status details (the ServerApp's error). Ctrl-C,
+SIGTERM and SIGHUP stop every process the launcher started and end it with one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import os
 import re
@@ -30,7 +37,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from dcco.flower.appconfig import FlowerValue
+from dcco.config import ConfigError
+from dcco.flower.appconfig import FlowerValue, parse_run_config
 
 try:
     import tomllib
@@ -43,7 +51,36 @@ PROJECT = Path(__file__).resolve().parents[3]
 
 
 class DeploymentError(RuntimeError):
-    """The deployment failed; the message carries the tail of the processes' logs."""
+    """The deployment failed; the message carries the tail of the processes' logs, and
+    ``summary`` says what failed in one line."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or message.split("\n", 1)[0]
+
+
+class Stopped(Exception):
+    """The launcher was told to stop by a signal (SIGTERM or SIGHUP)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end the launcher as Ctrl-C does: the deployment's context exits and
+    stops every process. Once one arrives, further ones are ignored until the processes are
+    stopped."""
+
+    def handler(signum: int, frame: object) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(signum)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, handler)
 
 
 def free_port() -> int:
@@ -78,6 +115,8 @@ class Loopback:
         self.home = self.out / "flwr-home"
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        self.details = ""
+        """Flower's status details of the last run ``wait`` saw end (its error, if failed)."""
         # Flower's commands (flower-superlink, flwr, and the flwr-clientapp a SuperNode
         # starts) come from this interpreter's environment first, so a virtual environment
         # works without being activated.
@@ -149,15 +188,25 @@ class Loopback:
                 os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
+        # Flower may start a process in a session of its own (outside these groups); every
+        # process of this deployment carries its private FLWR_HOME, and nothing else does
+        for pid in self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def alive(self) -> list[int]:
-        """PIDs of live processes (zombies aside) in the process groups started here."""
+        """PIDs of live processes (zombies aside) started by this deployment: those in the
+        process groups started here, and any other whose environment holds its FLWR_HOME."""
         groups = {p.pid for p in self.procs.values()}
+        marker = f"FLWR_HOME={self.home}".encode()
         pids = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             with contextlib.suppress(OSError, IndexError, ValueError):
                 fields = stat.read_text().rsplit(")", 1)[1].split()
-                if fields[0] != "Z" and int(fields[2]) in groups:
+                if fields[0] == "Z" or int(stat.parent.name) == os.getpid():
+                    continue
+                if (int(fields[2]) in groups
+                        or marker in (stat.parent / "environ").read_bytes().split(b"\0")):
                     pids.append(int(stat.parent.name))
         return pids
 
@@ -177,8 +226,11 @@ class Loopback:
         except subprocess.TimeoutExpired as e:
             raise DeploymentError(f"flwr {' '.join(args)} timed out" + self.log_tails()) from e
         if done.returncode:
+            said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
             raise DeploymentError(f"flwr {' '.join(args)} failed ({done.returncode}):\n"
-                                  f"{done.stdout}\n{done.stderr}" + self.log_tails())
+                                  f"{done.stdout}\n{done.stderr}" + self.log_tails(),
+                                  summary=f"flwr {args[0]} failed ({done.returncode})"
+                                  + (f": {said[-1].strip()}" if said else ""))
         return done.stdout
 
     def submit(self, run_config: Mapping[str, FlowerValue]) -> int:
@@ -193,18 +245,27 @@ class Loopback:
             raise DeploymentError(f"flwr run printed no run id:\n{text}" + self.log_tails())
         return int(found.group(1))
 
-    def status(self, run_id: int) -> str:
+    def run_row(self, run_id: int) -> dict:
+        """Flower's record of the run (``flwr ls --format json``): status, status details,
+        times and traffic."""
         text = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
-        runs = json.loads(text[text.index("{"):])["runs"]
-        return str(runs[0]["status"])
+        return dict(json.loads(text[text.index("{"):])["runs"][0])
+
+    def status(self, run_id: int) -> str:
+        return str(self.run_row(run_id)["status"])
 
     def wait(self, run_id: int, timeout: float) -> str:
-        """Block until the run is finished; returns Flower's final status."""
+        """Block until the run is finished; returns Flower's final status. The status
+        details of a run that did not complete are kept in ``details``."""
         deadline = time.monotonic() + timeout
+        self.details = ""
         while time.monotonic() < deadline:
             self._check_alive()
-            status = self.status(run_id)
+            row = self.run_row(run_id)
+            status = str(row["status"])
             if status.startswith("finished"):
+                detail = str(row.get("status-details") or "")
+                self.details = "" if detail in ("", "N/A") else detail
                 return status
             time.sleep(2.0)
         raise DeploymentError(f"run {run_id} did not finish within {timeout:.0f} s"
@@ -222,12 +283,50 @@ def run_loopback(nodes: int, out: Path, run_config: Mapping[str, FlowerValue],
     """
     out = out.resolve()
     cfg = {"flower.run_dir": str(out / "run"), "flower.min_nodes": nodes, **run_config}
+    check_run_config(cfg, project)
     with Loopback(nodes, out, project) as deployment:
         run_id = deployment.submit(cfg)
         status = deployment.wait(run_id, timeout)
         if status != "finished:completed":
-            raise DeploymentError(f"run {run_id} ended {status}" + deployment.log_tails())
+            reason = f": {deployment.details}" if deployment.details else ""
+            raise DeploymentError(f"run {run_id} ended {status}{reason} (logs in "
+                                  f"{deployment.logs})" + deployment.log_tails(),
+                                  summary=f"run {run_id} ended {status}{reason}")
     return Path(str(cfg["flower.run_dir"])), status
+
+
+def declared_keys(project: Path = PROJECT) -> dict[str, FlowerValue]:
+    """The run-config keys the app declares (``[tool.flwr.app.config]`` of its
+    ``pyproject.toml``), flattened to dotted names, with their defaults."""
+    table = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "config"]
+    flat: dict[str, FlowerValue] = {}
+
+    def walk(prefix: str, node: Mapping) -> None:
+        for key, value in node.items():
+            name = f"{prefix}.{key}" if prefix else key
+            if isinstance(value, Mapping):
+                walk(name, value)
+            else:
+                flat[name] = value
+
+    walk("", table)
+    return flat
+
+
+def check_run_config(run_config: Mapping[str, FlowerValue], project: Path = PROJECT) -> None:
+    """Refuse, before anything starts, what Flower or the app would refuse later: a key the
+    app does not declare (Flower: "Invalid run configuration", the key only in the
+    SuperLink's log) or a value dcco refuses (a failed run). Raises ``ConfigError`` naming
+    the key."""
+    declared = declared_keys(project)
+    for key in run_config:
+        if key not in declared:
+            close = difflib.get_close_matches(key, list(declared), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"run-config key '{key}' is not declared by the app "
+                              f"({project / 'pyproject.toml'}, [tool.flwr.app.config]){hint}")
+    parse_run_config({**declared, **run_config})
 
 
 def seconds_per_round(run_dir: Path) -> list[float]:
@@ -256,14 +355,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="KEY=VALUE", help="a run-config override, e.g. train.rounds=5")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
+    ap.add_argument("--verbose", action="store_true",
+                    help="on failure, print the tails of the processes' logs too")
     args = ap.parse_args(argv)
     started = time.perf_counter()
+    _stop_on_signals()
     try:
         run_dir, status = run_loopback(args.nodes, args.out, _parse_set(args.overrides),
                                        args.timeout)
-    except DeploymentError as e:
+    except ConfigError as e:
         print(f"dcco loopback: {e}", file=sys.stderr)
+        return 2
+    except DeploymentError as e:
+        print(f"dcco loopback: {e if args.verbose else e.summary}", file=sys.stderr)
+        if not args.verbose:
+            print(f"dcco loopback: the processes' logs are in {args.out.resolve() / 'logs'} "
+                  f"(--verbose prints their tails)", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("dcco loopback: interrupted; every process it started has been stopped",
+              file=sys.stderr)
+        return 130
+    except Stopped as e:
+        print(f"dcco loopback: stopped by {e}; every process it started has been stopped",
+              file=sys.stderr)
+        return 128 + e.signum
     per_round = seconds_per_round(run_dir)
     print(f"run {status}: {run_dir} ({time.perf_counter() - started:.0f} s in all, "
           f"{args.nodes} SuperNodes)")
