@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 try:
@@ -35,6 +36,7 @@ from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE
 from dcco.flower.federation import Federation, run_federated
 from dcco.flower.inprocess import InProcessGrid, Tamper
 from dcco.flower.nodes import client_views, node_data, node_partition, node_update
+from dcco.models import build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, set_lr
 from dcco.server import aggregate_updates
 from dcco.simulator import run_round
@@ -550,3 +552,59 @@ def test_open_run__errors_name_the_apps_keys_not_the_clis_flags(tiny_config, tmp
         open_run(cfg, FlowerConfig(run_dir=str(tmp_path / "nothing"), resume=True))
     with pytest.raises(RunDirError, match=r"flower.resume: .*train.rounds: 2 here, 3 asked"):
         open_run(load_config(tiny_config(rounds=3)), FlowerConfig(run_dir=str(run), resume=True))
+
+
+# ---------------------------------------------------------------------- resume
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method,secure", [("dcco", False), ("contrastive_fedavg", False),
+                                           ("dcco", True)])
+def test_flower_resume__continues_from_the_checkpoint_bit_identically(
+        make_federation, tmp_path, monkeypatch, method, secure):
+    """``flower.resume = true`` after a ServerApp died in round 3 (checkpoints every round):
+    the run goes on from round 2's checkpoint to the configured rounds, and its final weights
+    equal an uninterrupted run's bit for bit, because every random choice of a round is a
+    function of (seed, round) and the checkpoint holds the model and optimiser exactly.
+
+    Under SecAgg+ it is close, not identical: Flower's SecAgg+ quantises with stochastic
+    rounding drawn from NumPy's global generator (``flwr.common.secure_aggregation.
+    quantization._stochastic_round``), unseeded and process-wide, so two uninterrupted
+    secure runs differ alike; the difference stays at the quantisation's scale."""
+    overrides = ("train.rounds=4", "train.checkpoint_every=1")
+    whole = FlowerConfig(min_nodes=NODES, run_dir=str(tmp_path / "whole"), secagg=secure)
+    cfg, _pt, fed = make_federation(method, whole, overrides=overrides)
+    train, _ = load_splits(cfg)
+    run_federated(fed.grid, cfg, whole, train)
+
+    cut = replace(whole, run_dir=str(tmp_path / "cut"))
+    real_step = Federation.step
+
+    def dies_in_round_3(self):
+        if self.pt.rounds_done == 2:
+            raise _Crash
+        return real_step(self)
+
+    monkeypatch.setattr(Federation, "step", dies_in_round_3)
+    with pytest.raises(_Crash):
+        run_federated(fed.grid, cfg, cut, train)
+    monkeypatch.setattr(Federation, "step", real_step)
+    summary = run_federated(fed.grid, cfg, replace(cut, resume=True), train)
+    assert summary["rounds"] == 4
+
+    rounds = [json.loads(line)["round"] for line in (tmp_path / "cut" / "metrics.jsonl").open()
+              if "loss" in json.loads(line)]
+    assert rounds == [2, 4]  # logged every 2 rounds: nothing twice, nothing missing
+    models = []
+    for name in ("whole", "cut"):
+        model = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0).double()
+        assert load_checkpoint(tmp_path / name / "checkpoint.safetensors", model) == 4
+        models.append(model.state_dict())
+    if secure:
+        assert dict_err(models[1], models[0]) < 1e-2
+        return
+    for k in models[0]:
+        assert torch.equal(models[0][k], models[1][k]), k

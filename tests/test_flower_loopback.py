@@ -145,3 +145,30 @@ def test_launcher__a_failed_run_prints_flowers_reason(tmp_path, tiny_fmnist):
     assert "(data.data_dir or --data-dir) does not exist" in done.stderr
     assert "Traceback" not in done.stderr
     assert _started_by(out / "flwr-home") == []
+
+
+@pytest.mark.slow
+def test_flwr_run_local_simulation__trains_and_leaves_no_process(tmp_path, tiny_fmnist):
+    """``flwr run`` on Flower's local simulation runtime (2 virtual SuperNodes), 2 rounds of
+    the tiny model; the detached SuperLink it leaves is stopped afterwards."""
+    from dcco.flower.loopback import LocalSimulation
+
+    run_dir = tmp_path / "run"
+    run_config = {
+        "data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
+        "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
+        "train.clients_per_round": 4, "train.rounds": 2, "train.log_every": 1,
+        "train.knn_every": 0, "flower.min_nodes": 2, "flower.run_dir": str(run_dir),
+    }
+    sim = LocalSimulation(2, tmp_path / "sim")
+    with sim:
+        run_id = sim.submit(run_config)
+        assert sim.wait(run_id, timeout=600) == "finished:completed", sim.details
+        assert sim.alive()  # flwr run left its SuperLink running, as documented
+    assert sim.alive() == []
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    windows = [r for r in records if "loss" in r]
+    assert [r["round"] for r in windows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and r["replies"]["update"]["accepted"] == 2
+               for r in windows)
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2

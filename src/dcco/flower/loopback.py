@@ -107,6 +107,9 @@ class Loopback:
         project: the Flower project to run (its ``pyproject.toml``).
     """
 
+    connection = CONNECTION
+    """The ``flwr`` connection (``$FLWR_HOME/config.toml``) that runs are submitted to."""
+
     def __init__(self, nodes: int, out: Path, project: Path = PROJECT) -> None:
         if nodes < 1:
             raise ValueError(f"a deployment needs at least one SuperNode, got {nodes}")
@@ -236,7 +239,7 @@ class Loopback:
     def submit(self, run_config: Mapping[str, FlowerValue]) -> int:
         """``flwr run`` the project; returns the run id."""
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
-        args = ["run", str(self.project), CONNECTION]
+        args = ["run", str(self.project), self.connection]
         if overrides:
             args += ["--run-config", overrides]
         text = self.flwr(*args)
@@ -248,7 +251,7 @@ class Loopback:
     def run_row(self, run_id: int) -> dict:
         """Flower's record of the run (``flwr ls --format json``): status, status details,
         times and traffic."""
-        text = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        text = self.flwr("ls", self.connection, "--run-id", str(run_id), "--format", "json")
         return dict(json.loads(text[text.index("{"):])["runs"][0])
 
     def status(self, run_id: int) -> str:
@@ -270,6 +273,37 @@ class Loopback:
             time.sleep(2.0)
         raise DeploymentError(f"run {run_id} did not finish within {timeout:.0f} s"
                               + self.log_tails())
+
+
+class LocalSimulation(Loopback):
+    """``flwr run`` of the app on Flower's local simulation runtime: ``nodes`` virtual
+    SuperNodes in one machine, no processes of ours. ``flwr run`` starts a detached local
+    SuperLink (``flower-superlink --simulation``) and leaves it running; it carries this
+    deployment's private FLWR_HOME, so ``stop`` finds and stops it and everything it
+    started."""
+
+    connection = "local"
+
+    def __enter__(self) -> LocalSimulation:  # noqa: PYI034
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+            f'options.num-supernodes = {self.nodes}\n')
+        return self
+
+    def stop(self) -> None:
+        """Stop the detached SuperLink and its simulation: SIGTERM, then SIGKILL."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 10
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    def _check_alive(self) -> None:
+        pass  # no processes of ours to watch: flwr ls reports the run's fate
 
 
 def run_loopback(nodes: int, out: Path, run_config: Mapping[str, FlowerValue],
