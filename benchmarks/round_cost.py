@@ -31,6 +31,7 @@ it writes ``round_cost_<device>.json`` and ``.md`` there.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import re
@@ -169,7 +170,7 @@ is for checking the benchmark itself on a CPU."""
 
 BF16_DENSE_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100 NVL", 835.0),
                      ("H100", 989.4), ("GH200", 989.4), ("A100", 312.0), ("L40S", 362.1),
-                     ("L4", 121.0), ("A10G", 70.0))
+                     ("L40", 181.0), ("L4", 121.0), ("A10G", 70.0))
 """Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, by device name."""
 
 
@@ -297,7 +298,6 @@ def ladder_main() -> None:
         _peak_tflops(name) if on_gpu else None)
     if hasattr(torch, "_dynamo"):  # every rung compiles new models of the same code
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    torch.backends.cudnn.benchmark = True
 
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (samples, 1, side, side), generator=gen, dtype=torch.uint8)
@@ -371,11 +371,12 @@ def ladder_main() -> None:
             for _ in range(warmup):
                 run()
             _sync(device)
-            if on_gpu:
+            if on_gpu:  # what one round adds to what the rung holds (models, views, graphs)
                 torch.cuda.reset_peak_memory_stats(device)
+                held = torch.cuda.memory_allocated(device)
                 run()
                 _sync(device)
-                memory[label] = torch.cuda.max_memory_allocated(device) / 2**30
+                memory[label] = (torch.cuda.max_memory_allocated(device) - held) / 2**30
         times: dict = {label: [] for label, _ in variants}
         for _ in range(args.repeats):
             for label, run in variants:  # interleaved: a slow spell hits every variant
@@ -413,21 +414,31 @@ def ladder_main() -> None:
                 cells.append(f"{100 * tflops / peak:.1f} %")
             cells.append(f"{row['peak_memory_gib']:.2f}" if on_gpu else "n/a")
             print("| " + " | ".join(cells) + " |", flush=True)
-        del nets, variants
+        del nets, variants, net, params, opt, floor_opt, run, xs
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+        if args.out is not None:  # after every rung: a later rung that fails loses nothing
+            write_ladder(args, name, peak, widths, projector, contrastive_projector, samples,
+                         side, augment_ms, warmup, block, rows, on_gpu)
 
-    if args.out is not None:
-        record = {"device": name, "torch": torch.__version__, "scale": args.scale,
-                  "widths": list(widths), "projector": list(projector),
-                  "contrastive_projector": list(contrastive_projector), "samples": samples,
-                  "image_side": side, "bf16_peak_tflops": peak, "augment_ms": round(augment_ms, 3),
-                  "warmup": warmup, "rounds_per_block": block, "repeats": args.repeats,
-                  "command": "python benchmarks/round_cost.py " + " ".join(sys.argv[1:]),
-                  "rows": rows}
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"round_cost_{_slug(name if on_gpu else 'cpu')}"
-        stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        stem.with_suffix(".md").write_text(ladder_markdown(record))
-        print(f"# wrote {stem}.json and {stem}.md")
+
+def write_ladder(args, name, peak, widths, projector, contrastive_projector, samples, side,
+                 augment_ms, warmup, block, rows, on_gpu) -> None:
+    """``round_cost_<device>.json`` and ``.md`` in ``args.out``, with the rows so far."""
+    record = {"device": name, "torch": torch.__version__, "scale": args.scale,
+              "widths": list(widths), "projector": list(projector),
+              "contrastive_projector": list(contrastive_projector), "samples": samples,
+              "image_side": side, "bf16_peak_tflops": peak, "augment_ms": round(augment_ms, 3),
+              "warmup": warmup, "rounds_per_block": block, "repeats": args.repeats,
+              "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if on_gpu else None,
+              "command": "python benchmarks/round_cost.py " + " ".join(sys.argv[1:]),
+              "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"round_cost_{_slug(name if on_gpu else 'cpu')}"
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(ladder_markdown(record))
+    print(f"# wrote {stem}.json and {stem}.md")
 
 
 METHOD_FEDERATED = {"dcco": True, "cco_fedavg": True, "contrastive_fedavg": True,

@@ -315,3 +315,14 @@ def test_precision_check__runs_both_configurations_and_writes_its_record(tmp_pat
     assert record["knn_difference_points"] == pytest.approx(
         100 * (runs["fast"]["knn"] - runs["eager float32"]["knn"]), abs=1e-3)
     assert (tmp_path / "precision_check_cpu.png").stat().st_size > 1000
+
+
+def test_auto_compile__is_off_for_rounds_run_client_by_client_and_cudagraphs_refused_there():
+    from dcco.precision import resolve
+
+    assert resolve("auto", "auto", "cpu", batched=False) == ("float32", "off")
+    assert resolve("bf16", "on", "cuda", batched=False) == ("bf16", "on")  # asked for by name
+    with pytest.raises(ConfigError, match="'cudagraphs' needs rounds of one batch"):
+        load_config(None, ['train.backend="reference"', 'train.compile="cudagraphs"'])
+    cfg = load_config(None, ['train.local_steps=2', 'train.device="cpu"'])
+    assert cfg.train.compile == "off"

@@ -154,14 +154,19 @@ class RunConfig:
         """The encoders' precision, compile mode and memory format (``auto`` resolved for
         ``train.device``)."""
         t = self.train
-        precision, compile = resolve(t.precision, t.compile, _device_type(t.device))
+        batched = t.backend == "batched" and t.local_steps == 1 and t.local_batch is None
+        precision, compile = resolve(t.precision, t.compile, _device_type(t.device), batched)
+        if compile == "cudagraphs" and not batched:
+            raise ValueError("train.compile = 'cudagraphs' needs rounds of one batch "
+                             "(train.backend = 'batched', one local step on all of a client's "
+                             "samples); use 'on' or 'off'")
         return Speed(precision, compile, t.channels_last)
 
     def resolved(self) -> RunConfig:
         """This config with every ``auto`` of ``[train]``'s precision and compile made
         concrete for ``train.device`` on this machine: what a run directory stores."""
-        s = self.speed
         try:
+            s = self.speed
             check(s, _device_type(self.train.device))
         except ValueError as e:
             raise ConfigError(str(e)) from None

@@ -196,7 +196,10 @@ def apply_pseudo_gradient(optimizer: torch.optim.Optimizer, params: list[nn.Para
                           grads: list[Tensor]) -> None:
     """Take one optimiser step with ``grads`` as the gradient of ``params``."""
     for p, g in zip(params, grads, strict=True):
-        p.grad = g.to(p.dtype)
+        g = g.to(p.dtype)
+        if g.stride() != p.stride():  # fused Adam wants a gradient laid out as its parameter
+            g = torch.empty_like(p).copy_(g)
+        p.grad = g
     optimizer.step()
     for p in params:
         p.grad = None
