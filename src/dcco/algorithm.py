@@ -27,6 +27,7 @@ from typing import Protocol
 from torch import Tensor
 
 from dcco.methods.base import Method
+from dcco.privacy import RoundNoise
 from dcco.stats import EncodingStats, Moments, StatsSpec
 
 STATS_BYTES = 8
@@ -114,6 +115,7 @@ class Algorithm:
         local_lr: client SGD learning rate η (paper: 1.0).
         local_steps: E, client SGD steps per round (paper: 1).
         local_batch: b, samples per local step; None: all of the client's.
+        update_clip: see the attribute (``dcco.privacy``).
         staleness: 0: the statistics of this round's clients (two exchanges); 1: the aggregate
             of the previous round's clients (one exchange per round; round 0, having no
             previous aggregate, takes the extra statistics exchange once).
@@ -124,6 +126,8 @@ class Algorithm:
     local_steps: int = 1
     local_batch: int | None = None
     staleness: int = 0
+    update_clip: float | None = None
+    """C_u: each client's update clipped to this L2 norm (differential privacy), or None."""
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1):
@@ -143,26 +147,34 @@ class Algorithm:
     def batched_exact(self, smallest_client: int) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
         step on all of each client's samples."""
-        return self.local_steps == 1 and (self.local_batch is None
-                                          or self.local_batch >= smallest_client)
+        return self.update_clip is None and self.local_steps == 1 and (
+            self.local_batch is None or self.local_batch >= smallest_client)
 
     def exchanges(self, has_previous: bool) -> int:
         """Server–client exchanges of a round: 2 with a fresh statistics exchange, else 1."""
         fresh = self.method.stats is not None and (self.staleness == 0 or not has_previous)
         return 2 if fresh else 1
 
-    def run_round(self, executor: Executor, previous: Moments | None = None) -> RoundResult:
+    def run_round(self, executor: Executor, previous: Moments | None = None,
+                  noise: RoundNoise | None = None) -> RoundResult:
         """One round: statistics (fresh, or the previous round's aggregate), then the clients'
         updates against them, combined by the server. ``previous``: the last round's
-        aggregate in stale mode."""
+        aggregate in stale mode. ``noise``: differential privacy's Gaussian noise, added by
+        the server to each released sum (statistics, averaged update)."""
         spec = self.method.stats
         shared = previous if self.staleness else None
         exchanges = self.exchanges(previous is not None)
         if spec is not None and shared is None:
-            shared = executor.statistics(spec).moments()
+            stats = executor.statistics(spec)
+            if noise is not None:  # stale mode's first round: its one extra exchange
+                stats = noise.statistics(stats, spec, "first" if self.staleness else "stats")
+            shared = stats.moments()
         out = executor.updates(self, shared, spec if self.staleness else None)
-        aggregate = out.stats.moments() if out.stats is not None else None
-        return RoundResult(out.pseudo_gradient, out.loss, out.num_clients, out.num_samples,
+        pseudo = noise.update(out.pseudo_gradient) if noise else out.pseudo_gradient
+        aggregate = None
+        if out.stats is not None:
+            aggregate = (noise.statistics(out.stats, spec) if noise else out.stats).moments()
+        return RoundResult(pseudo, out.loss, out.num_clients, out.num_samples,
                            shared, aggregate, exchanges)
 
     def message_bytes(self, d_f: int, d_g: int, model_bytes: int,

@@ -221,6 +221,8 @@ def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool)
         extra = {"loss": latest["loss"]} if "loss" in latest else {}
         if "knn" in latest:
             extra["k-NN"] = f"{100 * latest['knn']:.1f}%"
+        if "epsilon" in latest:
+            extra["ε"] = f"{latest['epsilon']:.3g}"
         bar.update(m.round, **extra)
 
     with bar:
@@ -255,9 +257,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     _resume_with(args, ["dcco", "pretrain", "--resume", str(run.path)])
     summary = _pretrain_with_progress(cfg, run, train, test, args.resume is not None,
                                       not args.no_progress)
-    knn = summary.get("knn")
+    knn, privacy = summary.get("knn"), summary.get("privacy")
     _say(f"done: {summary['rounds']} rounds, final loss {summary['final_loss']:.4g}"
          + (f", k-NN accuracy {100 * knn:.1f}%" if knn is not None else "")
+         + (f", (ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:g})-DP for each client"
+            f" (σ = {privacy['noise_multiplier']:.3g})" if privacy else "")
          + f"; run directory {run.path}")
     return 0
 

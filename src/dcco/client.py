@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from dcco.methods.base import Method
+from dcco.privacy import clip_update
 from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, encoding_stats
 
 
@@ -59,7 +60,7 @@ def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tenso
 
 def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                   shared: Moments | None, local_lr: float, local_steps: int = 1,
-                  local_batch: int | None = None) -> ClientUpdate:
+                  local_batch: int | None = None, clip: float | None = None) -> ClientUpdate:
     """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
     One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
@@ -74,6 +75,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         local_lr: the client learning rate (paper: 1.0).
         local_steps: E.
         local_batch: samples per local step; None: all of them.
+        clip: the delta's largest L2 norm (all parameters together; differential privacy,
+            ``dcco.privacy.clip_update``), or None.
 
     Returns:
         The delta, the client's sample count (its FedAvg weight) and its loss before the
@@ -89,6 +92,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
             name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
             for (name, p), gr in zip(named, grads)
         }
+        if clip is not None:
+            delta = clip_update(delta, clip)
         return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()))
     delta = {name: torch.zeros_like(p) for name, p in named}
     first_loss = None
@@ -101,4 +106,6 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         for (name, _), gr in zip(named, grads):
             if gr is not None:
                 delta[name] = delta[name] - local_lr * gr
+    if clip is not None:
+        delta = clip_update(delta, clip)
     return ClientUpdate(delta=delta, num_samples=n, loss=float(first_loss))

@@ -24,6 +24,7 @@ from dcco.methods.registry import METHODS
 from dcco.models import ModelConfig
 from dcco.optim import OptimConfig
 from dcco.precision import Compile, Precision, Speed, check, resolve
+from dcco.privacy import PrivacyConfig
 from dcco.scalars import INSTALL_HINT, tensorboard_available
 
 if sys.version_info >= (3, 11):
@@ -137,11 +138,17 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self) -> None:
         method = METHODS[self.train.method]
         Algorithm(method(), self.train.local_lr, self.train.local_steps, self.train.local_batch,
                   self.train.staleness)  # its checks name the train.* keys
+        if self.privacy.enabled and not method.federated:
+            raise ValueError(f"privacy is client-level differential privacy for federated "
+                             f"methods; {method.name} is centralized (set "
+                             f"privacy.noise_multiplier = 0 and privacy.target_epsilon = "
+                             f"\"none\")")
         if self.data.samples_per_client < method.min_client_samples:
             raise ValueError(
                 f"train.method {method.name!r} computes its loss within each client and needs "

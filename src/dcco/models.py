@@ -301,6 +301,9 @@ class DualEncoder(nn.Module):
     dtype."""
     channels_last: bool = False
     """Training forwards feed the backbones NHWC (channels-last) inputs."""
+    unit_encodings: bool = False
+    """Training forwards return F and G scaled to unit L2 norm per sample: what bounds a
+    client's statistics under differential privacy (``dcco.privacy``)."""
 
     def __init__(self, backbone: ResNet, projector: Projector,
                  second: tuple[ResNet, Projector] | None = None) -> None:
@@ -344,10 +347,14 @@ class DualEncoder(nn.Module):
             F (N1, d) and G (N2, d).
         """
         if self.shared:
-            z = self.projector(self._backbone_features(self.backbone, torch.cat([x1, x2])))
+            z = self._unit(self.projector(self._backbone_features(self.backbone,
+                                                                  torch.cat([x1, x2]))))
             return z[: x1.shape[0]], z[x1.shape[0]:]
-        return (self.projector(self._backbone_features(self.backbone, x1)),
-                self.projector2(self._backbone_features(self.backbone2, x2)))
+        return (self._unit(self.projector(self._backbone_features(self.backbone, x1))),
+                self._unit(self.projector2(self._backbone_features(self.backbone2, x2))))
+
+    def _unit(self, z: Tensor) -> Tensor:
+        return F.normalize(z, dim=1) if self.unit_encodings else z
 
     def _backbone_features(self, backbone: nn.Module, x: Tensor) -> Tensor:
         """A training forward's backbone features: under autocast to ``autocast_dtype`` if

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from dcco.algorithm import Algorithm, RoundResult, Updates
 from dcco.client import client_statistics, client_update, trainable_parameters
 from dcco.methods.base import Method, Segments
+from dcco.privacy import RoundNoise
 from dcco.server import pooled_update
 from dcco.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
 
@@ -60,7 +61,8 @@ class ReferenceExecutor:
         fresh = (ReferenceExecutor.statistics(self, with_stats) if with_stats is not None
                  else None)
         updates = [client_update(self.model, algorithm.method, a, b, shared, algorithm.local_lr,
-                                 algorithm.local_steps, algorithm.local_batch)
+                                 algorithm.local_steps, algorithm.local_batch,
+                                 algorithm.update_clip)
                    for a, b in self.views]
         pooled = pooled_update(updates, dict(trainable_parameters(self.model)))
         pseudo = {k: -v for k, v in pooled.delta.items()}
@@ -107,7 +109,7 @@ EXECUTORS = {"batched": BatchedExecutor, "reference": ReferenceExecutor}
 
 def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tensor,
               segments: Segments, backend: Backend = "batched", local_lr: float = 1.0,
-              previous: Moments | None = None) -> RoundResult:
+              previous: Moments | None = None, noise: RoundNoise | None = None) -> RoundResult:
     """One round (or, for centralized methods, one step) on a round's views.
 
     Args:
@@ -120,6 +122,7 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         backend: ``"batched"`` or ``"reference"``.
         local_lr: client SGD learning rate η (paper: 1.0) when ``method`` is a method.
         previous: the previous round's aggregate (stale statistics), or None.
+        noise: differential privacy's noise for this round (``dcco.privacy.RoundNoise``).
     """
     algorithm = method if isinstance(method, Algorithm) else Algorithm(method, local_lr)
     small = int(segments.counts.min())
@@ -131,4 +134,4 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         )
     if backend not in EXECUTORS:
         raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
-    return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous)
+    return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous, noise)

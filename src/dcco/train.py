@@ -30,6 +30,7 @@ from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.precision import prepare_model
+from dcco.privacy import RoundNoise, epsilon, solve_noise_multiplier, stats_sensitivity
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
 from dcco.simulator import run_round
@@ -87,10 +88,12 @@ def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundP
 
 
 def algorithm_of(cfg: RunConfig) -> Algorithm:
-    """The run's method with its round settings (``train.local_*``, ``train.staleness``)."""
+    """The run's method with its round settings (``train.local_*``, ``train.staleness``, and
+    the update clipping of ``privacy``)."""
     t = cfg.train
+    clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
     return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
-                     t.local_batch, t.staleness)
+                     t.local_batch, t.staleness, clip)
 
 
 def build_partition(cfg: RunConfig, train_set: ImageDataset) -> Partition:
@@ -152,8 +155,11 @@ class Pretraining:
             cfg.model, in_channels=train_set.images.shape[1], projector_dims=cfg.projector,
             seed=cfg.train.seed,
         ), self.speed, self.device)
+        self.model.unit_encodings = cfg.privacy.enabled
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.params, cfg.optim)
+        self.privacy = Privacy.of(cfg, self.partition, self.method) if cfg.privacy.enabled \
+            else None
         self.rounds_done = 0
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
         self._first_bad: Tensor | None = None
@@ -182,7 +188,7 @@ class Pretraining:
         lr = self.lr(r)
         result = run_round(self.model, self.algorithm, x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
-                           previous=self.aggregate)
+                           previous=self.aggregate, noise=self.round_noise(r))
         return self.apply(result, lr, start)
 
     def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
@@ -209,6 +215,14 @@ class Pretraining:
         self.rounds_done += 1
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
                             result.num_samples, time.perf_counter() - start, result.exchanges)
+
+    def round_noise(self, round_index: int) -> RoundNoise | None:
+        """Differential privacy's noise for round ``round_index`` (None without it)."""
+        if self.privacy is None:
+            return None
+        p = self.privacy
+        return RoundNoise(self.cfg.train.seed, round_index, p.noise_multiplier * p.stats_bound,
+                          p.noise_multiplier * p.update_bound)
 
     def _watch_loss(self, loss: Tensor, round_done: int) -> None:
         """Remember, on the loss's device, the first round whose loss is not finite."""
@@ -244,6 +258,67 @@ class Pretraining:
                   if k.startswith("aggregate.")}
         count = values.pop("count", None)
         self.aggregate = Moments(values, count=count) if values else None
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """A run's differential privacy, made concrete (``dcco.privacy``).
+
+    Attributes:
+        noise_multiplier: σ (given, or solved for ``privacy.target_epsilon``).
+        stats_bound: the statistics' sensitivity to one client (add or remove).
+        update_bound: the averaged update's: C_u / K.
+        population, sample: M clients, K sampled per round without replacement.
+        releases: Gaussian releases per round (statistics and update, or the update alone).
+        extra: releases once more (stale statistics' first exchange).
+        delta: δ of the reported (ε, δ).
+    """
+
+    noise_multiplier: float
+    stats_bound: float
+    update_bound: float
+    population: int
+    sample: int
+    releases: int
+    extra: int
+    delta: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig, partition: Partition, method) -> Privacy:
+        sizes = partition.sizes
+        if int(sizes.min()) != int(sizes.max()):
+            raise ConfigError(
+                f"privacy needs clients of one size (the update's sensitivity is C_u / K), "
+                f"but the partition's clients hold {int(sizes.min())} to {int(sizes.max())} "
+                f"samples")
+        k, m = cfg.train.clients_per_round, partition.num_clients
+        spec = method.stats
+        releases = 2 if spec is not None else 1
+        extra = 1 if spec is not None and cfg.train.staleness else 0
+        p = cfg.privacy
+        sigma = p.noise_multiplier
+        if p.target_epsilon is not None:
+            try:
+                sigma = solve_noise_multiplier(p.target_epsilon, m, k, cfg.train.rounds,
+                                               releases, p.delta, extra)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        stats = stats_sensitivity(spec, int(sizes.max())) if spec is not None else 0.0
+        return cls(sigma, stats, p.update_clip / k, m, k, releases, extra, p.delta)
+
+    def epsilon(self, rounds: int) -> float:
+        """ε at ``delta`` spent by the first ``rounds`` rounds."""
+        return epsilon(self.noise_multiplier, self.population, self.sample, rounds,
+                       self.releases, self.delta, self.extra if rounds else 0)
+
+    def summary(self, rounds: int) -> dict[str, Any]:
+        return {"epsilon": self.epsilon(rounds), "delta": self.delta,
+                "noise_multiplier": self.noise_multiplier,
+                "stats_sensitivity": self.stats_bound, "update_sensitivity": self.update_bound,
+                "clients": self.population, "clients_per_round": self.sample,
+                "releases_per_round": self.releases,
+                "accounting": "RDP (dp-accounting), K of M clients sampled without "
+                              "replacement, replace-one neighbours, central Gaussian noise"}
 
 
 RoundCallback = Callable[[RoundMetrics, dict[str, float]], None]
@@ -342,6 +417,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         if m.round % t_cfg.log_every == 0 or last:
             pt.check_finite()
             record = w.record(m.round, m.lr) | {"bytes_per_client": message_bytes}
+            if pt.privacy is not None:
+                record["epsilon"] = latest["epsilon"] = pt.privacy.epsilon(m.round)
             run.append_metrics(record)
             latest |= {k: record[k] for k in ("loss", "rounds_per_sec") if k in record}
             if on_log is not None:
@@ -371,6 +448,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         bytes_per_client_round=message_bytes,
         pretrain_seconds_this_session=time.perf_counter() - started,
         **({"skipped_rounds": skipped} if skipped else {}),
+        **({"privacy": pt.privacy.summary(pt.rounds_done)} if pt.privacy is not None else {}),
     )
 
 

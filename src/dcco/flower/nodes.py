@@ -129,6 +129,7 @@ def build_model(cfg: RunConfig, in_channels: int) -> DualEncoder:
     # a node's clients come one message at a time, each of its own size (and over a
     # deployment, each in a fresh process), so compiling would cost more than it saves
     speed = replace(cfg.speed, compile="off")
+    model.unit_encodings = cfg.privacy.enabled  # a client's statistics bounded (dcco.privacy)
     return prepare_model(model, speed, resolve_device(cfg.train.device))
 
 
@@ -175,7 +176,8 @@ def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
         algorithm = replace(algorithm_of(cfg), method=algorithm)
     updates = [client_update(model, algorithm.method,
                              *client_views(cfg, data, k, round_index), shared,
-                             algorithm.local_lr, algorithm.local_steps, algorithm.local_batch)
+                             algorithm.local_lr, algorithm.local_steps, algorithm.local_batch,
+                             algorithm.update_clip)
                for k in clients]
     return pooled_update(updates, dict(trainable_parameters(model)))
 
