@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from flwr.app import Message, MessageType, RecordDict
+from flwr.common.serde import recorddict_to_proto
 from flwr.serverapp import Grid
 from torch import Tensor
 
@@ -69,6 +70,50 @@ CALIBRATION_SAMPLES = 64
 """Server images in the calibration step that sets the SecAgg+ ranges of a round."""
 
 
+def content_bytes(message: Message) -> int:
+    """Bytes of a message's content as Flower serialises it (protobuf), framing aside."""
+    return recorddict_to_proto(message.content).ByteSize()
+
+
+class MeteredGrid:
+    """A grid that counts the content bytes of every message it carries, per node: sent to
+    it (``down``) and received from it (``up``). Everything else is the wrapped grid's.
+
+    Every exchange of a round goes through ``send_and_receive``, Flower's SecAgg+ workflow
+    included, so the counts are what a round really sends: models, statistics, updates, and
+    SecAgg+'s key exchange, shares and masked vectors."""
+
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
+        self.down: Counter[int] = Counter()
+        self.up: Counter[int] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *args: Any,
+                         **kwargs: Any) -> Iterable[Message]:
+        messages = list(messages)
+        for m in messages:
+            self.down[m.metadata.dst_node_id] += content_bytes(m)
+        replies = list(self._grid.send_and_receive(messages, *args, **kwargs))
+        for r in replies:
+            if not r.has_error():
+                self.up[r.metadata.src_node_id] += content_bytes(r)
+        return replies
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last ``take``: totals and the mean per node that took part
+        (``per_node_up``/``_down``); the counters start again from zero."""
+        nodes = set(self.down) | set(self.up)
+        out = {"up": sum(self.up.values()), "down": sum(self.down.values()),
+               "nodes": len(nodes)}
+        out |= {"per_node_up": out["up"] // max(len(nodes), 1),
+                "per_node_down": out["down"] // max(len(nodes), 1)}
+        self.down, self.up = Counter(), Counter()
+        return out
+
+
 @dataclass(frozen=True)
 class RoundAggregate:
     """A round's exchanges, before the server optimiser.
@@ -99,6 +144,8 @@ class RoundAggregate:
     clipped: dict[str, float] = field(default_factory=dict)
     result: RoundResult | None = None
     """The round's outcome for the server optimiser; None when skipped."""
+    traffic: dict[str, int] = field(default_factory=dict)
+    """Content bytes the round's messages carried (``MeteredGrid.take``)."""
 
 
 class Federation:
@@ -111,7 +158,7 @@ class Federation:
     """
 
     def __init__(self, grid: Grid, pt: Pretraining, fcfg: FlowerConfig) -> None:
-        self.grid, self.pt, self.fcfg = grid, pt, fcfg
+        self.grid, self.pt, self.fcfg = MeteredGrid(grid), pt, fcfg
         self.nodes: dict[int, int] = {}
         """Partition id → node id of the nodes in use."""
         self.identities: dict[int, NodeIdentity | None] = {}
@@ -193,6 +240,7 @@ class Federation:
         nodes); the model is left unchanged."""
         self.discover()
         r = self.pt.rounds_done
+        self.grid.take()  # node discovery is not the round's traffic
         targets, unreachable = self.targets(r)
         weights = {k: v.detach() for k, v in self.pt.model.state_dict().items()}
         exchanges = (SecureExchanges if self.fcfg.secagg else PlainExchanges)(
@@ -203,10 +251,11 @@ class Federation:
         except RoundSkipped as skip:
             LOG.warning("round %d skipped: %s", r + 1, skip.reason)
             return RoundAggregate(r, None, skip.shared, math.nan, 0, 0, skip.reason,
-                                  exchanges.replies, unreachable, exchanges.clipped)
+                                  exchanges.replies, unreachable, exchanges.clipped,
+                                  traffic=self.grid.take())
         return RoundAggregate(r, result.pseudo_gradient, result.shared, result.loss,
                               result.num_clients, result.num_samples, None, exchanges.replies,
-                              unreachable, exchanges.clipped, result)
+                              unreachable, exchanges.clipped, result, self.grid.take())
 
     def step(self) -> RoundAggregate:
         """``collect`` and apply the update with the server optimiser (unless skipped)."""
@@ -474,6 +523,7 @@ class FlowerWindow(MetricsWindow):
         self.unreachable = 0
         self.replies: dict[str, ReplyTally] = {}
         self.clipped: dict[str, list[float]] = {}
+        self.traffic: Counter[str] = Counter()
 
     def add(self, m: RoundMetrics) -> None:
         super().add(m)
@@ -483,6 +533,7 @@ class FlowerWindow(MetricsWindow):
             self.replies[phase] = self.replies.get(phase, ReplyTally()) + tally
         for phase, value in agg.clipped.items():
             self.clipped.setdefault(phase, []).append(value)
+        self.traffic.update(agg.traffic)
 
     def record(self, round_done: int, lr: float) -> dict[str, Any]:
         rec = super().record(round_done, lr) | {
@@ -490,4 +541,7 @@ class FlowerWindow(MetricsWindow):
             "replies": {p: t.as_dict() for p, t in self.replies.items()}}
         if self.clipped:
             rec["secagg_clipped"] = {p: max(v) for p, v in self.clipped.items()}
+        if self.traffic:  # measured from the messages, per round of the window
+            rec["message_bytes"] = {k: v // max(self.rounds, 1)
+                                    for k, v in self.traffic.items()}
         return rec
