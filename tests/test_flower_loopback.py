@@ -172,3 +172,60 @@ def test_flwr_run_local_simulation__trains_and_leaves_no_process(tmp_path, tiny_
     assert all(math.isfinite(r["loss"]) and r["replies"]["update"]["accepted"] == 2
                for r in windows)
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+
+
+@pytest.mark.slow
+def test_superlink_killed_and_restarted_with_resume__reaches_the_rounds_bit_identically(
+        tmp_path, tiny_fmnist):
+    """The whole deployment (SuperLink, ServerApp, SuperNodes) is killed once round 2's
+    checkpoint is written; a new one started with ``flower.resume = true`` continues from it
+    to the configured 4 rounds, and ends with the weights of an uninterrupted deployment:
+    every random choice of a round is a function of (seed, round), the checkpoint holds model
+    and optimiser exactly, and plain aggregation adds the nodes' replies in a fixed order."""
+    from dcco.flower.loopback import Loopback
+
+    def config(run_dir: Path, resume: bool = False) -> dict:
+        return {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
+                "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
+                "train.clients_per_round": 4, "train.rounds": 4, "train.log_every": 1,
+                "train.checkpoint_every": 1, "train.knn_every": 0, "flower.min_nodes": 2,
+                "flower.run_dir": str(run_dir), "flower.resume": resume}
+
+    cut = tmp_path / "cut"
+    first = Loopback(2, tmp_path / "deploy-1")
+    with first:
+        first.submit(config(cut))
+        deadline = time.monotonic() + 300
+        while not any(json.loads(line).get("round", 0) >= 2 and "loss" in line
+                      for line in _lines(cut / "metrics.jsonl")):
+            assert time.monotonic() < deadline, first.log_tails()
+            time.sleep(0.5)
+    assert first.alive() == []  # killed mid-run
+    done_before = load_checkpoint(cut / "checkpoint.safetensors", _net(cut))
+    assert 2 <= done_before < 4
+
+    second = Loopback(2, tmp_path / "deploy-2")
+    with second:
+        run_id = second.submit(config(cut, resume=True))
+        assert second.wait(run_id, timeout=600) == "finished:completed", second.details
+    assert json.loads((cut / "summary.json").read_text())["rounds"] == 4
+
+    whole = tmp_path / "whole"
+    third = Loopback(2, tmp_path / "deploy-3")
+    with third:
+        run_id = third.submit(config(whole))
+        assert third.wait(run_id, timeout=600) == "finished:completed", third.details
+    a, b = _net(cut), _net(whole)
+    assert load_checkpoint(cut / "checkpoint.safetensors", a) == 4
+    assert load_checkpoint(whole / "checkpoint.safetensors", b) == 4
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), k
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def _net(run_dir: Path):
+    cfg = load_config(run_dir / "config.toml")
+    return build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
