@@ -632,3 +632,24 @@ def test_message_bytes__are_measured_per_round_and_match_the_payload_formula(
     # SecAgg+'s own stages (keys, shares, unmasking) go through the same grid and are counted
     _cfg, _pt, secure = make_federation(method, FlowerConfig(min_nodes=NODES, secagg=True))
     assert secure.collect().traffic["per_node_down"] > t["per_node_down"]
+
+
+@pytest.mark.parametrize("method,secure", [("dcco", False), ("contrastive_fedavg", False),
+                                           ("dcco", True)])
+def test_differential_privacy_over_flower__equals_the_simulators_private_round(
+        make_federation, method, secure):
+    """``privacy.*`` in the app's run config: nodes clip each client's update and scale its
+    encodings, the server adds the round's seeded noise. With plain aggregation the private
+    round equals the simulator's (same noise, same clipping) to float64 rounding; under
+    SecAgg+ within its quantisation (the same bound as without privacy)."""
+    overrides = ("privacy.noise_multiplier=1.5", "privacy.update_clip=0.05")
+    cfg, pt, fed = make_federation(method, FlowerConfig(min_nodes=NODES, secagg=secure),
+                                   overrides=overrides)
+    assert pt.privacy is not None and pt.model.unit_encodings
+    train, _ = load_splits(cfg)
+    ref = Pretraining(cfg, train)
+    for _ in range(2):
+        agg = fed.step()
+        ref.step()
+        assert agg.skipped is None
+    assert params_err(pt, ref) < (1e-2 if secure else 1e-9)
