@@ -232,6 +232,73 @@ def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    from dcco import distributed
+
+    if distributed.launched():
+        return _pretrain_distributed(args)
+    return _pretrain(args)
+
+
+def _pretrain_distributed(args: argparse.Namespace) -> int:
+    """``torchrun --nproc_per_node N -m dcco pretrain ...``: every rank trains its share of
+    each round (``dcco.distributed``). Rank 0 creates or opens the run directory, shows
+    progress and writes everything; it sends the directory's path to the other ranks, which
+    read the config (and the checkpoint, when resuming) from it."""
+    import torch.distributed as dist
+
+    from dcco import distributed
+    from dcco.experiments import load_splits
+    from dcco.rundir import RunDir
+    from dcco.train import run_pretraining
+
+    distributed.init_from_env(_device_type_of(args))
+    rank, _ = distributed.rank_and_size()
+    try:
+        if rank == 0:
+            told = False
+
+            def tell(run: RunDir) -> None:
+                nonlocal told
+                dist.broadcast_object_list([str(run.path)], src=0)
+                told = True
+
+            try:
+                return _pretrain(args, on_run=tell)
+            except BaseException:
+                if not told:  # the others wait for a path: tell them there is none
+                    dist.broadcast_object_list([None], src=0)
+                raise
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            return 2  # rank 0 reports why
+        run = RunDir.open(box[0])
+        cfg = run.config()
+        train, test = load_splits(cfg)
+        run_pretraining(cfg, run, train, test, resume=True)
+        return 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _device_type_of(args: argparse.Namespace) -> str:
+    """The device type a pretraining would use (for the process group's backend)."""
+    from dcco.config import load_config
+    from dcco.rundir import RunDir
+    from dcco.train import resolve_device
+
+    try:
+        cfg = (RunDir.open(args.resume).config() if args.resume is not None
+               else load_config(args.config) if args.config is not None else None)
+    except UserError:
+        return "cpu"  # the run itself will report the error
+    return resolve_device(cfg.train.device).type if cfg is not None else "cpu"
+
+
+def _pretrain(args: argparse.Namespace, on_run=None) -> int:
+    """``dcco pretrain`` in this process; ``on_run(run)`` is called once the run directory
+    exists, before the first round."""
     from dcco.config import load_config
     from dcco.experiments import load_splits
     from dcco.rundir import RunDir
@@ -255,6 +322,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         run = RunDir.create(path, cfg)
         _say(f"pretraining {cfg.train.method} into {run.path}")
     _resume_with(args, ["dcco", "pretrain", "--resume", str(run.path)])
+    if on_run is not None:
+        on_run(run)
     summary = _pretrain_with_progress(cfg, run, train, test, args.resume is not None,
                                       not args.no_progress)
     knn, privacy = summary.get("knn"), summary.get("privacy")

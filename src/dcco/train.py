@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from dcco.config import ConfigError, RunConfig
 from dcco.data.datasets import ImageDataset
 from dcco.data.partition import Partition, dirichlet_partition
 from dcco.devices import to_device
+from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
 from dcco.evaluate import knn_accuracy
 from dcco.methods.base import Segments
 from dcco.methods.registry import METHODS, build_method
@@ -33,7 +34,7 @@ from dcco.precision import prepare_model
 from dcco.privacy import RoundNoise, epsilon, solve_noise_multiplier, stats_sensitivity
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
-from dcco.simulator import run_round
+from dcco.simulator import EXECUTORS, run_round
 from dcco.stats import Moments
 
 def resolve_device(name: str) -> torch.device:
@@ -161,6 +162,8 @@ class Pretraining:
         self.privacy = Privacy.of(cfg, self.partition, self.method) if cfg.privacy.enabled \
             else None
         self.rounds_done = 0
+        self.rank, self.world = rank_and_size()
+        """This process's rank and the number of ranks sharing each round (``dcco.distributed``)."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
@@ -184,12 +187,30 @@ class Pretraining:
         start = time.perf_counter()
         r = self.rounds_done
         plan = plan_round(self.cfg, self.partition, r)
-        x1, x2 = self.views(plan, r)
         lr = self.lr(r)
+        if self.world > 1:
+            return self.apply(self._shared_round(plan, r), lr, start)
+        x1, x2 = self.views(plan, r)
         result = run_round(self.model, self.algorithm, x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
                            previous=self.aggregate, noise=self.round_noise(r))
         return self.apply(result, lr, start)
+
+    def _shared_round(self, plan: RoundPlan, r: int) -> RoundResult:
+        """This rank's share of round ``r``, its sums all-reduced (``dcco.distributed``): the
+        round's clients split over the ranks, or a centralized batch split and run as DCCO
+        over them (exact: the anchored loss of the pooled statistics)."""
+        if self.method.federated:
+            part, segments = local_segments(plan.segments, self.rank, self.world)
+            algorithm = self.algorithm
+        else:
+            part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
+            algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
+        x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
+        inner = EXECUTORS[self.cfg.train.backend](self.model, x1, x2,
+                                                  segments.to(self.device))
+        executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples)
+        return algorithm.run_round(executor, self.aggregate, self.round_noise(r))
 
     def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
         """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
@@ -373,7 +394,8 @@ def resume_from_checkpoint(pt: Pretraining, run: RunDir) -> None:
     if run.checkpoint_path.is_file():
         pt.rounds_done = load_checkpoint(run.checkpoint_path, pt.model, pt.optimizer)
         pt.load_round_state(checkpoint_state(run.checkpoint_path))
-    run.truncate_metrics(pt.rounds_done)
+    if pt.rank == 0:
+        run.truncate_metrics(pt.rounds_done)
 
 
 def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetrics],
@@ -408,32 +430,37 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
     d = pt.model.projection_dim
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes)
+    writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
     while not pt.finished:
         m = step()
         w.add(m)
         last = pt.finished
-        if m.skipped is not None:
+        if m.skipped is not None and writes:
             run.append_metrics({"round": m.round, "skipped": m.skipped})
         if m.round % t_cfg.log_every == 0 or last:
             pt.check_finite()
             record = w.record(m.round, m.lr) | {"bytes_per_client": message_bytes}
             if pt.privacy is not None:
                 record["epsilon"] = latest["epsilon"] = pt.privacy.epsilon(m.round)
-            run.append_metrics(record)
+            if writes:
+                run.append_metrics(record)
             latest |= {k: record[k] for k in ("loss", "rounds_per_sec") if k in record}
             if on_log is not None:
                 on_log(record)
             w = window()
-        if test_set is not None and ((t_cfg.knn_every and m.round % t_cfg.knn_every == 0)
-                                     or last):
+        if writes and test_set is not None and (
+                (t_cfg.knn_every and m.round % t_cfg.knn_every == 0) or last):
             latest["knn"] = monitor_knn(pt, train_set, test_set)
             run.append_metrics({"round": m.round, "knn": latest["knn"]})
         if m.round % t_cfg.checkpoint_every == 0 or last:
             pt.check_finite()
-            save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round, meta=meta,
-                            state=pt.round_state())
+            if writes:
+                save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round,
+                                meta=meta, state=pt.round_state())
         if on_round is not None:
             on_round(m, latest)
+    if not writes:
+        return {"rounds": pt.rounds_done, "rank": pt.rank}
     history = run.metrics()
     losses = [r["loss"] for r in history if "loss" in r]
     knn = [r["knn"] for r in history if "knn" in r]

@@ -1,0 +1,61 @@
+"""One round per method on 2 ranks (gloo, float64), clients of uneven sizes split unevenly;
+rank 0 saves each method's pseudo-gradient and loss to the file given. Run by
+tests/test_distributed.py through ``python -m torch.distributed.run``."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from dcco.algorithm import Algorithm
+from dcco.distributed import AllReduceExecutor, local_segments, split_batch
+from dcco.methods import Segments, build_method
+from dcco.models import ModelConfig, build_dual_encoder
+from dcco.simulator import EXECUTORS
+
+SIZES = [1, 3, 5, 2, 4]
+SIZES_FEDAVG = [2, 3, 5, 2, 4]
+METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg",
+           "centralized_cco"]
+
+
+def views(n):
+    from dcco.augment import AugmentConfig, augment_pair
+
+    gen = torch.Generator().manual_seed(0)
+    imgs = (255 * torch.rand(n, 1, 12, 12, generator=gen)).to(torch.uint8)
+    return augment_pair(imgs, torch.arange(n) + 1000, 3, 5, AugmentConfig.byol(),
+                        dtype=torch.float64)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name in METHODS:
+        method = build_method(name)
+        sizes = SIZES_FEDAVG if method.min_client_samples > 1 else SIZES
+        model = build_dual_encoder(ModelConfig(widths=(4, 8, 8)), 1, (24, 24, 16),
+                                   seed=7).double()
+        x1, x2 = views(sum(sizes))
+        segments = Segments.from_counts(sizes)
+        if method.federated:
+            part, local = local_segments(segments, rank, size)
+            algorithm = Algorithm(method)
+        else:
+            part, local = split_batch(sum(sizes), rank, size)
+            algorithm = Algorithm(build_method("dcco"))
+        for backend in ("batched", "reference"):
+            inner = EXECUTORS[backend](model, x1[part], x2[part], local)
+            result = algorithm.run_round(AllReduceExecutor(inner, local.num_samples,
+                                                           sum(sizes)))
+            out[f"{name}/{backend}"] = {"pseudo": result.pseudo_gradient,
+                                        "loss": float(result.loss),
+                                        "clients": result.num_clients}
+    if rank == 0:
+        torch.save(out, sys.argv[1])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
