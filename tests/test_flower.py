@@ -653,3 +653,38 @@ def test_differential_privacy_over_flower__equals_the_simulators_private_round(
         ref.step()
         assert agg.skipped is None
     assert params_err(pt, ref) < (1e-2 if secure else 1e-9)
+
+
+@pytest.mark.parametrize("still_listed", [True, False])
+def test_a_restarted_supernode_takes_its_partition_over_and_is_used_again(make_federation,
+                                                                          still_listed):
+    """A node lost in phase 1 of a round: the round completes by the dropout rule. A new
+    SuperNode for the same partition-id (the restarted one) then takes the partition over,
+    whether the lost node is still listed (within Flower's 60 s heartbeat window) or gone,
+    and the next round uses it with every reply accepted."""
+    from flwr.app import Context, RecordDict
+
+    _cfg, _pt, fed = make_federation("dcco")
+    grid = fed.grid._grid
+    grid.tamper = lambda node, ins, rep: None if node == 1 else rep  # node 1 is killed
+    lost = fed.step()
+    assert lost.skipped is None and lost.replies["stats"].missing == 1
+    assert lost.replies["update"].sent == NODES - 1  # not asked for phase 2
+    grid.tamper = None
+    if not still_listed:
+        grid.online.discard(1)
+    old = grid.contexts[1]
+    grid.contexts[4] = Context(run_id=old.run_id, node_id=4, node_config=dict(old.node_config),
+                               state=RecordDict(), run_config=dict(old.run_config))
+    grid.online.add(4)
+    again = fed.step()
+    assert fed.nodes[0] == 4 and fed.identities[1] is None
+    for phase in ("stats", "update"):
+        tally = again.replies[phase]
+        assert tally.sent == tally.accepted == NODES and not tally.missing, phase
+    # a genuine duplicate (the partition's node still answers) stays excluded
+    grid.contexts[5] = Context(run_id=old.run_id, node_id=5, node_config=dict(old.node_config),
+                               state=RecordDict(), run_config=dict(old.run_config))
+    grid.online.add(5)
+    fed.step()
+    assert fed.nodes[0] == 4 and fed.identities[5] is None

@@ -163,6 +163,9 @@ class Federation:
         """Partition id → node id of the nodes in use."""
         self.identities: dict[int, NodeIdentity | None] = {}
         """Node id → identity of every node that answered (None: excluded)."""
+        self.unresponsive: set[int] = set()
+        """Nodes whose last exchange brought no valid answer (lost, timed out or failed): a
+        new node claiming one's partition-id replaces it (a restarted SuperNode)."""
         self.num_partitions: int | None = None
 
     # ------------------------------------------------------------------ nodes
@@ -210,7 +213,16 @@ class Federation:
             elif ident.num_partitions != self.num_partitions:
                 problem = f"num-partitions {ident.num_partitions} != {self.num_partitions}"
             elif ident.partition_id in self.nodes:
-                problem = f"partition-id {ident.partition_id} is taken"
+                old = self.nodes[ident.partition_id]
+                if old in self.unresponsive or old not in set(self.grid.get_node_ids()):
+                    LOG.info("node %s takes partition-id %d over from node %s, which stopped "
+                             "answering (a restarted SuperNode)", node_id, ident.partition_id,
+                             old)
+                    self.identities[old] = None
+                    self.unresponsive.discard(old)
+                else:
+                    problem = (f"partition-id {ident.partition_id} is taken by node {old}, "
+                               f"which still answers")
             if problem:
                 LOG.warning("node %s excluded: %s", node_id, problem)
                 self.identities[node_id] = None
@@ -284,6 +296,7 @@ class Federation:
                 got[node] = reply.content
         tally.failed += len(failed)
         tally.missing += len(contents) - len(got) - len(failed)
+        self.unresponsive = (self.unresponsive | (set(contents) - set(got))) - set(got)
         return got
 
     def _max_weight(self, targets: dict[int, list[int]]) -> float:
