@@ -229,3 +229,25 @@ def _lines(path: Path) -> list[str]:
 def _net(run_dir: Path):
     cfg = load_config(run_dir / "config.toml")
     return build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+
+
+def test_timing_breakdown__splits_an_exchange_into_its_parts(tmp_path):
+    """The slowest node of an exchange decides it: its process start and imports (from the
+    exchange's start, as a process may have started earlier), data load and compute; the
+    rest of the server's wall time is Flower's."""
+    from dcco.flower.timing import breakdown
+
+    lines = [
+        {"kind": "exchange", "sent": 100.0, "received": 110.0},
+        {"kind": "message", "phase": "stats", "process_start": 101.0, "imported": 104.0,
+         "handler_start": 104.0, "handler_end": 106.0, "data_load": 0.5, "compute": 1.5},
+        {"kind": "message", "phase": "stats", "process_start": 101.0, "imported": 103.0,
+         "handler_start": 103.0, "handler_end": 104.0, "data_load": 0.2, "compute": 0.8},
+        {"kind": "message", "phase": "stats", "process_start": 50.0, "imported": 52.0,
+         "handler_start": 52.0, "handler_end": 53.0, "data_load": 0.1, "compute": 0.9},
+    ]
+    path = tmp_path / "timing.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    parts = breakdown(path)
+    assert parts == {"exchange": 10.0, "process_start_and_imports": 3.0, "data_load": 0.5,
+                     "compute": 1.5, "flower": 5.0, "exchanges": 1}

@@ -15,14 +15,18 @@ Under SecAgg+ the same handler runs inside Flower's ``secaggplus_mod``, which ma
 
 from __future__ import annotations
 
-import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
-from torch import Tensor
+import time
 
-from dcco.flower import codec, secagg
-from dcco.flower.appconfig import parse_run_config
-from dcco.flower.nodes import (
+_IMPORT_START = time.time()
+
+import torch  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from dcco.flower import codec, secagg  # noqa: E402
+from dcco.flower.appconfig import parse_run_config  # noqa: E402
+from dcco.flower.nodes import (  # noqa: E402
     NodeIdentity,
     build_model,
     check_hosted,
@@ -32,9 +36,11 @@ from dcco.flower.nodes import (
     node_statistics,
     node_update,
 )
-from dcco.train import algorithm_of
+from dcco.flower import timing  # noqa: E402
+from dcco.train import algorithm_of  # noqa: E402
 
 KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"
+_IMPORTED = time.time()
 
 app = ClientApp()
 
@@ -54,9 +60,11 @@ def query(msg: Message, context: Context) -> Message:
 @app.train(mods=[secagg.secure_aggregation_mod])
 def train(msg: Message, context: Context) -> Message:
     """Phase "stats" or "update" of a round for the node's sampled clients."""
+    started = time.time()
     cfg, _ = parse_run_config(context.run_config)
     identity = _identity(context)
     data = node_data(cfg)
+    loaded = time.time()
     model = build_model(cfg, data.images.shape[1])
     algorithm = algorithm_of(cfg)
     spec = algorithm.method.stats
@@ -90,6 +98,11 @@ def train(msg: Message, context: Context) -> Message:
         update = node_update(cfg, algorithm, data, model, ins.clients, ins.round, ins.shared)
         reply = (secagg.secure_update_reply(update, params, stats, spec) if params
                  else codec.encode_update_reply(update, stats))
+    if timing.enabled():
+        timing.record("message", phase=ins.phase, round=ins.round,
+                      process_start=timing.process_start(), import_start=_IMPORT_START,
+                      imported=_IMPORTED, handler_start=started, handler_end=time.time(),
+                      data_load=loaded - started, compute=time.time() - loaded)
     return Message(reply, reply_to=msg)
 
 

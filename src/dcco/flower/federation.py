@@ -38,7 +38,7 @@ from torch import Tensor
 from dcco.algorithm import Algorithm, RoundResult, RoundSkipped, Updates
 from dcco.config import RunConfig
 from dcco.data.datasets import ImageDataset
-from dcco.flower import codec, secagg
+from dcco.flower import codec, secagg, timing
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.flower.nodes import NodeIdentity, assign
@@ -284,6 +284,7 @@ class Federation:
         msgs = [Message(c, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(r))
                 for n, c in contents.items()]
         tally.sent += len(msgs)
+        sent = time.time()
         got: dict[int, RecordDict] = {}
         failed: set[int] = set()
         for reply in self.grid.send_and_receive(msgs, timeout=self.fcfg.timeout):
@@ -297,6 +298,7 @@ class Federation:
         tally.failed += len(failed)
         tally.missing += len(contents) - len(got) - len(failed)
         self.unresponsive = (self.unresponsive | (set(contents) - set(got))) - set(got)
+        timing.record("exchange", round=r, sent=sent, received=time.time(), nodes=len(got))
         return got
 
     def _max_weight(self, targets: dict[int, list[int]]) -> float:
@@ -392,9 +394,11 @@ class SecureExchanges(PlainExchanges):
                                      self.scales)
         fitins = {n: secagg.secure_instruction(make(c), params) for n, c in self.targets.items()}
         tally.sent += len(fitins)
+        sent = time.time()
         result = secagg.secure_average(self.fed.grid, fitins, self.r, max_weight, clip,
                                        self.fed.fcfg)
         took = len(result.counts) if result else 0
+        timing.record("exchange", round=self.r, sent=sent, received=time.time(), nodes=took)
         tally.accepted += took
         tally.failed += len(fitins) - took
         if result is not None and not all(bool(torch.isfinite(torch.from_numpy(v)).all())

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dcco.config import ConfigError
+from dcco.flower import timing
 from dcco.flower.appconfig import FlowerValue, parse_run_config
 
 try:
@@ -391,9 +392,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
     ap.add_argument("--verbose", action="store_true",
                     help="on failure, print the tails of the processes' logs too")
+    ap.add_argument("--timing", action="store_true",
+                    help="time every message and exchange (dcco.flower.timing) and print "
+                         "where a round's seconds go")
+    ap.add_argument("--record", type=Path, default=None, metavar="JSON",
+                    help="with --timing: add this run's row to a JSON record (rows of "
+                         "method, secagg, s_per_round and breakdown)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     _stop_on_signals()
+    if args.timing:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = args.out.resolve() / "timing.jsonl"
+        stamp.unlink(missing_ok=True)
+        os.environ[timing.ENV] = str(stamp)  # every process of the deployment inherits it
     try:
         run_dir, status = run_loopback(args.nodes, args.out, _parse_set(args.overrides),
                                        args.timeout)
@@ -419,6 +431,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.nodes} SuperNodes)")
     print("seconds per round, by metrics window: "
           + ", ".join(f"{s:.2f}" for s in per_round))
+    if args.timing:
+        parts = timing.breakdown(Path(os.environ[timing.ENV]))
+        print("per exchange (mean s): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+        if args.record is not None:
+            cfg = json.loads(json.dumps(_parse_set(args.overrides)))
+            summary = json.loads((run_dir / "summary.json").read_text())
+            row = {"method": summary.get("method"), "secagg": bool(cfg.get("flower.secagg")),
+                   "nodes": args.nodes, "overrides": cfg,
+                   "s_per_round": sum(per_round[1:] or per_round) / len(per_round[1:] or
+                                                                          per_round),
+                   "breakdown": parts}
+            record = (json.loads(args.record.read_text()) if args.record.is_file()
+                      else {"rows": []})
+            record["rows"].append(row)
+            record["command"] = "python -m dcco.flower.loopback --timing --record ..."
+            args.record.parent.mkdir(parents=True, exist_ok=True)
+            args.record.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 
