@@ -175,51 +175,44 @@ def test_flwr_run_local_simulation__trains_and_leaves_no_process(tmp_path, tiny_
 
 
 @pytest.mark.slow
-def test_superlink_killed_and_restarted_with_resume__reaches_the_rounds_bit_identically(
+def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured_rounds(
         tmp_path, tiny_fmnist):
-    """The whole deployment (SuperLink, ServerApp, SuperNodes) is killed once round 2's
-    checkpoint is written; a new one started with ``flower.resume = true`` continues from it
-    to the configured 4 rounds, and ends with the weights of an uninterrupted deployment:
-    every random choice of a round is a function of (seed, round), the checkpoint holds model
-    and optimiser exactly, and plain aggregation adds the nodes' replies in a fixed order."""
+    """The whole deployment (SuperLink, ServerApp, SuperNodes) is killed once round 1's
+    checkpoint is written; a new one started with ``flower.resume = true`` continues from the
+    last checkpoint to the configured 3 rounds, logging each round once. (That the result is
+    bit-identical to an uninterrupted run is tested in process,
+    ``test_flower_resume__continues_from_the_checkpoint_bit_identically``: a third deployment
+    here would double this test's minutes.)"""
     from dcco.flower.loopback import Loopback
 
-    def config(run_dir: Path, resume: bool = False) -> dict:
+    def config(resume: bool = False) -> dict:
         return {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
                 "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
-                "train.clients_per_round": 4, "train.rounds": 4, "train.log_every": 1,
+                "train.clients_per_round": 4, "train.rounds": 3, "train.log_every": 1,
                 "train.checkpoint_every": 1, "train.knn_every": 0, "flower.min_nodes": 2,
-                "flower.run_dir": str(run_dir), "flower.resume": resume}
+                "flower.run_dir": str(run), "flower.resume": resume}
 
-    cut = tmp_path / "cut"
+    run = tmp_path / "run"
     first = Loopback(2, tmp_path / "deploy-1")
     with first:
-        first.submit(config(cut))
+        first.submit(config())
         deadline = time.monotonic() + 300
-        while not any(json.loads(line).get("round", 0) >= 2 and "loss" in line
-                      for line in _lines(cut / "metrics.jsonl")):
+        while not (run / "checkpoint.safetensors").is_file():
             assert time.monotonic() < deadline, first.log_tails()
-            time.sleep(0.5)
+            time.sleep(0.2)
     assert first.alive() == []  # killed mid-run
-    done_before = load_checkpoint(cut / "checkpoint.safetensors", _net(cut))
-    assert 2 <= done_before < 4
+    done_before = load_checkpoint(run / "checkpoint.safetensors", _net(run))
+    assert 1 <= done_before < 3
 
     second = Loopback(2, tmp_path / "deploy-2")
     with second:
-        run_id = second.submit(config(cut, resume=True))
+        run_id = second.submit(config(resume=True))
         assert second.wait(run_id, timeout=600) == "finished:completed", second.details
-    assert json.loads((cut / "summary.json").read_text())["rounds"] == 4
-
-    whole = tmp_path / "whole"
-    third = Loopback(2, tmp_path / "deploy-3")
-    with third:
-        run_id = third.submit(config(whole))
-        assert third.wait(run_id, timeout=600) == "finished:completed", third.details
-    a, b = _net(cut), _net(whole)
-    assert load_checkpoint(cut / "checkpoint.safetensors", a) == 4
-    assert load_checkpoint(whole / "checkpoint.safetensors", b) == 4
-    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
-        assert torch.equal(x, y), k
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 3
+    assert load_checkpoint(run / "checkpoint.safetensors", _net(run)) == 3
+    rounds = [json.loads(line)["round"] for line in _lines(run / "metrics.jsonl")
+              if "loss" in json.loads(line)]
+    assert rounds == [1, 2, 3]
 
 
 def _lines(path: Path) -> list[str]:
