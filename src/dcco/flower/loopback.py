@@ -439,13 +439,15 @@ def main(argv: list[str] | None = None) -> int:
             summary = json.loads((run_dir / "summary.json").read_text())
             row = {"method": summary.get("method"), "secagg": bool(cfg.get("flower.secagg")),
                    "nodes": args.nodes, "overrides": cfg,
+                   "command": "python -m dcco.flower.loopback " + " ".join(
+                       sys.argv[1:] if argv is None else argv),
+                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                    "s_per_round": sum(per_round[1:] or per_round) / len(per_round[1:] or
                                                                           per_round),
                    "breakdown": parts}
             record = (json.loads(args.record.read_text()) if args.record.is_file()
                       else {"rows": []})
             record["rows"].append(row)
-            record["command"] = "python -m dcco.flower.loopback --timing --record ..."
             args.record.parent.mkdir(parents=True, exist_ok=True)
             args.record.write_text(json.dumps(record, indent=2) + "\n")
     return 0
