@@ -84,16 +84,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(max(torch.get_num_threads(), 1))
     rows = [measure(m, s, args.set) for m in args.methods for s in (False, True)]
-    lines = ["| method | SecAgg+ | exchanges | up per node | down per node | formula up per "
-             "client | formula down per client |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [("| method | SecAgg+ | exchanges | up per node | down per node | formula up per "
+              "client | formula down per client |"), "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         t, f = r["measured"], r["formula_per_client"]
         lines.append(f"| {r['method']} | {'yes' if r['secagg'] else 'no'} | {r['exchanges']} | "
                      f"{t['per_node_up'] / 2**20:.2f} MiB | {t['per_node_down'] / 2**20:.2f} MiB"
                      f" | {f['up'] / 2**20:.2f} MiB | {f['down'] / 2**20:.2f} MiB |")
     cost = statistics_cost()
-    lines += ["", "| network | d | model (float32) | DCCO statistics (float64) | of which ⟨F Gᵀ⟩ "
-              "| statistics / model |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["", ("| network | d | model (float32) | DCCO statistics (float64) | of which "
+                   "⟨F Gᵀ⟩ | statistics / model |"), "|---|---:|---:|---:|---:|---:|"]
     for c in cost:
         lines.append(f"| ResNet14 {tuple(c['widths'])} | {c['d']} | "
                      f"{c['model_bytes'] / 2**20:.2f} MiB | {c['stats_bytes'] / 2**20:.2f} MiB | "

@@ -110,7 +110,7 @@ def main() -> None:
             procs[name][1].wait()
     results = {}
     for name, (run_dir, proc) in procs.items():
-        out, _ = proc.communicate()
+        proc.communicate()
         if proc.returncode != 0:
             raise SystemExit(f"the {name} run failed (exit {proc.returncode}); its run "
                              f"directory is {run_dir}")
@@ -119,8 +119,8 @@ def main() -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         config = (run_dir / "config.toml").read_text()
         results[name] = {
-            "precision": re.search(r'^precision = "(\w+)"', config, re.M).group(1),
-            "compile": re.search(r'^compile = "(\w+)"', config, re.M).group(1),
+            "precision": re.search(r'^precision = "(\w+)"', config, re.MULTILINE).group(1),
+            "compile": re.search(r'^compile = "(\w+)"', config, re.MULTILINE).group(1),
             "knn": summary["knn"], "final_loss": summary["final_loss"],
             "seconds": summary["pretrain_seconds_this_session"],
             "loss_curve": [[m["round"], m["loss"]] for m in metrics if "loss" in m],

@@ -332,12 +332,13 @@ def ladder_main() -> None:
         params = trainable_parameters(net)
         opt = build_optimizer(params, OptimConfig(), fast=False)
         flops["floor" if cco_net else "floor-contrastive"] = count_flops(
-            lambda: floor_step(net, opt, x1, x2))
+            lambda net=net, opt=opt: floor_step(net, opt, x1, x2))
         for method, uses_cco_net in methods:
             if uses_cco_net == cco_net:
                 seg = segments[METHOD_FEDERATED[method]]
-                flops[method] = count_flops(lambda: round_step(
-                    net, opt, params, Algorithm(build_method(method)), x1, x2, seg))
+                flops[method] = count_flops(
+                    lambda net=net, opt=opt, params=params, method=method, seg=seg: round_step(
+                        net, opt, params, Algorithm(build_method(method)), x1, x2, seg))
         del net, opt
 
     rows = []
@@ -357,7 +358,7 @@ def ladder_main() -> None:
             params = trainable_parameters(net)
             floor_opt = build_optimizer(params, OptimConfig(), fast=step.fast_optimizer)
             variants.append((("floor", cco_net),
-                             lambda net=net, o=floor_opt: floor_step(net, o, *xs)))
+                             lambda net=net, o=floor_opt, xs=xs: floor_step(net, o, *xs)))
             for method, uses_cco_net in methods:
                 if uses_cco_net != cco_net:
                     continue
@@ -365,7 +366,7 @@ def ladder_main() -> None:
                 algorithm = Algorithm(build_method(method))
                 seg = segments[METHOD_FEDERATED[method]]
                 variants.append(((method, cco_net), lambda net=net, o=opt, p=params,
-                                 a=algorithm, s=seg: round_step(net, o, p, a, *xs, s)))
+                                 a=algorithm, s=seg, xs=xs: round_step(net, o, p, a, *xs, s)))
         memory = {}
         for label, run in variants:
             for _ in range(warmup):
@@ -449,7 +450,7 @@ def ladder_markdown(record: dict) -> str:
     """The ladder as a Markdown table, with the command and the machine."""
     peak = record["bf16_peak_tflops"]
     lines = [f"# Round cost on {record['device']}", "",
-             f"Command: `{record['command']}` (torch {record['torch']}). Scale "
+             (f"Command: `{record['command']}` (torch {record['torch']}). Scale "
              f"`{record['scale']}`: ResNet14 widths {tuple(record['widths'])}, projector "
              f"{tuple(record['projector'])} (contrastive "
              f"{tuple(record['contrastive_projector'])}), {record['samples']} samples of "
@@ -458,7 +459,7 @@ def ladder_markdown(record: dict) -> str:
              f"({record['augment_ms']} ms per round). 'floor': a plain centralized Barlow Twins "
              f"step of the same network with the same optimisations. Median of "
              f"{record['repeats']} blocks of {record['rounds_per_block']} rounds after "
-             f"{record['warmup']} warm-up rounds.", "",
+             f"{record['warmup']} warm-up rounds."), "",
              "| step | method | clients × samples | ms / round | floor ms | × floor | TFLOP/s | "
              + ("% of dense bf16 peak | " if peak else "") + "peak memory (GiB) |",
              "|---|---|---|---:|---:|---:|---:|" + ("---:|" if peak else "") + "---:|"]

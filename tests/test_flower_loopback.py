@@ -138,7 +138,7 @@ def test_launcher__a_failed_run_prints_flowers_reason(tmp_path, tiny_fmnist):
     out = tmp_path / "deploy"
     done = subprocess.run(LAUNCHER + ["--nodes", "1", "--out", str(out)]
                           + _tiny_overrides(tmp_path / "no-such-folder", rounds=1),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 1
     assert "ended finished:failed: ServerApp failed with exception: the data directory" in \
         done.stderr

@@ -16,8 +16,14 @@ from dcco.client import trainable_parameters
 from dcco.config import ConfigError, load_config
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.privacy import RoundNoise, clip_update, consistent, epsilon, \
-    solve_noise_multiplier, stats_sensitivity
+from dcco.privacy import (
+    RoundNoise,
+    clip_update,
+    consistent,
+    epsilon,
+    solve_noise_multiplier,
+    stats_sensitivity,
+)
 from dcco.simulator import ReferenceExecutor, run_round
 from dcco.stats import CCO_STATS, VICREG_STATS, EncodingStats
 

@@ -37,6 +37,7 @@ from dcco.seeding import derive_seed, generator
 from dcco.simulator import EXECUTORS, run_round
 from dcco.stats import Moments
 
+
 def resolve_device(name: str) -> torch.device:
     """``"auto"`` is CUDA when present, else CPU; anything else is checked to exist."""
     if name == "auto":

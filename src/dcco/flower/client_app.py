@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import time
 
-_IMPORT_START = time.time()
+_IMPORT_START = time.time()  # before the heavy imports: their time is measured
 
-import torch  # noqa: E402
-from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from torch import Tensor  # noqa: E402
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from torch import Tensor
 
-from dcco.flower import codec, secagg  # noqa: E402
-from dcco.flower.appconfig import parse_run_config  # noqa: E402
-from dcco.flower.nodes import (  # noqa: E402
+from dcco.flower import codec, secagg, timing
+from dcco.flower.appconfig import parse_run_config
+from dcco.flower.nodes import (
     NodeIdentity,
     build_model,
     check_hosted,
@@ -36,8 +36,7 @@ from dcco.flower.nodes import (  # noqa: E402
     node_statistics,
     node_update,
 )
-from dcco.flower import timing  # noqa: E402
-from dcco.train import algorithm_of  # noqa: E402
+from dcco.train import algorithm_of
 
 KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"
 _IMPORTED = time.time()
