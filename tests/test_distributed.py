@@ -17,8 +17,8 @@ import torch
 from dcco.checkpoint import load_checkpoint
 from dcco.config import load_config
 from dcco.distributed import share
-from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.methods import Segments
+from dcco.models import build_dual_encoder
 from dcco.simulator import run_round
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,18 +51,14 @@ def test_share__splits_clients_contiguously_and_unevenly():
 def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path):
     """Pseudo-gradient to a relative 1e-12 (float64), loss likewise, for every method and
     both executors; centralized CCO split over the ranks runs as DCCO over them."""
-    from helpers.dist_round import METHODS, SIZES, SIZES_FEDAVG, views
+    from helpers.dist_round import METHODS, case
 
     out = tmp_path / "rounds.pt"
     done = _torchrun([str(HELPER), str(out)], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = torch.load(out)
     for name in METHODS:
-        method = build_method(name)
-        sizes = SIZES_FEDAVG if method.min_client_samples > 1 else SIZES
-        model = build_dual_encoder(ModelConfig(widths=(4, 8, 8)), 1, (24, 24, 16),
-                                   seed=7).double()
-        x1, x2 = views(sum(sizes))
+        method, sizes, model, (x1, x2) = case(name)
         segments = Segments.from_counts(sizes if method.federated else [sum(sizes)])
         expected = run_round(model, method, x1, x2, segments, "reference")
         flat = torch.cat([v.flatten() for v in expected.pseudo_gradient.values()])

@@ -153,6 +153,13 @@ def test_accountant__is_the_librarys_rdp_for_the_implemented_sampling():
     assert epsilon(2 * sigma, m, k, rounds, 2, delta) < epsilon(sigma, m, k, rounds, 2, delta)
     assert epsilon(sigma, m, k, rounds // 2, 2, delta) < epsilon(sigma, m, k, rounds, 2, delta)
     assert epsilon(sigma, m, k, 0, 2, delta) == 0 and epsilon(0, m, k, 1, 2, delta) == math.inf
+    from dcco.privacy import Ledger
+
+    for extra in (0, 1):  # a run's ledger (one round's RDP, composed) gives the same ε
+        ledger = Ledger(sigma, m, k, 2, delta, extra)
+        for r in (1, 37, rounds):
+            assert ledger.epsilon(r) == pytest.approx(
+                epsilon(sigma, m, k, r, 2, delta, extra), rel=1e-9)
     solved = solve_noise_multiplier(4.0, m, k, rounds, 2, delta)
     assert epsilon(solved, m, k, rounds, 2, delta) <= 4.0
     assert epsilon(solved * 0.99, m, k, rounds, 2, delta) > 4.0

@@ -172,6 +172,34 @@ def _accountant(noise_multiplier: float, population: int, sample: int, rounds: i
     return accountant
 
 
+class Ledger:
+    """ε after any number of rounds, without re-deriving a round's RDP each time: the RDP
+    of one round (and of the extra releases) from ``dp-accounting`` once, composed for r
+    rounds as the library composes ``SelfComposedDpEvent`` (r times the round's RDP) and
+    converted by its own ``compute_epsilon``. ``epsilon`` recomputes everything per call;
+    a run asks at every metrics record, so it keeps a ledger."""
+
+    def __init__(self, noise_multiplier: float, population: int, sample: int, releases: int,
+                 delta: float, extra_releases: int = 0) -> None:
+        self.sigma, self.delta, self.extra = noise_multiplier, delta, extra_releases
+        if noise_multiplier > 0:
+            one = _accountant(noise_multiplier, population, sample, 1, releases)
+            self.orders, self.round_rdp = one._orders, one._rdp
+            self.extra_rdp = (_accountant(noise_multiplier, population, sample, 0, releases,
+                                          extra_releases)._rdp if extra_releases else 0.0)
+
+    def epsilon(self, rounds: int) -> float:
+        """ε at ``delta`` after ``rounds`` rounds (the extra releases counted from round 1)."""
+        if rounds == 0:
+            return 0.0
+        if self.sigma <= 0:
+            return math.inf
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        rdp = rounds * self.round_rdp + (self.extra_rdp if self.extra else 0.0)
+        return float(compute_epsilon(self.orders, rdp, self.delta)[0])
+
+
 def epsilon(noise_multiplier: float, population: int, sample: int, rounds: int,
             releases: int, delta: float, extra_releases: int = 0) -> float:
     """ε at ``delta`` after ``rounds`` rounds of ``releases`` Gaussian releases each, every
@@ -205,5 +233,5 @@ def solve_noise_multiplier(target_epsilon: float, population: int, sample: int, 
     return high
 
 
-__all__ = ["PrivacyConfig", "RoundNoise", "clip_update", "epsilon", "solve_noise_multiplier",
+__all__ = ["Ledger", "PrivacyConfig", "RoundNoise", "clip_update", "epsilon", "solve_noise_multiplier",
            "stats_sensitivity"]

@@ -7,6 +7,7 @@ is a pure function of (seed, r), so a run restored from a checkpoint continues b
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.precision import prepare_model
-from dcco.privacy import RoundNoise, epsilon, solve_noise_multiplier, stats_sensitivity
+from dcco.privacy import Ledger, RoundNoise, solve_noise_multiplier, stats_sensitivity
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
 from dcco.simulator import EXECUTORS, run_round
@@ -330,8 +331,12 @@ class Privacy:
 
     def epsilon(self, rounds: int) -> float:
         """ε at ``delta`` spent by the first ``rounds`` rounds."""
-        return epsilon(self.noise_multiplier, self.population, self.sample, rounds,
-                       self.releases, self.delta, self.extra if rounds else 0)
+        return self.ledger.epsilon(rounds)
+
+    @functools.cached_property
+    def ledger(self) -> Ledger:
+        return Ledger(self.noise_multiplier, self.population, self.sample, self.releases,
+                      self.delta, self.extra)
 
     def summary(self, rounds: int) -> dict[str, Any]:
         return {"epsilon": self.epsilon(rounds), "delta": self.delta,

@@ -28,16 +28,20 @@ def views(n):
                         dtype=torch.float64)
 
 
+def case(name):
+    """A method's round: (method, client sizes, float64 model, both views of its samples)."""
+    method = build_method(name)
+    sizes = SIZES_FEDAVG if method.min_client_samples > 1 else SIZES
+    model = build_dual_encoder(ModelConfig(widths=(4, 8, 8)), 1, (24, 24, 16), seed=7).double()
+    return method, sizes, model, views(sum(sizes))
+
+
 def main():
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     out = {}
     for name in METHODS:
-        method = build_method(name)
-        sizes = SIZES_FEDAVG if method.min_client_samples > 1 else SIZES
-        model = build_dual_encoder(ModelConfig(widths=(4, 8, 8)), 1, (24, 24, 16),
-                                   seed=7).double()
-        x1, x2 = views(sum(sizes))
+        method, sizes, model, (x1, x2) = case(name)
         segments = Segments.from_counts(sizes)
         if method.federated:
             part, local = local_segments(segments, rank, size)

@@ -131,12 +131,17 @@ class Loopback:
 
     # ------------------------------------------------------------------ processes
 
-    def __enter__(self) -> Loopback:  # noqa: PYI034
+    def _prepare(self, connection: str) -> None:
+        """The folders, and ``FLWR_HOME/config.toml`` with this deployment's connection
+        (``connection``: the body of its ``[superlink.<name>]`` table)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'[superlink]\ndefault = "{self.connection}"\n\n'
+            f'[superlink.{self.connection}]\n{connection}')
+
+    def __enter__(self) -> Loopback:  # noqa: PYI034
+        self._prepare(f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
         try:
             self._start("superlink", ["flower-superlink", "--insecure", "--port", str(self.port),
                                       "--database", str(self.out / "superlink.db")])
@@ -286,11 +291,7 @@ class LocalSimulation(Loopback):
     connection = "local"
 
     def __enter__(self) -> LocalSimulation:  # noqa: PYI034
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-            f'options.num-supernodes = {self.nodes}\n')
+        self._prepare(f'address = ":local:"\noptions.num-supernodes = {self.nodes}\n')
         return self
 
     def stop(self) -> None:
