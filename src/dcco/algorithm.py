@@ -178,14 +178,16 @@ class Algorithm:
                            shared, aggregate, exchanges)
 
     def message_bytes(self, d_f: int, d_g: int, model_bytes: int,
-                      has_previous: bool = True) -> dict[str, int]:
+                      has_previous: bool = True, state_bytes: int = 0) -> dict[str, int]:
         """Bytes one client sends (``up``) and receives (``down``) in a round, payloads only:
-        the model (``model_bytes``) down and the update (as large) up; the statistics up
-        (count and sums, float64) and S_A down when the method shares statistics."""
+        the model (``model_bytes``, its trained parameters) and ``state_bytes`` (what else
+        the model holds: BYOL's target network, batch-norm statistics) down and the update
+        (as large as the parameters) up; the statistics up (count and sums, float64) and S_A
+        down when the method shares statistics."""
         spec = self.method.stats
         stats = spec.num_values(d_f, d_g) * STATS_BYTES if spec is not None else 0
         shared = stats - STATS_BYTES if spec is not None else 0  # S_A: the means, no count
-        return {"up": model_bytes + stats, "down": model_bytes + shared}
+        return {"up": model_bytes + stats, "down": model_bytes + state_bytes + shared}
 
 
 __all__ = ["Algorithm", "Executor", "RoundResult", "RoundSkipped", "Updates"]

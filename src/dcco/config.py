@@ -20,8 +20,9 @@ from dcco.augment import AugmentConfig
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig
 from dcco.methods.base import LossConfig
+from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
-from dcco.models import ModelConfig
+from dcco.models import DualEncoder, Head, ModelConfig, build_dual_encoder
 from dcco.optim import OptimConfig
 from dcco.precision import Compile, Precision, Speed, check, resolve
 from dcco.privacy import PrivacyConfig
@@ -149,6 +150,21 @@ class RunConfig:
                              f"methods; {method.name} is centralized (set "
                              f"privacy.noise_multiplier = 0 and privacy.target_epsilon = "
                              f"\"none\")")
+        predictive = issubclass(method, PredictiveMethod)
+        if self.model.predictor is not None and not predictive:
+            raise ValueError(f"model.predictor is BYOL's and SimSiam's head; {method.name} has "
+                             f"none (leave model.predictor unset)")
+        if predictive and not self.model.shared:
+            raise ValueError(f"{method.name} needs one network for both views "
+                             f"(model.shared = true)")
+        if self.model.norm == "bn" and method.federated:
+            smallest = min(self.data.samples_per_client, self.train.local_batch or
+                           self.data.samples_per_client)
+            if smallest < 2:
+                raise ValueError(
+                    f"model.norm = 'bn' normalises over a client's batch, which needs at least "
+                    f"2 samples; {method.name} gives its clients batches of {smallest} "
+                    f"(data.samples_per_client, train.local_batch). Use model.norm = 'gn'")
         if self.data.samples_per_client < method.min_client_samples:
             raise ValueError(
                 f"train.method {method.name!r} computes its loss within each client and needs "
@@ -183,6 +199,21 @@ class RunConfig:
     def projector(self) -> tuple[int, ...]:
         """The projector widths: the model's, or the method's paper default."""
         return self.model.projector or METHODS[self.train.method].default_projector
+
+    @property
+    def head(self) -> Head | None:
+        """BYOL's or SimSiam's predictor and target (``model.predictor`` or the method's
+        default), or None for the other methods."""
+        method = METHODS[self.train.method]
+        if not issubclass(method, PredictiveMethod):
+            return None
+        return Head(self.model.predictor or method.default_predictor(self.projector),
+                    method.target)
+
+    def build_model(self, in_channels: int) -> DualEncoder:
+        """The run's dual encoder, initialised from ``train.seed`` (on the CPU, float32)."""
+        return build_dual_encoder(self.model, in_channels, self.projector, self.train.seed,
+                                  self.head)
 
 
 def _device_type(device: str) -> str:
@@ -305,7 +336,7 @@ def _coerce(value: Any, tp: Any, key: str, default: Any) -> Any:
         return from_dict(tp, value, key, base=default)
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType):
-        if value == "none" and type(None) in args:
+        if (value is None or value == "none") and type(None) in args:  # None: from JSON
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(value, inner, key, default)

@@ -27,7 +27,7 @@ from dcco.augment import eval_view
 from dcco.checkpoint import CheckpointError, atomic_write_text, load_checkpoint, save_checkpoint
 from dcco.config import from_dict
 from dcco.errors import UserError
-from dcco.models import DualEncoder, ModelConfig, build_dual_encoder
+from dcco.models import DualEncoder, Head, ModelConfig, build_dual_encoder
 from dcco.rundir import RunDir
 
 FORMAT = "dcco-encoder/1"
@@ -72,10 +72,14 @@ class Encoder(nn.Module):
 
 
 def _architecture(model_cfg: ModelConfig, projector: tuple[int, ...], in_channels: int,
-                  image_size: Sequence[int], info: dict[str, Any]) -> dict[str, Any]:
-    return {"format": FORMAT, "model": asdict(model_cfg), "projector": list(projector),
+                  image_size: Sequence[int], info: dict[str, Any],
+                  head: Head | None = None) -> dict[str, Any]:
+    arch = {"format": FORMAT, "model": asdict(model_cfg), "projector": list(projector),
             "input_shape": [in_channels, *image_size], "normalisation": NORMALISATION,
             "info": info}
+    if head is not None:  # BYOL's and SimSiam's checkpoints hold a predictor (and target)
+        arch["head"] = {"predictor": list(head.predictor), "target": head.target}
+    return arch
 
 
 def _run_architecture(run: RunDir) -> dict[str, Any]:
@@ -88,13 +92,15 @@ def _run_architecture(run: RunDir) -> dict[str, Any]:
         channels, size = IMAGE_SHAPES[cfg.data.dataset]
     info = {"method": cfg.train.method, "dataset": cfg.data.dataset,
             "run": str(run.path), "rounds": summary.get("rounds"), "seed": cfg.train.seed}
-    return _architecture(cfg.model, cfg.projector, channels, size, info)
+    return _architecture(cfg.model, cfg.projector, channels, size, info, cfg.head)
 
 
 def _build(arch: dict[str, Any]) -> DualEncoder:
     model_cfg = from_dict(ModelConfig, arch["model"], "model")
+    head = arch.get("head")
+    head = Head(tuple(head["predictor"]), head["target"]) if head else None
     return build_dual_encoder(model_cfg, arch["input_shape"][0], tuple(arch["projector"]),
-                              seed=0)
+                              seed=0, head=head)
 
 
 def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False) -> Encoder:

@@ -23,7 +23,7 @@ from dcco.evaluate import (
     linear_probe,
     supervised_from_scratch,
 )
-from dcco.models import DualEncoder, build_dual_encoder
+from dcco.models import DualEncoder
 from dcco.rundir import RunDir, RunDirError
 from dcco.train import resolve_device
 
@@ -55,7 +55,7 @@ def eval_config_for(cfg: RunConfig, labels: int | None) -> EvalConfig:
 def pretrained_model(cfg: RunConfig, run: RunDir, in_channels: int,
                      device: torch.device) -> DualEncoder:
     """The dual encoder stored in a run's checkpoint."""
-    model = build_dual_encoder(cfg.model, in_channels, cfg.projector, seed=cfg.train.seed)
+    model = cfg.build_model(in_channels)
     load_checkpoint(run.checkpoint_path, model)
     return model.to(device)
 
@@ -111,8 +111,7 @@ def random_encoder_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
-    model = build_dual_encoder(cfg.model, train.images.shape[1], cfg.projector,
-                               seed=cfg.train.seed).to(device)
+    model = cfg.build_model(train.images.shape[1]).to(device)
     result = evaluate_model(model, "linear", ecfg, cfg.train.seed, train, test, device,
                             progress)
     run.update_summary(method="random_init", dataset=cfg.data.dataset, rounds=0,

@@ -173,3 +173,36 @@ def vicreg_loss(m: Moments, coeffs: tuple[float, float, float] = VICREG_COEFFS,
 def _off_diagonal_sq(c: Tensor) -> Tensor:
     """Σ_{i≠j} c_ij²."""
     return (c * c).sum() - (torch.diagonal(c) ** 2).sum()
+
+
+def byol_loss_per_sample(q1: Tensor, q2: Tensor, y1: Tensor, y2: Tensor) -> Tensor:
+    """BYOL's symmetrised regression loss of each sample (Grill et al. 2020, eq. 2 and its
+    symmetrisation): ‖q̄₁ − ȳ₂‖² + ‖q̄₂ − ȳ₁‖² = (2 − 2 cos(q₁, y₂)) + (2 − 2 cos(q₂, y₁)),
+    with x̄ = x/‖x‖. The targets y carry no gradient (the caller stops it).
+
+    Args:
+        q1, q2: the online predictions of both views, (N, d).
+        y1, y2: the targets of both views, (N, d).
+
+    Returns:
+        (N,) losses, each in [0, 8].
+    """
+    return (4 - 2 * F.cosine_similarity(q1, y2, dim=1)
+            - 2 * F.cosine_similarity(q2, y1, dim=1))
+
+
+def simsiam_loss_per_sample(q1: Tensor, q2: Tensor, y1: Tensor, y2: Tensor) -> Tensor:
+    """SimSiam's symmetrised loss of each sample (Chen & He 2021, eq. 4):
+    ½ D(q₁, y₂) + ½ D(q₂, y₁) with D(q, y) = −cos(q, y) and y = stopgrad(z).
+
+    Returns:
+        (N,) losses, each in [−1, 1].
+    """
+    return -(F.cosine_similarity(q1, y2, dim=1) + F.cosine_similarity(q2, y1, dim=1)) / 2
+
+
+def split_prediction(e: Tensor) -> tuple[Tensor, Tensor]:
+    """A predictive dual encoder's encoding [q, y] (N, 2d) → the prediction q and target y
+    (``dcco.models.DualEncoder``)."""
+    d = e.shape[1] // 2
+    return e[:, :d], e[:, d:]

@@ -1,5 +1,7 @@
 """Encoders of the paper (§4): ResNets with weight standardisation and group norm, a projector
-MLP, and the dual encoder that pairs them.
+MLP, and the dual encoder that pairs them; for the predictive baselines (BYOL, SimSiam) a
+predictor head and BYOL's moving-average target network, and batch norm for appendix C's
+ablation (``ModelConfig.norm``).
 
 "Weight standardization and group normalization with 32 groups are used at every layer except
 the last projection layer" (paper §4): every convolution is a ``WSConv2d`` (Qiao et al. 2019)
@@ -12,6 +14,7 @@ batch, and a shared dual encoder run both views in one forward pass.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -23,6 +26,7 @@ from torch import Tensor, nn
 from dcco.seeding import generator
 
 Arch = Literal["resnet14", "resnet50"]
+Norm = Literal["gn", "bn"]
 
 RESNET14_WIDTHS = (64, 128, 256)
 RESNET50_WIDTHS = (64, 128, 256, 512)
@@ -58,10 +62,25 @@ class ModelConfig:
     """Group-norm groups: 32 (paper), fewer where a width is not divisible (``group_count``)."""
     ws_eps: float = WS_EPS
     """Added to the weight variance in weight standardisation (see ``WS_EPS``)."""
+    norm: Norm = "gn"
+    """gn: weight-standardised convolutions and linears with group norm (the paper's encoder,
+    no cross-sample terms); bn: plain convolutions and linears with batch norm (the paper's
+    appendix C ablation). Batch norm normalises each forward's batch, so a round of several
+    clients runs client by client, and each view of a pair is normalised on its own."""
+    predictor: tuple[int, ...] | None = None
+    """The predictor head's widths for BYOL and SimSiam (its last is the projection width d);
+    None: the method's default (``dcco.methods.predictive``). Other methods have none."""
 
     def __post_init__(self) -> None:
         if self.arch not in ("resnet14", "resnet50"):
             raise ValueError(f"model.arch must be 'resnet14' or 'resnet50', got {self.arch!r}")
+        if self.norm not in ("gn", "bn"):
+            raise ValueError(f"model.norm must be 'gn' (group norm + weight standardisation) "
+                             f"or 'bn' (batch norm), got {self.norm!r}")
+        if self.predictor is not None and (len(self.predictor) < 2
+                                           or not _positive(self.predictor)):
+            raise ValueError(f"model.predictor must be two or more positive integers (hidden "
+                             f"widths, then d), or none; got {self.predictor!r}")
         stages = len(_default_widths(self.arch))
         if self.widths is not None and (len(self.widths) != stages or not _positive(self.widths)):
             raise ValueError(
@@ -151,13 +170,38 @@ def group_norm(num_channels: int, groups: int = 32, min_group_size: int = 1) -> 
     return nn.GroupNorm(group_count(num_channels, groups, min_group_size), num_channels)
 
 
+def _norm2d(norm: Norm, channels: int, groups: int) -> nn.Module:
+    return group_norm(channels, groups) if norm == "gn" else nn.BatchNorm2d(channels)
+
+
+def _conv(norm: Norm, c_in: int, c_out: int, kernel: int, stride: int, padding: int,
+          eps: float) -> nn.Conv2d:
+    """A bias-free convolution: weight-standardised with group norm, plain with batch norm."""
+    if norm == "gn":
+        return WSConv2d(c_in, c_out, kernel, stride, padding=padding, bias=False, eps=eps)
+    return nn.Conv2d(c_in, c_out, kernel, stride, padding=padding, bias=False)
+
+
+def _hidden_linear(norm: Norm, d_in: int, d_out: int, groups: int, eps: float) -> list[nn.Module]:
+    """A hidden MLP layer: WSLinear → GN → ReLU, or Linear → BN → ReLU."""
+    if norm == "gn":
+        return [WSLinear(d_in, d_out, eps=eps), group_norm(d_out, groups, PROJECTOR_MIN_GROUP),
+                nn.ReLU()]
+    return [nn.Linear(d_in, d_out), nn.BatchNorm1d(d_out), nn.ReLU()]
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` normalises over the samples of its batch."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 class _Block(nn.Module):
-    """A residual block of WSConv → GN units: basic (3×3, 3×3) or bottleneck (1×1, 3×3, 1×1,
+    """A residual block of WSConv → GN units (Conv → BN with batch norm): basic (3×3, 3×3) or bottleneck (1×1, 3×3, 1×1,
     expansion 4, stride on the 3×3 as in torchvision). The shortcut is the identity, or a
     1×1 WSConv → GN where the shape changes."""
 
     def __init__(self, c_in: int, width: int, stride: int, bottleneck: bool, groups: int,
-                 eps: float) -> None:
+                 eps: float, norm: Norm = "gn") -> None:
         super().__init__()
         c_out = 4 * width if bottleneck else width
         if bottleneck:
@@ -165,13 +209,13 @@ class _Block(nn.Module):
         else:
             shapes = [(c_in, width, 3, stride), (width, c_out, 3, 1)]
         self.convs = nn.ModuleList(
-            WSConv2d(a, b, k, s, padding=k // 2, bias=False, eps=eps) for a, b, k, s in shapes
+            _conv(norm, a, b, k, s, k // 2, eps) for a, b, k, s in shapes
         )
-        self.norms = nn.ModuleList(group_norm(b, groups) for _, b, _, _ in shapes)
+        self.norms = nn.ModuleList(_norm2d(norm, b, groups) for _, b, _, _ in shapes)
         self.shortcut = None
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(
-                WSConv2d(c_in, c_out, 1, stride, bias=False, eps=eps), group_norm(c_out, groups)
+                _conv(norm, c_in, c_out, 1, stride, 0, eps), _norm2d(norm, c_out, groups)
             )
         self.out_channels = c_out
 
@@ -197,6 +241,7 @@ class ResNet(nn.Module):
         imagenet_stem: 7×7 stride-2 conv and 3×3 stride-2 max-pool instead of one 3×3 conv.
         gn_groups: group-norm groups (``group_count``).
         ws_eps: weight-standardisation eps.
+        norm: "gn" (WS + group norm, the paper's) or "bn" (plain convolutions, batch norm).
 
     Attributes:
         feature_dim: channels of the pooled output.
@@ -204,7 +249,7 @@ class ResNet(nn.Module):
 
     def __init__(self, in_channels: int, widths: tuple[int, ...], blocks: tuple[int, ...],
                  bottleneck: bool, imagenet_stem: bool, gn_groups: int = 32,
-                 ws_eps: float = WS_EPS) -> None:
+                 ws_eps: float = WS_EPS, norm: Norm = "gn") -> None:
         super().__init__()
         if in_channels < 1 or len(widths) != len(blocks) or min(widths, default=0) < 1:
             raise ValueError(f"ResNet needs in_channels >= 1 and {len(blocks)} positive widths, "
@@ -212,9 +257,8 @@ class ResNet(nn.Module):
         stem = widths[0]
         kernel, stride = (7, 2) if imagenet_stem else (3, 1)
         units: list[nn.Module] = [
-            WSConv2d(in_channels, stem, kernel, stride, padding=kernel // 2, bias=False,
-                     eps=ws_eps),
-            group_norm(stem, gn_groups), nn.ReLU()]
+            _conv(norm, in_channels, stem, kernel, stride, kernel // 2, ws_eps),
+            _norm2d(norm, stem, gn_groups), nn.ReLU()]
         if imagenet_stem:
             units.append(nn.MaxPool2d(3, 2, padding=1))
         self.stem = nn.Sequential(*units)
@@ -222,7 +266,7 @@ class ResNet(nn.Module):
         for i, (width, n) in enumerate(zip(widths, blocks)):
             for j in range(n):
                 stride = 2 if (i > 0 and j == 0) else 1
-                layers.append(_Block(c_in, width, stride, bottleneck, gn_groups, ws_eps))
+                layers.append(_Block(c_in, width, stride, bottleneck, gn_groups, ws_eps, norm))
                 c_in = layers[-1].out_channels
         self.layers = nn.Sequential(*layers)
         self.feature_dim = c_in
@@ -238,9 +282,9 @@ class ResNet14(ResNet):
     the head (projector or classifier) on top. 28×28 inputs end at 7×7, 32×32 at 8×8."""
 
     def __init__(self, in_channels: int, widths: tuple[int, ...] = RESNET14_WIDTHS,
-                 gn_groups: int = 32, ws_eps: float = WS_EPS) -> None:
+                 gn_groups: int = 32, ws_eps: float = WS_EPS, norm: Norm = "gn") -> None:
         super().__init__(in_channels, tuple(widths), (2, 2, 2), bottleneck=False,
-                         imagenet_stem=False, gn_groups=gn_groups, ws_eps=ws_eps)
+                         imagenet_stem=False, gn_groups=gn_groups, ws_eps=ws_eps, norm=norm)
 
 
 class ResNet50(ResNet):
@@ -250,49 +294,75 @@ class ResNet50(ResNet):
     paper's widths)."""
 
     def __init__(self, in_channels: int, widths: tuple[int, ...] = RESNET50_WIDTHS,
-                 gn_groups: int = 32, ws_eps: float = WS_EPS) -> None:
+                 gn_groups: int = 32, ws_eps: float = WS_EPS, norm: Norm = "gn") -> None:
         super().__init__(in_channels, tuple(widths), (3, 4, 6, 3), bottleneck=True,
-                         imagenet_stem=True, gn_groups=gn_groups, ws_eps=ws_eps)
+                         imagenet_stem=True, gn_groups=gn_groups, ws_eps=ws_eps, norm=norm)
 
 
 class Projector(nn.Sequential):
-    """The projection MLP (paper §4): (WSLinear → GN → ReLU) per hidden layer, then a plain
-    linear layer without normalisation. Hidden group norms keep at least
-    ``PROJECTOR_MIN_GROUP`` channels per group.
+    """The projection MLP (paper §4): (WSLinear → GN → ReLU) per hidden layer, or
+    (Linear → BN → ReLU) with batch norm, then a plain linear layer without normalisation.
+    Hidden group norms keep at least ``PROJECTOR_MIN_GROUP`` channels per group. BYOL's and
+    SimSiam's predictor is the same MLP.
 
     Args:
         in_dim: input features (the backbone's feature_dim).
         dims: output widths of the layers, e.g. (1024, 1024, 1024); the last is ``out_dim``.
         gn_groups: group-norm groups of the hidden layers.
         ws_eps: weight-standardisation eps.
+        norm: "gn" or "bn" (``ModelConfig.norm``).
     """
 
     def __init__(self, in_dim: int, dims: tuple[int, ...], gn_groups: int = 32,
-                 ws_eps: float = WS_EPS) -> None:
+                 ws_eps: float = WS_EPS, norm: Norm = "gn") -> None:
         if len(dims) == 0 or min(dims) < 1 or min(dims[:-1], default=2) < 2:
             raise ValueError(f"Projector dims must be positive, hidden ones >= 2 (a 1-wide "
                              f"group norm outputs a constant), got {dims}")
         layers: list[nn.Module] = []
         width_in = in_dim
         for width in dims[:-1]:
-            layers += [WSLinear(width_in, width, eps=ws_eps),
-                       group_norm(width, gn_groups, PROJECTOR_MIN_GROUP), nn.ReLU()]
+            layers += _hidden_linear(norm, width_in, width, gn_groups, ws_eps)
             width_in = width
         layers.append(nn.Linear(width_in, dims[-1]))
         super().__init__(*layers)
         self.in_dim, self.out_dim = in_dim, dims[-1]
 
 
+@dataclass(frozen=True)
+class Head:
+    """What BYOL and SimSiam add to a shared dual encoder (``dcco.methods.predictive``).
+
+    Attributes:
+        predictor: the predictor MLP's widths; the last is the projection width d.
+        target: where the regression targets come from: "stopgrad", the online projections
+            with their gradient stopped (SimSiam); "ema", a moving-average copy of the online
+            backbone and projector (BYOL's target network, ``DualEncoder.update_target``).
+    """
+
+    predictor: tuple[int, ...]
+    target: Literal["stopgrad", "ema"]
+
+
 class DualEncoder(nn.Module):
     """Encodes a pair of inputs (X, Y) into a pair of encodings (F, G) (paper §3).
 
     With one tower (``second`` None) both inputs go through the same backbone and projector, in
-    one forward pass over the concatenated batch; otherwise Y has its own backbone and projector
-    (``backbone2``, ``projector2``).
+    one forward pass over the concatenated batch (each view on its own with batch norm, which
+    would otherwise normalise the two views together); otherwise Y has its own backbone and
+    projector (``backbone2``, ``projector2``).
+
+    With a predictor (BYOL, SimSiam) the encodings are predictions and their targets side by
+    side: F = [q(z₁), y₁] and G = [q(z₂), y₂], each (N, 2d), where z are the online
+    projections, q the predictor and y the targets: z with its gradient stopped (SimSiam), or
+    the target network's projections (BYOL), which take no gradient either. The loss pairs
+    q(z₁) with y₂ and q(z₂) with y₁.
 
     Args:
         backbone, projector: the first tower (the only one when shared).
         second: the second tower's (backbone, projector), or None for a shared network.
+        predictor: the predictor head, or None.
+        target: BYOL's target network, (backbone, projector) copies whose parameters take no
+            gradient, or None.
     """
 
     autocast_dtype: torch.dtype | None = None
@@ -306,7 +376,9 @@ class DualEncoder(nn.Module):
     client's statistics under differential privacy (``dcco.privacy``)."""
 
     def __init__(self, backbone: ResNet, projector: Projector,
-                 second: tuple[ResNet, Projector] | None = None) -> None:
+                 second: tuple[ResNet, Projector] | None = None,
+                 predictor: Projector | None = None,
+                 target: tuple[ResNet, Projector] | None = None) -> None:
         super().__init__()
         self.backbone, self.projector = backbone, projector
         self.backbone2 = second[0] if second else None
@@ -314,6 +386,23 @@ class DualEncoder(nn.Module):
         if second and second[1].out_dim != projector.out_dim:
             raise ValueError(f"DualEncoder towers must project to one dimension, got "
                              f"{projector.out_dim} and {second[1].out_dim}")
+        if (predictor is not None or target is not None) and second is not None:
+            raise ValueError("a predictor or target network needs a shared dual encoder "
+                             "(model.shared = true)")
+        if target is not None and predictor is None:
+            raise ValueError("a target network comes with a predictor (BYOL)")
+        if predictor is not None and (predictor.in_dim, predictor.out_dim) != (
+                projector.out_dim, projector.out_dim):
+            raise ValueError(f"the predictor must map the projection width "
+                             f"{projector.out_dim} to itself, got {predictor.in_dim} → "
+                             f"{predictor.out_dim}")
+        self.predictor = predictor
+        self.target = None
+        if target is not None:
+            self.target = nn.Sequential(*target)
+            self.target.requires_grad_(False)
+        self.batch_norm = has_batch_norm(self)
+        """Whether a forward normalises over its batch (``ModelConfig.norm = "bn"``)."""
 
     @property
     def shared(self) -> bool:
@@ -327,7 +416,7 @@ class DualEncoder(nn.Module):
 
     @property
     def projection_dim(self) -> int:
-        """d, the width of F and G."""
+        """d, the width of the projections (F and G are 2d wide with a predictor)."""
         return self.projector.out_dim
 
     def _tower(self, tower: int) -> tuple[nn.Module, nn.Module]:
@@ -338,20 +427,50 @@ class DualEncoder(nn.Module):
         return self.backbone2, self.projector2
 
     def forward(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor]:
-        """Projections of both inputs.
+        """Projections of both inputs (with a predictor, predictions and targets).
 
         Args:
             x1, x2: images (N1, C, H, W) and (N2, C, H, W).
 
         Returns:
-            F (N1, d) and G (N2, d).
+            F (N1, d) and G (N2, d); (N1, 2d) and (N2, 2d) with a predictor.
         """
-        if self.shared:
-            z = self._unit(self.projector(self._backbone_features(self.backbone,
-                                                                  torch.cat([x1, x2]))))
-            return z[: x1.shape[0]], z[x1.shape[0]:]
-        return (self._unit(self.projector(self._backbone_features(self.backbone, x1))),
-                self._unit(self.projector2(self._backbone_features(self.backbone2, x2))))
+        if not self.shared:
+            return (self._unit(self.projector(self._backbone_features(self.backbone, x1))),
+                    self._unit(self.projector2(self._backbone_features(self.backbone2, x2))))
+        z1, z2 = self._pair(lambda x: self.projector(self._backbone_features(self.backbone, x)),
+                            x1, x2)
+        if self.predictor is None:
+            return self._unit(z1), self._unit(z2)
+        q1, q2 = self._pair(self.predictor, z1, z2)
+        if self.target is None:
+            y1, y2 = z1.detach(), z2.detach()
+        else:
+            backbone, projector = self.target
+            with torch.no_grad():
+                y1, y2 = self._pair(lambda x: projector(self._backbone_features(backbone, x)),
+                                    x1, x2)
+        return (self._unit(torch.cat([q1, y1], dim=1)),
+                self._unit(torch.cat([q2, y2], dim=1)))
+
+    def _pair(self, fn, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """``fn`` of both views: one call on the concatenated batch, or one call per view
+        with batch norm (each view normalised on its own, as BYOL and SimSiam do)."""
+        if self.batch_norm:
+            return fn(a), fn(b)
+        out = fn(torch.cat([a, b]))
+        return out[: a.shape[0]], out[a.shape[0]:]
+
+    @torch.no_grad()
+    def update_target(self, tau: float) -> None:
+        """BYOL's target update: ξ ← τ ξ + (1 − τ) θ for every target parameter ξ and its
+        online parameter θ (backbone and projector; the target's batch-norm statistics are
+        its own)."""
+        if self.target is None:
+            raise ValueError("this dual encoder has no target network")
+        online = [*self.backbone.parameters(), *self.projector.parameters()]
+        for xi, theta in zip(self.target.parameters(), online, strict=True):
+            xi.lerp_(theta, 1.0 - tau)
 
     def _unit(self, z: Tensor) -> Tensor:
         return F.normalize(z, dim=1) if self.unit_encodings else z
@@ -384,7 +503,7 @@ def _initialise(module: nn.Module, gen: torch.Generator) -> None:
     Convolutions: Kaiming normal, fan-out (He et al. 2015, torchvision's choice). Linears:
     weights and biases uniform in ±1/√fan_in (PyTorch's default scale; weight standardisation
     makes the scale irrelevant for hidden layers, and it keeps the last layer's outputs O(1)).
-    Group norm: scale 1, shift 0, except the last group norm of each residual branch, whose
+    Group (or batch) norm: scale 1, shift 0, except the last norm of each residual branch, whose
     scale starts at 0 (Goyal et al. 2017) so every block starts as its shortcut.
     """
     for m in module.modules():
@@ -397,7 +516,7 @@ def _initialise(module: nn.Module, gen: torch.Generator) -> None:
             nn.init.uniform_(m.weight, -bound, bound, generator=gen)
             if m.bias is not None:
                 nn.init.uniform_(m.bias, -bound, bound, generator=gen)
-        elif isinstance(m, nn.GroupNorm):
+        elif isinstance(m, (nn.GroupNorm, nn.modules.batchnorm._BatchNorm)):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
     for m in module.modules():  # after the loop above, which visits a block before its norms
@@ -409,7 +528,7 @@ def _resnet(cfg: ModelConfig, in_channels: int) -> ResNet:
     make = ResNet14 if cfg.arch == "resnet14" else ResNet50
     # torch's default init draws from the global RNG; ours replaces it, so leave the RNG as found
     with torch.random.fork_rng(devices=[]):
-        return make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps)
+        return make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps, cfg.norm)
 
 
 def build_backbone(cfg: ModelConfig, in_channels: int, seed: int, tower: int = 0) -> ResNet:
@@ -424,16 +543,17 @@ def build_backbone(cfg: ModelConfig, in_channels: int, seed: int, tower: int = 0
 
 
 def build_projector(cfg: ModelConfig, in_dim: int, dims: tuple[int, ...], seed: int,
-                    tower: int = 0) -> Projector:
-    """A projector initialised from the stream ``(seed, "init", "projector", tower)``."""
+                    tower: int = 0, name: str = "projector") -> Projector:
+    """A projector (or predictor, ``name``) initialised from the stream
+    ``(seed, "init", name, tower)``."""
     with torch.random.fork_rng(devices=[]):
-        projector = Projector(in_dim, tuple(dims), cfg.gn_groups, cfg.ws_eps)
-    _initialise(projector, generator(seed, "init", "projector", tower))
+        projector = Projector(in_dim, tuple(dims), cfg.gn_groups, cfg.ws_eps, cfg.norm)
+    _initialise(projector, generator(seed, "init", name, tower))
     return projector
 
 
 def build_dual_encoder(cfg: ModelConfig, in_channels: int, projector_dims: tuple[int, ...],
-                       seed: int) -> DualEncoder:
+                       seed: int, head: Head | None = None) -> DualEncoder:
     """The dual encoder of ``cfg``, initialised reproducibly from ``seed``.
 
     Each tower's backbone and projector draw from their own stream
@@ -445,10 +565,19 @@ def build_dual_encoder(cfg: ModelConfig, in_channels: int, projector_dims: tuple
         in_channels: image channels.
         projector_dims: the projector widths (the caller resolves the method's default).
         seed: the run seed.
+        head: BYOL's or SimSiam's predictor (from ``(seed, "init", "predictor", 0)``) and
+            target (BYOL's starts as a copy of the online network), or None.
     """
     towers = []
     for tower in range(1 if cfg.shared else 2):
         backbone = build_backbone(cfg, in_channels, seed, tower)
         projector = build_projector(cfg, backbone.feature_dim, projector_dims, seed, tower)
         towers.append((backbone, projector))
-    return DualEncoder(*towers[0], second=towers[1] if len(towers) > 1 else None)
+    predictor = target = None
+    if head is not None:
+        predictor = build_projector(cfg, projector_dims[-1], head.predictor, seed, 0,
+                                    name="predictor")
+        if head.target == "ema":
+            target = (copy.deepcopy(towers[0][0]), copy.deepcopy(towers[0][1]))
+    return DualEncoder(*towers[0], second=towers[1] if len(towers) > 1 else None,
+                       predictor=predictor, target=target)

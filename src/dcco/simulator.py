@@ -10,7 +10,9 @@ learning rate η, client k's update is −η∇L_k, and the server's optimiser c
 with per-client segments in the loss (the statistics come from the same forward). This is exact for one local step on all of a client's
 samples because the encoders use group norm and weight standardisation, which have no
 cross-sample terms. For several local steps (or minibatches) no batched form exists here, and
-the batched executor runs the clients' updates one by one, as ``reference`` does.
+the batched executor runs the clients' updates one by one, as ``reference`` does; with batch
+norm (``model.norm = "bn"``), which normalises over a forward's samples, a round of several
+clients runs entirely as ``reference``.
 """
 
 from __future__ import annotations
@@ -134,4 +136,6 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         )
     if backend not in EXECUTORS:
         raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
+    if getattr(model, "batch_norm", False) and segments.num_clients > 1:
+        backend = "reference"  # batch norm couples a forward's samples: client by client
     return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous, noise)

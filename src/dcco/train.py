@@ -28,8 +28,9 @@ from dcco.devices import to_device
 from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
 from dcco.evaluate import knn_accuracy
 from dcco.methods.base import Segments
+from dcco.methods.predictive import target_decay
 from dcco.methods.registry import METHODS, build_method
-from dcco.models import DualEncoder, build_dual_encoder
+from dcco.models import DualEncoder
 from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.precision import prepare_model
 from dcco.privacy import Ledger, RoundNoise, solve_noise_multiplier, stats_sensitivity
@@ -154,10 +155,8 @@ class Pretraining:
                 f"only {self.partition.num_clients} clients"
             )
         self.images = train_set.images.to(self.device)
-        self.model: DualEncoder = prepare_model(build_dual_encoder(
-            cfg.model, in_channels=train_set.images.shape[1], projector_dims=cfg.projector,
-            seed=cfg.train.seed,
-        ), self.speed, self.device)
+        self.model: DualEncoder = prepare_model(cfg.build_model(train_set.images.shape[1]),
+                                                   self.speed, self.device)
         self.model.unit_encodings = cfg.privacy.enabled
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.params, cfg.optim)
@@ -166,6 +165,11 @@ class Pretraining:
         self.rounds_done = 0
         self.rank, self.world = rank_and_size()
         """This process's rank and the number of ranks sharing each round (``dcco.distributed``)."""
+        if self.world > 1 and not self.method.federated and self.method.name != "centralized_cco":
+            raise ConfigError(
+                f"{self.method.name} over several ranks is not supported: a centralized batch "
+                f"is split over the ranks and run as DCCO, which is exact for CCO alone; run "
+                f"it in one process")
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
@@ -234,6 +238,9 @@ class Pretraining:
         set_lr(self.optimizer, lr)
         grads = [result.pseudo_gradient[name] for name, _ in self.params]
         apply_pseudo_gradient(self.optimizer, [p for _, p in self.params], grads)
+        if self.model.target is not None:  # BYOL: the server moves its target network
+            self.model.update_target(target_decay(self.cfg.loss.target_decay, r,
+                                                  self.cfg.train.rounds))
         self.aggregate = result.aggregate
         self.rounds_done += 1
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
@@ -434,8 +441,10 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     meta = {"method": t_cfg.method} | (meta or {})
     w, latest, started = window(), {}, time.perf_counter()
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
+    state_bytes = sum(v.numel() * v.element_size() for v in pt.model.state_dict().values())
     d = pt.model.projection_dim
-    message_bytes = pt.algorithm.message_bytes(d, d, model_bytes)
+    message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
+                                               state_bytes=state_bytes - model_bytes)
     writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
     while not pt.finished:
         m = step()

@@ -111,7 +111,12 @@ def parse_run_config(run_config: Mapping[str, FlowerValue]) -> tuple[RunConfig, 
                 f"unknown run-config key '{key}'; keys are 'flower.<setting>' or "
                 f"'<section>.<field>' with a section of {', '.join(sorted(sections))}"
             )
-    return load_config(None, overrides), from_dict(FlowerConfig, flower, SECTION)
+    cfg = load_config(None, overrides)
+    if cfg.model.norm == "bn":
+        raise ConfigError("model.norm = 'bn' is not supported over Flower: each client's "
+                          "batch-norm running statistics would stay on its device, and the "
+                          "server's model would evaluate with its initial ones; use 'gn'")
+    return cfg, from_dict(FlowerConfig, flower, SECTION)
 
 
 def run_config_entries(cfg: RunConfig, fcfg: FlowerConfig) -> dict[str, FlowerValue]:

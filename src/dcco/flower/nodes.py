@@ -32,7 +32,7 @@ from dcco.config import RunConfig
 from dcco.data.datasets import load_dataset
 from dcco.data.partition import Partition
 from dcco.methods.base import Method
-from dcco.models import DualEncoder, build_dual_encoder
+from dcco.models import DualEncoder
 from dcco.precision import prepare_model
 from dcco.seeding import derive_seed
 from dcco.server import pooled_update
@@ -125,7 +125,7 @@ def build_model(cfg: RunConfig, in_channels: int) -> DualEncoder:
     Cached per process like ``node_data``: every message loads the full weights it works on
     (``load_weights``), so one module serves every message (and in simulation every node).
     """
-    model = build_dual_encoder(cfg.model, in_channels, cfg.projector, seed=cfg.train.seed)
+    model = cfg.build_model(in_channels)
     # a node's clients come one message at a time, each of its own size (and over a
     # deployment, each in a fresh process), so compiling would cost more than it saves
     speed = replace(cfg.speed, compile="off")

@@ -45,6 +45,10 @@ class LossConfig:
     vicreg: tuple[float, float, float] = VICREG_COEFFS
     """VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022: 25, 25,
     1)."""
+    target_decay: float = 0.99
+    """BYOL's τ_base: the target network's moving-average rate, raised to 1 on a cosine over
+    the run (``dcco.methods.predictive.target_decay``). Grill et al. use 0.996 for 1000
+    epochs; 0.99 suits runs of a few hundred rounds."""
 
     def __post_init__(self) -> None:
         if not self.lambd >= 0:
@@ -55,6 +59,8 @@ class LossConfig:
             raise ValueError(f"loss.temperature must be > 0, got {self.temperature}")
         if not all(c >= 0 for c in self.vicreg):
             raise ValueError(f"loss.vicreg coefficients must be >= 0, got {self.vicreg}")
+        if not 0 <= self.target_decay < 1:
+            raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ from dcco.methods.centralized_cco import CentralizedCCO
 from dcco.methods.contrastive_fedavg import ContrastiveFedAvg
 from dcco.methods.dcco import DCCO
 from dcco.methods.dvicreg import DVICReg
+from dcco.methods.predictive import BYOLFedAvg, CentralizedBYOL, CentralizedSimSiam, SimSiamFedAvg
 from dcco.methods.vicreg_fedavg import VICRegFedAvg
 
 METHODS: dict[str, type] = {
     cls.name: cls for cls in (DCCO, CCOFedAvg, ContrastiveFedAvg, CentralizedCCO, DVICReg,
-                              VICRegFedAvg)
+                              VICRegFedAvg, CentralizedBYOL, BYOLFedAvg, CentralizedSimSiam,
+                              SimSiamFedAvg)
 }
 
 
