@@ -35,17 +35,21 @@ def cells(folder: str, method: str) -> list[dict]:
     return out
 
 
-def random_init_rows() -> list[float]:
-    """Linear-probe accuracies (%) of random encoders, seeds 0-2, computed once and kept."""
+def random_init_rows(grid_file: str = "table1_fmnist.toml", scale: str = "small",
+                     cell_name: str = "non-iid-4-dcco", folder: str = "random_init-small"
+                     ) -> list[float]:
+    """Linear-probe accuracies (%) of random encoders, seeds 0-2, computed once and kept in
+    ``results/<folder>``: the encoder of ``cell_name``'s config in ``grid_file`` at ``scale``,
+    untrained."""
     from dcco.experiments import load_splits, random_encoder_run
     from dcco.reproduce import load_grid, plan_cells, select_cells
     from dcco.rundir import RunDir
 
-    grid = load_grid(RESULTS.parent / "table1_fmnist.toml", "small")
-    out = RESULTS / "random_init-small"
+    grid = load_grid(RESULTS.parent / grid_file, scale)
+    out = RESULTS / folder
     accs, splits = [], None
     for seed in range(3):
-        (cell,) = select_cells(plan_cells(grid, out), [f"non-iid-4-dcco-s{seed}"])
+        (cell,) = select_cells(plan_cells(grid, out), [f"{cell_name}-s{seed}"])
         path = out / f"s{seed}"
         summary = path / "summary.json"
         if not summary.is_file():

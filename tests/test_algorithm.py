@@ -179,6 +179,82 @@ def test_local_steps__one_step_on_all_samples_is_the_paper_round():
     assert torch.equal(_flat(a.pseudo_gradient), _flat(b.pseudo_gradient))
 
 
+def test_mean_gradient__is_the_paper_round_for_one_step_and_its_limit_for_several():
+    """train.pseudo_gradient = "mean_gradient" divides the averaged delta by local_lr × E: one
+    step gives the paper's round at any local lr, and E steps over a partition of each client's
+    samples tend to it as local_lr → 0 (with S_A held fixed, the anchored loss's gradient is
+    the mean of its minibatches' gradients); at a real local lr the steps drift."""
+    sizes = [4, 4, 4]
+    model, (x1, x2) = _model(), _views(sizes)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # off the initialisation, whose zero-scaled residual branches put
+        for p in model.parameters():  # ReLUs exactly at their kink (no limit to take there)
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    segments = Segments.from_counts(sizes)
+    dcco = build_method("dcco")
+    paper = _flat(run_round(model, dcco, x1, x2, segments, "reference").pseudo_gradient)
+
+    def mean_gradient(lr, steps, batch):
+        alg = Algorithm(dcco, local_lr=lr, local_steps=steps, local_batch=batch,
+                        pseudo_gradient="mean_gradient")
+        return _flat(run_round(model, alg, x1, x2, segments, "reference").pseudo_gradient)
+
+    assert _rel(mean_gradient(1e-3, 1, None), paper) <= 1e-12
+    # the drift is linear in local_lr, and large: weight-standardised layers' gradients are
+    # big against their weights (4e-5 at 1e-9 here, 5e-2 at 1e-6)
+    assert _rel(mean_gradient(1e-12, 2, 2), paper) <= 1e-6
+    assert _rel(mean_gradient(1e-6, 2, 2), paper) > 1e-3
+    with pytest.raises(ValueError, match="train.pseudo_gradient"):
+        Algorithm(dcco, pseudo_gradient="gradient")
+
+
+def test_own_statistics__first_step_is_the_anchored_one_and_later_steps_follow_the_client():
+    """train.local_statistics = "own": one step equals the anchored round (same gradient);
+    with several steps the loss of the client's own statistics, checked against a
+    transcription: L(S_A + (N_k/N)(S_k(θ) − S_k(θ₀))) · N/N_k on the step's samples."""
+    import copy
+
+    from dcco.stats import Moments
+
+    sizes = [4, 6, 4]
+    model, (x1, x2) = _model(), _views(sizes)
+    segments = Segments.from_counts(sizes)
+    dcco = build_method("dcco")
+    own1 = Algorithm(dcco, local_statistics="own")
+    paper = run_round(model, dcco, x1, x2, segments, "reference")
+    one = run_round(model, own1, x1, x2, segments, "reference")
+    assert torch.equal(_flat(one.pseudo_gradient), _flat(paper.pseudo_gradient))
+
+    # two steps of one client of 4 samples, by hand
+    a, b = x1[:4], x2[:4]
+    shared = paper.shared
+    update = client_update(model, dcco, a, b, shared, 0.01, 2, 2, own_statistics=True)
+    twin = copy.deepcopy(model)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.01)
+    w = 4 / float(shared.count)
+    for idx in ([0, 1], [2, 3]):
+        with torch.no_grad():
+            f0, g0 = model(a[idx], b[idx])
+        f, g = twin(a[idx], b[idx])
+        now = {"mean_f": f.mean(0), "mean_g": g.mean(0), "mean_ff": (f * f).mean(0),
+               "mean_gg": (g * g).mean(0), "mean_fg": f.T @ g / 2}
+        then = {"mean_f": f0.mean(0), "mean_g": g0.mean(0), "mean_ff": (f0 * f0).mean(0),
+                "mean_gg": (g0 * g0).mean(0), "mean_fg": f0.T @ g0 / 2}
+        moved = Moments({k: shared[k] + w * (now[k] - then[k]) for k in now},
+                        count=shared.count)
+        opt.zero_grad()
+        (dcco.statistics_loss(moved) / w).backward()
+        opt.step()
+    before, after = dict(model.named_parameters()), dict(twin.named_parameters())
+    for name, delta in update.delta.items():
+        torch.testing.assert_close(delta, after[name] - before[name], rtol=1e-9, atol=1e-12)
+    fixed = client_update(model, dcco, a, b, shared, 0.01, 2, 2)
+    assert update.loss == pytest.approx(fixed.loss, rel=1e-12)  # L(S_A), unscaled
+    assert _rel(_flat(update.delta), _flat(fixed.delta)) > 1e-6
+    with pytest.raises(ValueError, match="train.local_statistics"):
+        Algorithm(build_method("cco_fedavg"), local_statistics="own")
+
+
 def test_client_update__two_steps_equal_two_sgd_steps_on_a_copy():
     """E = 2 steps of b = 3 samples (the second wraps around the 5 samples) against plain SGD
     on a copy of the model, the shared statistics held fixed."""

@@ -176,6 +176,10 @@ def test_byol_run__moves_its_target_and_resumes_bit_identically(tiny_config, tmp
     whole = RunDir.create(tmp_path / "whole", cfg)
     summary = run_pretraining(cfg, whole, train)
     assert summary["rounds"] == 4 and math.isfinite(summary["final_loss"])
+    sent = summary["bytes_per_client_round"]  # the target goes down with the model, not up
+    pt = Pretraining(cfg, train)
+    target_bytes = sum(p.numel() * p.element_size() for p in pt.model.target.parameters())
+    assert sent["down"] - sent["up"] == target_bytes > 0
 
     stopped = RunDir.create(tmp_path / "stopped", cfg)
     pt = Pretraining(cfg, train)

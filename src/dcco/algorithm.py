@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from torch import Tensor
+from torch.nn import Module
 
+from dcco.client import ClientUpdate, client_update
 from dcco.methods.base import Method
 from dcco.privacy import RoundNoise
 from dcco.stats import EncodingStats, Moments, StatsSpec
@@ -128,6 +130,13 @@ class Algorithm:
     staleness: int = 0
     update_clip: float | None = None
     """C_u: each client's update clipped to this L2 norm (differential privacy), or None."""
+    pseudo_gradient: str = "delta"
+    """"delta" (FedOpt's −average update) or "mean_gradient" (that / (local_lr × E));
+    ``dcco.config.TrainConfig.pseudo_gradient``."""
+    local_statistics: str = "fixed"
+    """With several local steps: "fixed", every step on the anchored loss (its value stays
+    L(S_A)); "own", each step on L(S_A + (N_k/N)(S_k − S_k⁰)), the client's own statistics
+    followed (``dcco.client.client_update``)."""
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1):
@@ -140,9 +149,25 @@ class Algorithm:
         if self.local_batch is not None and self.local_batch < self.method.min_client_samples:
             raise ValueError(f"train.local_batch must be >= {self.method.min_client_samples} "
                              f"for {self.method.name}, got {self.local_batch}")
+        if self.local_statistics not in ("fixed", "own"):
+            raise ValueError(f"train.local_statistics must be 'fixed' or 'own', got "
+                             f"{self.local_statistics!r}")
+        if self.local_statistics == "own" and self.method.stats is None:
+            raise ValueError(f"train.local_statistics = 'own' follows a client's shared "
+                             f"statistics; {self.method.name} shares none")
+        if self.pseudo_gradient not in ("delta", "mean_gradient"):
+            raise ValueError(f"train.pseudo_gradient must be 'delta' or 'mean_gradient', got "
+                             f"{self.pseudo_gradient!r}")
         if not self.method.federated and (self.local_steps != 1 or self.local_batch):
             raise ValueError(f"{self.method.name} is centralized: it takes no local steps "
                              f"(train.local_steps = 1, train.local_batch = none)")
+
+    def client_update(self, model: Module, x1: Tensor, x2: Tensor,
+                      shared: Moments | None) -> ClientUpdate:
+        """One client's local steps with this algorithm's settings (``dcco.client``)."""
+        return client_update(model, self.method, x1, x2, shared, self.local_lr,
+                             self.local_steps, self.local_batch, self.update_clip,
+                             self.local_statistics == "own")
 
     def batched_exact(self, smallest_client: int) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
@@ -171,6 +196,9 @@ class Algorithm:
             shared = stats.moments()
         out = executor.updates(self, shared, spec if self.staleness else None)
         pseudo = noise.update(out.pseudo_gradient) if noise else out.pseudo_gradient
+        if self.pseudo_gradient == "mean_gradient":
+            scale = 1.0 / (self.local_lr * self.local_steps)
+            pseudo = {name: v * scale for name, v in pseudo.items()}
         aggregate = None
         if out.stats is not None:
             aggregate = (noise.statistics(out.stats, spec) if noise else out.stats).moments()

@@ -60,7 +60,8 @@ def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tenso
 
 def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                   shared: Moments | None, local_lr: float, local_steps: int = 1,
-                  local_batch: int | None = None, clip: float | None = None) -> ClientUpdate:
+                  local_batch: int | None = None, clip: float | None = None,
+                  own_statistics: bool = False) -> ClientUpdate:
     """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
     One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
@@ -77,6 +78,11 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         local_batch: samples per local step; None: all of them.
         clip: the delta's largest L2 norm (all parameters together; differential privacy,
             ``dcco.privacy.clip_update``), or None.
+        own_statistics: with several steps, each step's loss follows the client's own
+            statistics, L(S_A + (N_k/N)(S_k − S_k⁰)) · N/N_k (``AnchoredMethod.refreshed_loss``,
+            S_k⁰ from a no-grad forward of the step's samples at the round's model), instead
+            of the anchored L(S_k + sg(S_A − S_k)), whose value never moves. The same first
+            step; methods without statistics ignore it.
 
     Returns:
         The delta, the client's sample count (its FedAvg weight) and its loss before the
@@ -97,11 +103,21 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()))
     delta = {name: torch.zeros_like(p) for name, p in named}
     first_loss = None
+    refresh = own_statistics and shared is not None and method.stats is not None
+    if refresh and shared.count is None:
+        raise ValueError("own_statistics needs the aggregate's sample count N")
+    weight = n / float(shared.count) if refresh else 1.0  # N_k / N
     for idx in local_batches(n, local_steps, local_batch):
         current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
         f, g = functional_call(model, current, (x1[idx], x2[idx]))
-        loss = method.client_loss(f, g, shared)
-        first_loss = float(loss.detach()) if first_loss is None else first_loss
+        if refresh:
+            with torch.no_grad():
+                start = encoding_stats(*model(x1[idx], x2[idx]), method.stats).moments()
+            loss = method.refreshed_loss(f, g, shared, start, weight)
+        else:
+            loss = method.client_loss(f, g, shared)
+        if first_loss is None:  # the round's loss at its start: L(S_A) (unscaled)
+            first_loss = float(loss.detach()) * weight
         grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
         for (name, _), gr in zip(named, grads):
             if gr is not None:

@@ -80,6 +80,18 @@ class TrainConfig:
     """E, client SGD steps per round (paper: 1), with the shared statistics held fixed."""
     local_batch: int | None = None
     """b, samples per local step; None: all of the client's samples."""
+    local_statistics: Literal["fixed", "own"] = "fixed"
+    """With E > 1: "fixed", every local step on the anchored loss L(S_k + sg(S_A − S_k)),
+    whose value stays L(S_A) (linear in the client's statistics, so nothing stops a client
+    that keeps stepping); "own", each step on L(S_A + (N_k/N)(S_k − S_k⁰))·N/N_k: the other
+    clients' statistics held at S_A, the client's own followed as it moves. The first step is
+    the same; methods that share statistics only."""
+    pseudo_gradient: Literal["delta", "mean_gradient"] = "delta"
+    """What the server optimiser steps on: "delta", −Σ_k (N_k/N) Δ_k (FedOpt; the paper's,
+    with one local step of lr 1.0 this is the pooled gradient); "mean_gradient", that divided
+    by local_lr × local_steps: the clients' mean gradient along their local steps, so the
+    server's lr keeps its meaning whatever local_lr and E are (as local_lr → 0 it is the
+    gradient on all of each client's samples)."""
     staleness: int = 0
     """0: each round's statistics are its own clients' (two exchanges per round); 1: the
     previous round's aggregate (one exchange per round)."""
@@ -143,8 +155,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         method = METHODS[self.train.method]
-        Algorithm(method(), self.train.local_lr, self.train.local_steps, self.train.local_batch,
-                  self.train.staleness)  # its checks name the train.* keys
+        t = self.train
+        Algorithm(method(), t.local_lr, t.local_steps, t.local_batch, t.staleness,
+                  pseudo_gradient=t.pseudo_gradient,
+                  local_statistics=t.local_statistics)  # its checks name the train.* keys
         if self.privacy.enabled and not method.federated:
             raise ValueError(f"privacy is client-level differential privacy for federated "
                              f"methods; {method.name} is centralized (set "

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from dcco.algorithm import Algorithm, RoundResult, Updates
-from dcco.client import client_statistics, client_update, trainable_parameters
+from dcco.client import client_statistics, trainable_parameters
 from dcco.methods.base import Method, Segments
 from dcco.privacy import RoundNoise
 from dcco.server import pooled_update
@@ -62,10 +62,7 @@ class ReferenceExecutor:
         # client by client, also when the batched executor falls back here
         fresh = (ReferenceExecutor.statistics(self, with_stats) if with_stats is not None
                  else None)
-        updates = [client_update(self.model, algorithm.method, a, b, shared, algorithm.local_lr,
-                                 algorithm.local_steps, algorithm.local_batch,
-                                 algorithm.update_clip)
-                   for a, b in self.views]
+        updates = [algorithm.client_update(self.model, a, b, shared) for a, b in self.views]
         pooled = pooled_update(updates, dict(trainable_parameters(self.model)))
         pseudo = {k: -v for k, v in pooled.delta.items()}
         return Updates(pseudo, pooled.loss, len(updates), pooled.num_samples, fresh)

@@ -237,3 +237,17 @@ def anchored(local: Moments, aggregate: Moments) -> Moments:
     """
     return Moments({k: lo + (aggregate[k] - lo).detach() for k, lo in local.items()},
                    count=aggregate.count)
+
+
+def refreshed(local: Moments, start: Moments, aggregate: Moments, weight: float) -> Moments:
+    """The aggregate with one client's share followed as the client steps:
+    S_A + w (S_k − S_k⁰), with w = N_k/N and S_k⁰ its statistics where the round started.
+
+    With several local steps, the anchored statistics (``anchored``) keep the value S_A
+    whatever the client does, so its objective is linear in its own statistics and unbounded;
+    here the other clients' statistics stay fixed at their round-start values while the
+    client's own contribution moves with its weights.
+    """
+    return Moments({k: aggregate[k] + weight * (lo - start[k].detach())
+                    for k, lo in local.items()}, count=aggregate.count)
+

@@ -97,7 +97,7 @@ def algorithm_of(cfg: RunConfig) -> Algorithm:
     t = cfg.train
     clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
     return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
-                     t.local_batch, t.staleness, clip)
+                     t.local_batch, t.staleness, clip, t.pseudo_gradient, t.local_statistics)
 
 
 def build_partition(cfg: RunConfig, train_set: ImageDataset) -> Partition:

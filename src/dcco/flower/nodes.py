@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from dcco.algorithm import Algorithm
 from dcco.augment import augment_pair
-from dcco.client import ClientUpdate, client_statistics, client_update, trainable_parameters
+from dcco.client import ClientUpdate, client_statistics, trainable_parameters
 from dcco.config import RunConfig
 from dcco.data.datasets import load_dataset
 from dcco.data.partition import Partition
@@ -174,10 +174,7 @@ def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
     """
     if not isinstance(algorithm, Algorithm):
         algorithm = replace(algorithm_of(cfg), method=algorithm)
-    updates = [client_update(model, algorithm.method,
-                             *client_views(cfg, data, k, round_index), shared,
-                             algorithm.local_lr, algorithm.local_steps, algorithm.local_batch,
-                             algorithm.update_clip)
+    updates = [algorithm.client_update(model, *client_views(cfg, data, k, round_index), shared)
                for k in clients]
     return pooled_update(updates, dict(trainable_parameters(model)))
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from dcco.devices import to_device
 from dcco.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
-from dcco.stats import Moments, StatsSpec, anchored, encoding_stats
+from dcco.stats import Moments, StatsSpec, anchored, encoding_stats, refreshed
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,14 @@ class AnchoredMethod(MethodBase):
             raise ValueError(f"{self.name} needs the aggregated statistics S_A of the round")
         local = encoding_stats(f, g, self.stats).moments()
         return self.statistics_loss(anchored(local, shared))
+
+    def refreshed_loss(self, f: Tensor, g: Tensor, shared: Moments, start: Moments,
+                       weight: float) -> Tensor:
+        """L(S_A + w (S_k − S_k⁰)) / w (``stats.refreshed``): a local step's loss with the
+        client's own statistics followed (``train.local_statistics = "own"``). At the round's
+        start its gradient is the anchored loss's; ``start`` is S_k⁰ of the same samples."""
+        local = encoding_stats(f, g, self.stats).moments()
+        return self.statistics_loss(refreshed(local, start, shared, weight)) / weight
 
     def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
                    shared: Moments | None) -> Tensor:

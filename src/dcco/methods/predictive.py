@@ -32,10 +32,14 @@ SIMSIAM_PROJECTOR = (2048, 2048, 2048)
 """SimSiam's CIFAR projector: 2048 wide, three layers (Chen & He 2021, §4 and appendix)."""
 
 
+@dataclass(frozen=True)
 class PredictiveMethod(MethodBase):
-    """Shared by BYOL and SimSiam: the head they need and their per-sample loss."""
+    """Shared by BYOL and SimSiam: the head they need and their per-sample loss. The concrete
+    methods below only name themselves and say whether they are federated."""
 
-    loss: LossConfig
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    min_client_samples: ClassVar[int] = 1
     target: ClassVar[Literal["stopgrad", "ema"]]
 
     @staticmethod
@@ -61,6 +65,7 @@ class PredictiveMethod(MethodBase):
 class BYOLBase(PredictiveMethod):
     target: ClassVar[Literal["stopgrad", "ema"]] = "ema"
     default_projector: ClassVar[tuple[int, ...]] = BYOL_PROJECTOR
+    loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
     @staticmethod
     def default_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
@@ -74,6 +79,7 @@ class BYOLBase(PredictiveMethod):
 class SimSiamBase(PredictiveMethod):
     target: ClassVar[Literal["stopgrad", "ema"]] = "stopgrad"
     default_projector: ClassVar[tuple[int, ...]] = SIMSIAM_PROJECTOR
+    loss_kind: ClassVar[str] = "SimSiam loss (−cos, symmetrised; −1 to 1)"
 
     @staticmethod
     def default_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
@@ -91,41 +97,21 @@ def target_decay(base: float, round_index: int, rounds: int) -> float:
     return 1 - (1 - base) * (math.cos(math.pi * round_index / rounds) + 1) / 2
 
 
-@dataclass(frozen=True)
 class CentralizedBYOL(BYOLBase):
-    loss: LossConfig = field(default_factory=LossConfig)
-
     name: ClassVar[str] = "centralized_byol"
     federated: ClassVar[bool] = False
-    min_client_samples: ClassVar[int] = 1
-    loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
 
-@dataclass(frozen=True)
 class BYOLFedAvg(BYOLBase):
-    loss: LossConfig = field(default_factory=LossConfig)
-
     name: ClassVar[str] = "byol_fedavg"
     federated: ClassVar[bool] = True
-    min_client_samples: ClassVar[int] = 1
-    loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
 
-@dataclass(frozen=True)
 class CentralizedSimSiam(SimSiamBase):
-    loss: LossConfig = field(default_factory=LossConfig)
-
     name: ClassVar[str] = "centralized_simsiam"
     federated: ClassVar[bool] = False
-    min_client_samples: ClassVar[int] = 1
-    loss_kind: ClassVar[str] = "SimSiam loss (−cos, symmetrised; −1 to 1)"
 
 
-@dataclass(frozen=True)
 class SimSiamFedAvg(SimSiamBase):
-    loss: LossConfig = field(default_factory=LossConfig)
-
     name: ClassVar[str] = "simsiam_fedavg"
     federated: ClassVar[bool] = True
-    min_client_samples: ClassVar[int] = 1
-    loss_kind: ClassVar[str] = "SimSiam loss (−cos, symmetrised; −1 to 1)"
