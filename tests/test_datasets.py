@@ -152,7 +152,8 @@ def test_load_dataset__download_writes_checked_files_into_dcco_data(tmp_path, mo
     ds = load_dataset("fashion_mnist", "test", download=True)
     assert len(ds) == 3 and all(u.startswith(datasets.FASHION_MNIST_URL) for u in asked)
     saved = sorted(p.name for p in (tmp_path / "cache" / "fashion-mnist").iterdir())
-    assert saved == ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    assert saved == [".dcco-cache-fashion_mnist-test",  # the decoded cache, beside them
+                     "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
 
 
 def test_load_dataset__download_with_wrong_md5_leaves_nothing(tmp_path, monkeypatch):

@@ -568,7 +568,10 @@ def plot_trend(grid: Grid, cells: list[Cell], path: Path) -> Path:
             ax.set_title(("IID" if iid else "non-IID") + f" clients, {evaluation}", fontsize=9)
             ax.grid(alpha=0.3)
         pair[0].set_ylabel("test accuracy (%)")
-    axes[0][1].legend(fontsize=7)
+    # the legend where there are lines: a grid without IID settings leaves the right empty
+    labelled = [ax for ax in axes[0] if ax.get_legend_handles_labels()[0]]
+    if labelled:
+        labelled[-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,6 +10,9 @@ Without one, files are looked for, in order, in ``$DCCO_DATA``, ``~/.cache/dcco`
 Fashion-MNIST only, ``/usr/share/datasets/fashion-mnist`` (Debian package
 ``dataset-fashion-mnist``). When they are nowhere, the official download is tried into
 ``$DCCO_DATA`` (or ``~/.cache/dcco``), with a short timeout so an offline machine fails fast.
+
+A split, once decoded, is kept as a verified memory-mappable cache next to its files
+(``dcco.data.cache``; ``DCCO_DATA_CACHE=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 from torch import Tensor
 
 from dcco.checkpoint import umask_mode
+from dcco.data.cache import cached_arrays
 from dcco.errors import UserError
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
@@ -213,15 +217,27 @@ def _load_fashion_mnist(split: Split, data_dir: str | Path | None,
             f"download the four .gz files from {FASHION_MNIST_URL} into one of those folders "
             f"(e.g. $DCCO_DATA or data_dir)")
     img_path, lbl_path = found
-    images = read_idx(img_path, expected_ndim=3)
-    labels = read_idx(lbl_path, expected_ndim=1)
-    if images.shape[0] != labels.shape[0]:
-        raise DataError(f"{img_path} holds {images.shape[0]} images but {lbl_path} holds "
-                        f"{labels.shape[0]} labels")
-    labels = _checked_labels(labels, len(FASHION_MNIST_CLASSES), lbl_path)
-    return ImageDataset("fashion_mnist", torch.from_numpy(images[:, None].copy()),
-                        torch.from_numpy(labels), len(FASHION_MNIST_CLASSES),
+
+    def decode() -> tuple[np.ndarray, np.ndarray]:
+        images = read_idx(img_path, expected_ndim=3)
+        labels = read_idx(lbl_path, expected_ndim=1)
+        if images.shape[0] != labels.shape[0]:
+            raise DataError(f"{img_path} holds {images.shape[0]} images but {lbl_path} holds "
+                            f"{labels.shape[0]} labels")
+        return images[:, None], _checked_labels(labels, len(FASHION_MNIST_CLASSES), lbl_path)
+
+    images, labels = cached_arrays(f"fashion_mnist-{split}", [img_path, lbl_path],
+                                   _cache_folders(img_path.parent, data_dir), decode)
+    return ImageDataset("fashion_mnist", torch.from_numpy(np.array(images)),
+                        torch.from_numpy(np.array(labels)), len(FASHION_MNIST_CLASSES),
                         FASHION_MNIST_CLASSES)
+
+
+def _cache_folders(source: Path, data_dir: str | Path | None) -> list[Path]:
+    """Where a split's decoded cache may go (``dcco.data.cache``): next to its files, unless
+    they are the system's (the Debian package's folder), then the download folder."""
+    own = [] if source.resolve().is_relative_to(DEBIAN_FASHION_MNIST.resolve()) else [source]
+    return [*own, download_dir(data_dir)]
 
 
 def _find_fashion_mnist(dirs: list[Path], split: Split) -> tuple[Path, Path] | None:
@@ -321,11 +337,20 @@ def _load_cifar(spec: CifarSpec, name: str, split: Split, data_dir: str | Path |
             f"{', '.join(map(str, dirs))} ({failure}). To get it: download "
             f"{CIFAR_URL}{spec.archive} and put the archive, or the {spec.folder} folder "
             f"extracted from it, into one of those folders (e.g. $DCCO_DATA or data_dir)")
-    parts = [_read_cifar_batch(folder / file, spec) for file in getattr(spec, split)]
-    images = np.concatenate([p[0] for p in parts])
-    labels = np.concatenate([p[1] for p in parts])
-    return ImageDataset(name, torch.from_numpy(images), torch.from_numpy(labels),
-                        spec.num_classes, _cifar_class_names(folder / spec.meta, spec))
+    files = [folder / file for file in getattr(spec, split)]
+
+    def decode() -> tuple[np.ndarray, np.ndarray]:
+        parts = [_read_cifar_batch(file, spec) for file in files]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    missing = [f for f in files if not f.is_file()]
+    if missing:  # decode() names the file; the cache's key needs them all to exist
+        decode()
+    images, labels = cached_arrays(f"{name}-{split}", files,
+                                   _cache_folders(folder, data_dir), decode)
+    return ImageDataset(name, torch.from_numpy(np.array(images)),
+                        torch.from_numpy(np.array(labels)), spec.num_classes,
+                        _cifar_class_names(folder / spec.meta, spec))
 
 
 def _find_cifar(spec: CifarSpec, dirs: list[Path]) -> Path | None:
