@@ -263,11 +263,14 @@ def _pretrain_distributed(args: argparse.Namespace) -> int:
                 told = True
 
             try:
-                return _pretrain(args, on_run=tell)
+                status = _pretrain(args, on_run=tell)
             except BaseException:
                 if not told:  # the others wait for a path: tell them there is none
                     dist.broadcast_object_list([None], src=0)
                 raise
+            if told:
+                dist.barrier()  # see below
+            return status
         box = [None]
         dist.broadcast_object_list(box, src=0)
         if box[0] is None:
@@ -276,6 +279,10 @@ def _pretrain_distributed(args: argparse.Namespace) -> int:
         cfg = run.config()
         train, test = load_splits(cfg)
         run_pretraining(cfg, run, train, test, resume=True)
+        # wait for rank 0's summary and evaluation: a rank that tears its process group down
+        # and exits while another still holds its connections was seen to abort in gloo
+        # ("terminate called without an active exception", SIGABRT) in about 1 run in 10
+        dist.barrier()
         return 0
     finally:
         if dist.is_initialized():
