@@ -11,13 +11,14 @@ import math
 import pytest
 import torch
 
+from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig, augment_pair
 from dcco.config import ConfigError, load_config
 from dcco.losses import byol_loss_per_sample, simsiam_loss_per_sample
 from dcco.methods import Segments, build_method
 from dcco.methods.predictive import target_decay
 from dcco.models import Head, ModelConfig, build_dual_encoder, has_batch_norm
-from dcco.simulator import run_round
+from dcco.simulator import BatchedExecutor, run_round
 
 SIZES = [1, 3, 2, 5, 1]
 
@@ -49,26 +50,28 @@ def _unit(v):
     return [x / math.sqrt(sum(t * t for t in v)) for x in v]
 
 
-def test_byol_loss__equals_a_transcription_of_the_normalised_squared_error():
-    """Grill et al. eq. 2: ‖q̄ − z̄'‖², symmetrised; transcribed with Python floats."""
+def _byol_transcription(a, b, c, d):
+    """Grill et al. eq. 2: ‖q̄ − z̄'‖², symmetrised."""
+    return sum((x - y) ** 2 for x, y in zip(a, b)) + sum((x - y) ** 2 for x, y in zip(c, d))
+
+
+def _simsiam_transcription(a, b, c, d):
+    """Chen & He Algorithm 1: D(p, z) = −(p/‖p‖ · z/‖z‖), L = D(p1, z2)/2 + D(p2, z1)/2."""
+    return -sum(x * y for x, y in zip(a, b)) / 2 - sum(x * y for x, y in zip(c, d)) / 2
+
+
+@pytest.mark.parametrize("ours,transcription", [
+    (byol_loss_per_sample, _byol_transcription),
+    (simsiam_loss_per_sample, _simsiam_transcription)], ids=["byol", "simsiam"])
+def test_loss__equals_a_transcription_of_the_reference_loss(ours, transcription):
+    """Each sample's loss against the paper's formula written with Python floats, on the
+    unit vectors of (q1, y2) and (q2, y1)."""
     gen = torch.Generator().manual_seed(0)
     q1, q2, y1, y2 = (torch.randn(5, 7, generator=gen, dtype=torch.float64) for _ in range(4))
-    ours = byol_loss_per_sample(q1, q2, y1, y2)
+    got = ours(q1, q2, y1, y2)
     for n in range(5):
-        a, b, c, d = (_unit(t[n].tolist()) for t in (q1, y2, q2, y1))
-        want = sum((x - y) ** 2 for x, y in zip(a, b)) + sum((x - y) ** 2 for x, y in zip(c, d))
-        assert abs(float(ours[n]) - want) <= 1e-12
-
-
-def test_simsiam_loss__equals_a_transcription_of_the_negative_cosine():
-    """Chen & He Algorithm 1: D(p, z) = −(p/‖p‖ · z/‖z‖), L = D(p1, z2)/2 + D(p2, z1)/2."""
-    gen = torch.Generator().manual_seed(1)
-    q1, q2, y1, y2 = (torch.randn(4, 6, generator=gen, dtype=torch.float64) for _ in range(4))
-    ours = simsiam_loss_per_sample(q1, q2, y1, y2)
-    for n in range(4):
-        a, b, c, d = (_unit(t[n].tolist()) for t in (q1, y2, q2, y1))
-        want = -sum(x * y for x, y in zip(a, b)) / 2 - sum(x * y for x, y in zip(c, d)) / 2
-        assert abs(float(ours[n]) - want) <= 1e-12
+        want = transcription(*(_unit(t[n].tolist()) for t in (q1, y2, q2, y1)))
+        assert abs(float(got[n]) - want) <= 1e-12
 
 
 # ------------------------------------------------------------------------ the rounds
@@ -212,6 +215,8 @@ def test_config__predictor_only_for_byol_and_simsiam_and_only_on_a_shared_networ
     assert load_config(path, ["model.predictor=[8, 16]"]).head.predictor == (8, 16)
     with pytest.raises(ConfigError, match="model.predictor"):
         load_config(tiny_config(method="dcco"), ["model.predictor=[8, 16]"])
+    with pytest.raises(ConfigError, match="model.predictor must end in the projection width 16"):
+        load_config(path, ["model.predictor=[8, 12]"])
     with pytest.raises(ConfigError, match="model.shared"):
         load_config(path, ["model.shared=false"])
 
@@ -259,7 +264,8 @@ def test_batch_norm_round__runs_client_by_client_in_both_backends():
     x1, x2 = _views(sizes)
     segments = Segments.from_counts(sizes)
     method = build_method("simsiam_fedavg")
-    batched = _flat(run_round(model, method, x1, x2, segments, "batched"))
+    # the executor itself falls back (dcco.distributed builds executors without run_round)
+    batched = _flat(Algorithm(method).run_round(BatchedExecutor(model, x1, x2, segments)))
     reference = _flat(run_round(model, method, x1, x2, segments, "reference"))
     want = _direct(model, x1, x2, sizes, "simsiam")
     assert float((reference - want).norm() / want.norm()) <= 1e-9

@@ -168,6 +168,10 @@ class RunConfig:
         if self.model.predictor is not None and not predictive:
             raise ValueError(f"model.predictor is BYOL's and SimSiam's head; {method.name} has "
                              f"none (leave model.predictor unset)")
+        if self.model.predictor is not None and self.model.predictor[-1] != self.projector[-1]:
+            raise ValueError(f"model.predictor must end in the projection width "
+                             f"{self.projector[-1]} (the last of the projector), got "
+                             f"{list(self.model.predictor)}")
         if predictive and not self.model.shared:
             raise ValueError(f"{method.name} needs one network for both views "
                              f"(model.shared = true)")

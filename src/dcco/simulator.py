@@ -12,7 +12,8 @@ samples because the encoders use group norm and weight standardisation, which ha
 cross-sample terms. For several local steps (or minibatches) no batched form exists here, and
 the batched executor runs the clients' updates one by one, as ``reference`` does; with batch
 norm (``model.norm = "bn"``), which normalises over a forward's samples, a round of several
-clients runs entirely as ``reference``.
+clients runs entirely as ``reference`` (also under ``dcco.distributed``, which builds the
+executors itself).
 """
 
 from __future__ import annotations
@@ -76,8 +77,12 @@ class BatchedExecutor(ReferenceExecutor):
     def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
         super().__init__(model, x1, x2, segments)
         self._encodings: tuple[Tensor, Tensor] | None = None
+        # batch norm couples a forward's samples: several clients run client by client
+        self._per_client = getattr(model, "batch_norm", False) and segments.num_clients > 1
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
+        if self._per_client:
+            return super().statistics(spec)
         # one forward serves both steps: the statistics from its detached encodings, the
         # update (one local step, at the same model) from its graph
         self._encodings = self.model(self.x1, self.x2)
@@ -87,7 +92,7 @@ class BatchedExecutor(ReferenceExecutor):
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
         encodings, self._encodings = self._encodings, None
-        if not algorithm.batched_exact(int(self.segments.counts.min())):
+        if self._per_client or not algorithm.batched_exact(int(self.segments.counts.min())):
             return super().updates(algorithm, shared, with_stats)
         named = trainable_parameters(self.model)
         f, g = encodings if encodings is not None else self.model(self.x1, self.x2)
@@ -133,6 +138,4 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         )
     if backend not in EXECUTORS:
         raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
-    if getattr(model, "batch_norm", False) and segments.num_clients > 1:
-        backend = "reference"  # batch norm couples a forward's samples: client by client
     return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous, noise)

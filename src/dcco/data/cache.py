@@ -121,8 +121,8 @@ def cached_arrays(name: str, sources: Sequence[Path], folders: Sequence[Path],
         folders: where the cache may live, in order of preference.
         decode: reads the sources (raising ``DataError`` for a bad file).
     """
-    if not enabled():
-        return decode()
+    if not enabled() or not all(p.is_file() for p in sources):
+        return decode()  # a missing source is the decoder's to report, by name
     places = [Path(f) / f".dcco-cache-{name}" for f in dict.fromkeys(folders)]
     for place in places:
         found = read_cache(place, sources)

@@ -343,9 +343,6 @@ def _load_cifar(spec: CifarSpec, name: str, split: Split, data_dir: str | Path |
         parts = [_read_cifar_batch(file, spec) for file in files]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    missing = [f for f in files if not f.is_file()]
-    if missing:  # decode() names the file; the cache's key needs them all to exist
-        decode()
     images, labels = cached_arrays(f"{name}-{split}", files,
                                    _cache_folders(folder, data_dir), decode)
     return ImageDataset(name, torch.from_numpy(np.array(images)),

@@ -17,6 +17,7 @@ target takes no gradient, so its update is not sent).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -34,21 +35,17 @@ SIMSIAM_PROJECTOR = (2048, 2048, 2048)
 
 @dataclass(frozen=True)
 class PredictiveMethod(MethodBase):
-    """Shared by BYOL and SimSiam: the head they need and their per-sample loss. The concrete
-    methods below only name themselves and say whether they are federated."""
+    """Shared by BYOL and SimSiam. A subclass gives ``target``, ``per_sample`` (the loss of
+    each sample from the predictions and targets of both views) and ``default_predictor``
+    (the predictor's widths for a projector); the concrete methods below only name
+    themselves and say whether they are federated."""
 
     loss: LossConfig = field(default_factory=LossConfig)
 
     min_client_samples: ClassVar[int] = 1
     target: ClassVar[Literal["stopgrad", "ema"]]
-
-    @staticmethod
-    def default_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
-        """The predictor widths for a projector (hidden widths, then d)."""
-        raise NotImplementedError
-
-    def per_sample(self, q1: Tensor, q2: Tensor, y1: Tensor, y2: Tensor) -> Tensor:
-        raise NotImplementedError
+    per_sample: ClassVar[Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]]
+    default_predictor: ClassVar[Callable[[tuple[int, ...]], tuple[int, ...]]]
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         """The mean loss over the client's samples; F = [q₁, y₁], G = [q₂, y₂]."""
@@ -62,33 +59,30 @@ class PredictiveMethod(MethodBase):
         return self.client_loss(f, g, shared)
 
 
+def _byol_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
+    """BYOL's predictor has the projector's hidden width: (4096, 256) for (4096, 256)."""
+    return (projector[0], projector[-1])
+
+
+def _simsiam_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
+    """SimSiam's bottleneck predictor: hidden width d/4 (512 for d = 2048)."""
+    return (max(2, projector[-1] // 4), projector[-1])
+
+
 class BYOLBase(PredictiveMethod):
     target: ClassVar[Literal["stopgrad", "ema"]] = "ema"
+    per_sample = staticmethod(byol_loss_per_sample)
+    default_predictor = staticmethod(_byol_predictor)
     default_projector: ClassVar[tuple[int, ...]] = BYOL_PROJECTOR
     loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
-
-    @staticmethod
-    def default_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
-        """BYOL's predictor has the projector's hidden width: (4096, 256) for (4096, 256)."""
-        return (projector[0], projector[-1])
-
-    def per_sample(self, q1: Tensor, q2: Tensor, y1: Tensor, y2: Tensor) -> Tensor:
-        return byol_loss_per_sample(q1, q2, y1, y2)
 
 
 class SimSiamBase(PredictiveMethod):
     target: ClassVar[Literal["stopgrad", "ema"]] = "stopgrad"
+    per_sample = staticmethod(simsiam_loss_per_sample)
+    default_predictor = staticmethod(_simsiam_predictor)
     default_projector: ClassVar[tuple[int, ...]] = SIMSIAM_PROJECTOR
     loss_kind: ClassVar[str] = "SimSiam loss (−cos, symmetrised; −1 to 1)"
-
-    @staticmethod
-    def default_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
-        """SimSiam's bottleneck predictor: hidden width d/4 (512 for d = 2048)."""
-        d = projector[-1]
-        return (max(2, d // 4), d)
-
-    def per_sample(self, q1: Tensor, q2: Tensor, y1: Tensor, y2: Tensor) -> Tensor:
-        return simsiam_loss_per_sample(q1, q2, y1, y2)
 
 
 def target_decay(base: float, round_index: int, rounds: int) -> float:
