@@ -115,6 +115,11 @@ class AugmentConfig:
     """Range of the blur's standard deviation, in pixels."""
     solarize_p: tuple[float, float] = (0.0, 0.2)
     """Probability of solarisation (threshold 0.5) for view 0 and view 1."""
+    enabled: bool = True
+    """False: no augmentation, the images only normalised (``eval_view``). Paired data
+    (``dcco.data.paired``) configures each modality on its own: ``[augment]`` X with its view-0
+    values, ``[augment_y]`` Y with its view-1 values; a modality that is not images takes
+    none."""
 
     def __post_init__(self) -> None:
         for name in ("flip_p", "jitter_p", "grayscale_p"):
@@ -540,6 +545,56 @@ def augment_pair(images: Tensor, sample_ids: Tensor, seed: int, round_index: int
     """
     return (augment_view(images, sample_ids, seed, round_index, 0, cfg, dtype, size=size),
             augment_view(images, sample_ids, seed, round_index, 1, cfg, dtype, size=size))
+
+
+def model_input(samples: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Stored samples as a tower's input, without augmentation: uint8 (B, C, H, W) images
+    normalised as ``eval_view`` does, floating features cast to ``dtype``, integers (token ids)
+    as they are."""
+    if samples.dtype == torch.uint8 and samples.ndim == 4:
+        return eval_view(samples, dtype)
+    return samples.to(dtype) if samples.is_floating_point() else samples
+
+
+def modality_view(samples: Tensor, sample_ids: Tensor, seed: int, round_index: int, view: int,
+                  cfg: AugmentConfig, dtype: torch.dtype = torch.float32,
+                  section: str = "augment") -> Tensor:
+    """One modality's training input: its view ``view`` augmented by ``cfg`` (images), or
+    ``model_input`` when ``cfg.enabled`` is false.
+
+    Raises:
+        ValueError: augmentation asked of samples that are not uint8 images (names
+            ``section``, the config section that asked).
+    """
+    if not cfg.enabled:
+        return model_input(samples, dtype)
+    if samples.dtype != torch.uint8 or samples.ndim != 4 or samples.shape[1] not in (1, 3):
+        raise ValueError(f"{section}.enabled = true augments images, but this modality holds "
+                         f"{samples.dtype} samples of shape {tuple(samples.shape[1:])}; set "
+                         f"{section}.enabled = false")
+    return augment_view(samples, sample_ids, seed, round_index, view, cfg, dtype)
+
+
+def training_views(x: Tensor, y: Tensor | None, sample_ids: Tensor, seed: int, round_index: int,
+                   cfg: AugmentConfig, cfg_y: AugmentConfig,
+                   dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """The two inputs of a round's samples: with ``y`` None, two augmented views of the
+    images ``x`` (``augment_pair``; ``cfg_y`` unused); with pairs, X's view 0 by ``cfg`` and
+    Y's view 1 by ``cfg_y`` (``modality_view``).
+
+    Args:
+        x, y: the data set's samples (all of them), on one device; y None for images.
+        sample_ids: the round's sample ids, on that device.
+        seed, round_index: as for ``augment_pair``.
+    """
+    if y is None:
+        if not cfg.enabled:
+            view = model_input(x[sample_ids], dtype)
+            return view, view.clone()
+        return augment_pair(x[sample_ids], sample_ids, seed, round_index, cfg, dtype)
+    return (modality_view(x[sample_ids], sample_ids, seed, round_index, 0, cfg, dtype),
+            modality_view(y[sample_ids], sample_ids, seed, round_index, 1, cfg_y, dtype,
+                          "augment_y"))
 
 
 def eval_view(images: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

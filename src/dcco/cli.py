@@ -85,12 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "test split; the projector is discarded. The result is added "
                                    "to the run's summary.json.")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--protocol", choices=["linear", "finetune"], default="linear",
+    p.add_argument("--protocol", choices=["linear", "finetune", "linear_y", "retrieval"],
+                   default="linear",
                    help="linear: frozen encoder + LARS linear classifier; finetune: whole "
-                        "network with Adam (default: linear)")
+                        "network with Adam; for paired data, linear_y: the linear probe of the "
+                        "second tower, retrieval: cross-modal recall@1 and @5 (default: linear)")
     p.add_argument("--labels", type=int, default=None,
                    help="labelled training samples, class-balanced (default: eval.labels of "
-                        "the run's config; 500 uses the paper's 500-label probe settings)")
+                        "the run's config; 500 uses the paper's 500-label probe settings); for "
+                        "retrieval, the test pairs in the gallery")
     _add_data_dir(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")
 
@@ -190,7 +193,8 @@ class _PhaseProgress:
     def __call__(self, phase: str, done: int, total: int) -> None:
         from dcco.progress import Progress
 
-        if phase != self.phase or self.bar is None or done < self.bar.done:
+        if (phase != self.phase or self.bar is None or done < self.bar.done
+                or total != self.bar.total):
             self.close()
             self.phase = phase
             self.bar = Progress(total, label=phase, enabled=None if self.enabled else False)
@@ -353,6 +357,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         splits = load_splits(load_config(run.config_path, _with_data_dir([], args.data_dir)))
     with _PhaseProgress(not args.no_progress) as progress:
         result = evaluate_run(run, args.protocol, args.labels, splits, progress)
+    if result.protocol == "retrieval":
+        d = result.details
+        _say(f"{run.path}: retrieval in a gallery of {result.num_test} test pairs "
+             f"({d['similarity']}): X→Y recall@1 {100 * d['x_to_y']['recall@1']:.2f}%, "
+             f"@5 {100 * d['x_to_y']['recall@5']:.2f}%; Y→X recall@1 "
+             f"{100 * d['y_to_x']['recall@1']:.2f}%, @5 {100 * d['y_to_x']['recall@5']:.2f}% "
+             f"({result.seconds:.0f} s)")
+        return 0
     _say(f"{run.path}: {args.protocol} evaluation with {result.num_labels} labels: "
          f"test accuracy {100 * result.accuracy:.2f}% ({result.seconds:.0f} s)")
     return 0

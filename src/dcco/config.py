@@ -22,7 +22,8 @@ from dcco.evaluate import EvalConfig
 from dcco.methods.base import LossConfig
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
-from dcco.models import DualEncoder, Head, ModelConfig, build_dual_encoder
+from dcco.data.paired import is_paired
+from dcco.models import DualEncoder, Head, InputShape, ModelConfig, build_dual_encoder
 from dcco.optim import OptimConfig
 from dcco.precision import Compile, Precision, Speed, check, resolve
 from dcco.privacy import PrivacyConfig
@@ -38,7 +39,8 @@ class ConfigError(UserError):
     """A configuration key is unknown or its value is invalid."""
 
 
-DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
+DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "fashion_mnist_halves",
+                      "paired_npz"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class DataConfig:
     """Which data, and how it is split into clients (Hsu, Qi & Brown 2019)."""
 
     dataset: DatasetName = "fashion_mnist"
+    """Images (fashion_mnist, cifar10, cifar100: two augmented views of each), or pairs of two
+    modalities (``dcco.data.paired``): fashion_mnist_halves (left and right halves), or
+    paired_npz (the user's train.npz and test.npz in data_dir)."""
     data_dir: str | None = None
     """Searched first; then $DCCO_DATA, ~/.cache/dcco and the Debian dataset folder."""
     alpha: float = 0.0
@@ -147,6 +152,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    augment_y: AugmentConfig = field(default_factory=AugmentConfig)
+    """The second modality's augmentation, for paired data sets (``augment`` is the first's)."""
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -183,6 +190,13 @@ class RunConfig:
                     f"model.norm = 'bn' normalises over a client's batch, which needs at least "
                     f"2 samples; {method.name} gives its clients batches of {smallest} "
                     f"(data.samples_per_client, train.local_batch). Use model.norm = 'gn'")
+        if self.augment_y != AugmentConfig() and not is_paired(self.data.dataset):
+            raise ValueError(f"[augment_y] configures the second modality of paired data; "
+                             f"{self.data.dataset} holds images, whose two views both follow "
+                             f"[augment]")
+        if self.data.dataset == "paired_npz" and self.data.data_dir is None:
+            raise ValueError("data.dataset = 'paired_npz' reads train.npz and test.npz from "
+                             "data.data_dir; set it (or pass --data-dir)")
         if self.data.samples_per_client < method.min_client_samples:
             raise ValueError(
                 f"train.method {method.name!r} computes its loss within each client and needs "
@@ -228,10 +242,17 @@ class RunConfig:
         return Head(self.model.predictor or method.default_predictor(self.projector),
                     method.target)
 
-    def build_model(self, in_channels: int) -> DualEncoder:
-        """The run's dual encoder, initialised from ``train.seed`` (on the CPU, float32)."""
+    def build_model(self, in_channels: InputShape,
+                    y_shape: InputShape | None = None) -> DualEncoder:
+        """The run's dual encoder, initialised from ``train.seed`` (on the CPU, float32).
+
+        Args:
+            in_channels: the first input's channels, or one sample's shape; a data set's
+                ``input_shapes`` gives both (``cfg.build_model(*data.input_shapes)``).
+            y_shape: the second input's shape, for pairs of two modalities; None: the same.
+        """
         return build_dual_encoder(self.model, in_channels, self.projector, self.train.seed,
-                                  self.head)
+                                  self.head, y_shape)
 
 
 def _device_type(device: str) -> str:

@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.augment import eval_view, flip_view
+from dcco.augment import flip_view, model_input
 from dcco.data.datasets import ImageDataset
+from dcco.data.paired import Dataset, PairedDataset
 from dcco.errors import UserError
 from dcco.models import ModelConfig, build_backbone
 from dcco.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
@@ -117,13 +118,17 @@ class EvalResult:
     the features are at hand (elsewhere it would cost another pass over the images)."""
     revision: int = 0
     """The protocol's revision (``PROTOCOL_REVISION``); 0 fills in the current one."""
+    details: dict | None = None
+    """What a protocol measures besides its headline accuracy (retrieval: recall@1 and @5 in
+    both directions, and the similarity used)."""
 
     def __post_init__(self) -> None:
         if self.revision == 0:
             object.__setattr__(self, "revision", PROTOCOL_REVISION.get(self.protocol, 1))
 
 
-PROTOCOL_REVISION = {"linear": 1, "case_linear": 1, "finetune": 2, "supervised": 2}
+PROTOCOL_REVISION = {"linear": 1, "linear_y": 1, "case_linear": 1, "finetune": 2,
+                     "supervised": 2, "retrieval": 1}
 """Bumped whenever a protocol changes what its accuracy means, and recorded with each result,
 so that harnesses re-run evaluations recorded under an older revision. Revision 2 of finetune
 and supervised: the head reads batch-normalised features (``Classifier``); revision 1 (results
@@ -197,8 +202,8 @@ step", 120, 300)``), so that a caller can show progress; the library itself prin
 def _batched(fn: Callable[[Tensor], Tensor], model: nn.Module, images: Tensor, batch_size: int,
              device: torch.device, dtype: torch.dtype,
              progress: StepCallback | None = None) -> Tensor:
-    """``fn`` of the un-augmented images, in batches, with ``model`` in eval mode (its mode is
-    restored afterwards): float32 (N, ·) on ``device``."""
+    """``fn`` of the un-augmented images (or other inputs, ``model_input``), in batches, with
+    ``model`` in eval mode (its mode is restored afterwards): float32 (N, ·) on ``device``."""
     if images.shape[0] == 0:
         raise ValueError("cannot compute features of an empty image set")
     was_training = model.training
@@ -207,7 +212,7 @@ def _batched(fn: Callable[[Tensor], Tensor], model: nn.Module, images: Tensor, b
     out = []
     try:
         for done, i in enumerate(starts, 1):
-            out.append(fn(eval_view(images[i:i + batch_size].to(device), dtype)).float())
+            out.append(fn(model_input(images[i:i + batch_size].to(device), dtype)).float())
             if progress is not None:
                 progress("feature batch", done, len(starts))
     finally:
@@ -223,7 +228,8 @@ def extract_features(model: nn.Module, images: Tensor, batch_size: int, device: 
     Args:
         model: a ``DualEncoder`` (its ``features(x, tower)``) or a backbone ((B, C, H, W) →
             (B, D)), on ``device``.
-        images: uint8 (N, C, H, W), on any device; moved to ``device`` a batch at a time.
+        images: uint8 (N, C, H, W), or a modality's other inputs (``model_input``), on any
+            device; moved to ``device`` a batch at a time.
         batch_size: images per forward pass.
         device: where the model runs.
         dtype: input dtype; default the model's parameter dtype.
@@ -345,9 +351,10 @@ def linear_probe_features(train_features: Tensor, train_labels: Tensor, test_fea
                       train_accuracy=train_acc, num_test=int(test_labels.numel()))
 
 
-def linear_probe(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset,
+def linear_probe(model: nn.Module, train_set: Dataset, test_set: Dataset,
                  label_ids: Tensor, cfg: EvalConfig, seed: int,
-                 device: torch.device, progress: StepCallback | None = None) -> EvalResult:
+                 device: torch.device, progress: StepCallback | None = None,
+                 tower: int = 0) -> EvalResult:
     """Linear evaluation: the encoder frozen (and untouched), a LARS-trained linear classifier
     on its features of the labelled images, scored on the whole test split.
 
@@ -359,14 +366,17 @@ def linear_probe(model: nn.Module, train_set: ImageDataset, test_set: ImageDatas
         seed: the run seed.
         device: where features are computed and the classifier trained.
         progress: told of each feature batch and probe step done.
+        tower: whose features: 0, the first tower on X (or on the images); 1, the second on Y
+            (paired data; recorded as protocol ``linear_y``).
     """
     start = time.perf_counter()
-    train_x = extract_features(model, train_set.images[label_ids], cfg.feature_batch, device,
-                               progress=progress)
-    test_x = extract_features(model, test_set.images, cfg.feature_batch, device,
-                              progress=progress)
+    train_x = extract_features(model, train_set.inputs(tower)[label_ids], cfg.feature_batch,
+                               device, tower=tower, progress=progress)
+    test_x = extract_features(model, test_set.inputs(tower), cfg.feature_batch, device,
+                              tower=tower, progress=progress)
     result = linear_probe_features(train_x, train_set.labels[label_ids], test_x,
                                    test_set.labels, train_set.num_classes, cfg, seed,
+                                   protocol="linear_y" if tower else "linear",
                                    progress=progress)
     return replace(result, seconds=time.perf_counter() - start)
 
@@ -603,7 +613,7 @@ def knn_predict(bank: Tensor, bank_labels: Tensor, queries: Tensor, num_classes:
     return torch.cat(preds)
 
 
-def knn_accuracy(model: nn.Module, train_set: ImageDataset, test_set: ImageDataset, k: int,
+def knn_accuracy(model: nn.Module, train_set: Dataset, test_set: Dataset, k: int,
                  temperature: float, bank_size: int | None, num_queries: int | None, seed: int,
                  device: torch.device, batch_size: int = 1024) -> float:
     """Weighted k-NN top-1 accuracy of the encoder's features: the pretraining monitor.
@@ -630,8 +640,91 @@ def knn_accuracy(model: nn.Module, train_set: ImageDataset, test_set: ImageDatas
     gen = generator(seed, "knn")
     bank_ids = torch.randperm(len(train_set), generator=gen)[:bank_size or len(train_set)]
     query_ids = torch.randperm(len(test_set), generator=gen)[:num_queries or len(test_set)]
-    bank = extract_features(model, train_set.images[bank_ids], batch_size, device)
-    queries = extract_features(model, test_set.images[query_ids], batch_size, device)
+    bank = extract_features(model, train_set.inputs(0)[bank_ids], batch_size, device)
+    queries = extract_features(model, test_set.inputs(0)[query_ids], batch_size, device)
     pred = knn_predict(bank, train_set.labels[bank_ids], queries, train_set.num_classes, k,
                        temperature)
     return float((pred == test_set.labels[query_ids].to(pred.device)).double().mean())
+
+
+# ------------------------------------------------------------------- cross-modal retrieval
+
+
+RETRIEVAL_KS = (1, 5)
+Similarity = str
+"""How retrieval compares encodings: "standardized", each projection dimension z-scored over
+the gallery, then cosine (the space the CCO loss correlates: its encodings are batch-
+standardised); "cosine", cosine of the projections as they are (the space a contrastive loss
+compares in)."""
+
+
+def retrieval_ranks(queries: Tensor, gallery: Tensor, chunk: int = 1024) -> Tensor:
+    """The rank of each query's own partner among all of the gallery: query i's partner is
+    gallery row i; rank 0 is best. Ties count in the query's favour (strictly more similar
+    rows only).
+
+    Args:
+        queries, gallery: float (M, d), L2-normalised, on one device.
+        chunk: queries per similarity block (memory chunk × M).
+
+    Returns:
+        int64 (M,) ranks.
+    """
+    if queries.shape != gallery.shape:
+        raise ValueError(f"retrieval needs one partner per query, got {tuple(queries.shape)} "
+                         f"queries and {tuple(gallery.shape)} gallery rows")
+    ranks = []
+    for start in range(0, queries.shape[0], chunk):
+        q = queries[start:start + chunk]
+        sims = q @ gallery.T
+        own = sims[torch.arange(q.shape[0]), torch.arange(start, start + q.shape[0])]
+        ranks.append((sims > own[:, None]).sum(1))
+    return torch.cat(ranks)
+
+
+def comparable(encodings: Tensor, similarity: Similarity) -> Tensor:
+    """Encodings (M, d) mapped into ``similarity``'s space, L2-normalised (float64)."""
+    z = encodings.double()
+    if similarity == "standardized":
+        z = (z - z.mean(0)) / (z.std(0, correction=0) + 1e-12)
+    elif similarity != "cosine":
+        raise ValueError(f"similarity must be 'standardized' or 'cosine', got {similarity!r}")
+    return F.normalize(z, dim=1)
+
+
+def retrieval(model: nn.Module, test_set: PairedDataset, gallery: int, seed: int,
+              device: torch.device, similarity: Similarity = "standardized",
+              batch_size: int = 1024, progress: StepCallback | None = None) -> EvalResult:
+    """Cross-modal retrieval: each X of a gallery of test pairs finds its Y among the
+    gallery's Ys, and each Y its X, by the similarity of their projections (the encodings the
+    loss saw: tower 0 on X, tower 1 on Y).
+
+    Args:
+        model: a two-tower ``DualEncoder`` on ``device``.
+        test_set: the test pairs.
+        gallery: pairs in the gallery, drawn from the stream ``(seed, "retrieval")`` (all
+            when at least the split's size).
+        seed: the run seed.
+        device: where the encodings are computed.
+        similarity: see ``Similarity``.
+
+    Returns:
+        ``accuracy``: the mean of recall@1 X→Y and Y→X; ``details``: recall@1 and @5 of each
+        direction and the similarity.
+    """
+    if not getattr(test_set, "paired", False):
+        raise UserError("retrieval pairs two modalities; this data set holds images (use a "
+                        "paired data set, e.g. data.dataset = 'fashion_mnist_halves')")
+    start = time.perf_counter()
+    n = min(gallery, len(test_set))
+    ids = torch.randperm(len(test_set), generator=generator(seed, "retrieval"))[:n]
+    f, g = (_batched(lambda x, t=t: model.encode(x, t), model, test_set.inputs(t)[ids],
+                     batch_size, device, _default_dtype(model), progress) for t in (0, 1))
+    f, g = comparable(f, similarity), comparable(g, similarity)
+    details: dict = {"similarity": similarity, "gallery": n}
+    for name, (q, r) in {"x_to_y": (f, g), "y_to_x": (g, f)}.items():
+        ranks = retrieval_ranks(q, r)
+        details[name] = {f"recall@{k}": float((ranks < k).double().mean()) for k in RETRIEVAL_KS}
+    accuracy = (details["x_to_y"]["recall@1"] + details["y_to_x"]["recall@1"]) / 2
+    return EvalResult(protocol="retrieval", accuracy=accuracy, num_labels=0, steps=0,
+                      seconds=time.perf_counter() - start, num_test=n, details=details)

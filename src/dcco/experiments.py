@@ -13,7 +13,8 @@ import torch
 
 from dcco.checkpoint import load_checkpoint
 from dcco.config import ConfigError, RunConfig
-from dcco.data.datasets import ImageDataset, load_dataset
+from dcco.errors import UserError
+from dcco.data.paired import Dataset, load_split
 from dcco.evaluate import (
     EvalConfig,
     EvalResult,
@@ -21,19 +22,23 @@ from dcco.evaluate import (
     finetune,
     labelled_subset,
     linear_probe,
+    retrieval,
     supervised_from_scratch,
 )
+from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.rundir import RunDir, RunDirError
 from dcco.train import resolve_device
 
-Protocol = Literal["linear", "finetune"]
+Protocol = Literal["linear", "finetune", "linear_y", "retrieval"]
+PAIRED_PROTOCOLS = ("linear_y", "retrieval")
+"""Protocols of paired data only: the second tower's probe, and cross-modal retrieval."""
 
 
-def load_splits(cfg: RunConfig) -> tuple[ImageDataset, ImageDataset]:
-    """The training and test splits of the configured data set."""
-    train = load_dataset(cfg.data.dataset, "train", cfg.data.data_dir)
-    test = load_dataset(cfg.data.dataset, "test", cfg.data.data_dir)
+def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
+    """The training and test splits of the configured data set (images or pairs)."""
+    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir)
+    test = load_split(cfg.data.dataset, "test", cfg.data.data_dir)
     return train, test
 
 
@@ -52,28 +57,44 @@ def eval_config_for(cfg: RunConfig, labels: int | None) -> EvalConfig:
         raise ConfigError(f"{labels} labels: {e}") from None
 
 
-def pretrained_model(cfg: RunConfig, run: RunDir, in_channels: int,
+def pretrained_model(cfg: RunConfig, run: RunDir, shapes: tuple[tuple[int, ...], ...],
                      device: torch.device) -> DualEncoder:
-    """The dual encoder stored in a run's checkpoint."""
-    model = cfg.build_model(in_channels)
+    """The dual encoder stored in a run's checkpoint; ``shapes``: its data's
+    ``input_shapes``."""
+    model = cfg.build_model(*shapes)
     load_checkpoint(run.checkpoint_path, model)
     return model.to(device)
 
 
 def evaluate_model(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, seed: int,
-                   train: ImageDataset, test: ImageDataset, device: torch.device,
-                   progress: StepCallback | None = None) -> EvalResult:
-    """Linear probe or full finetuning of ``model`` on ``ecfg.labels`` labelled samples."""
+                   train: Dataset, test: Dataset, device: torch.device,
+                   progress: StepCallback | None = None, method: str | None = None) -> EvalResult:
+    """Evaluate ``model``: a linear probe (of the first tower, or ``linear_y`` of the second)
+    or full finetuning on ``ecfg.labels`` labelled samples, or cross-modal retrieval in a
+    gallery of ``ecfg.labels`` test pairs, compared in the space of ``method``'s loss
+    (``dcco.evaluate.Similarity``; standardized when None)."""
+    if protocol in PAIRED_PROTOCOLS and not test.paired:
+        raise UserError(f"the {protocol} evaluation needs paired data (two modalities, e.g. "
+                        f"data.dataset = 'fashion_mnist_halves'); this data set holds images")
+    if protocol == "retrieval":
+        similarity = METHODS[method].similarity if method in METHODS else "standardized"
+        return retrieval(model, test, ecfg.labels, seed, device, similarity,
+                         ecfg.feature_batch, progress)
     ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, seed)
-    if protocol == "linear":
-        return linear_probe(model, train, test, ids, ecfg, seed, device, progress)
+    if protocol in ("linear", "linear_y"):
+        return linear_probe(model, train, test, ids, ecfg, seed, device, progress,
+                            tower=int(protocol == "linear_y"))
     if protocol == "finetune":
+        if train.paired:
+            raise UserError("finetune evaluates image encoders; for paired data use linear, "
+                            "linear_y or retrieval")
         return finetune(model, train, test, ids, ecfg, seed, device, progress)[0]
-    raise ValueError(f"unknown protocol {protocol!r}; choose 'linear' or 'finetune'")
+    raise ValueError(f"unknown protocol {protocol!r}; choose linear, finetune, linear_y or "
+                     f"retrieval")
 
 
 def evaluate_run(run: RunDir, protocol: Protocol, labels: int | None = None,
-                 splits: tuple[ImageDataset, ImageDataset] | None = None,
+                 splits: tuple[Dataset, Dataset] | None = None,
                  progress: StepCallback | None = None) -> EvalResult:
     """Evaluate a finished (or checkpointed) run and record the result in its summary."""
     cfg = run.config()
@@ -82,18 +103,21 @@ def evaluate_run(run: RunDir, protocol: Protocol, labels: int | None = None,
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
-    model = pretrained_model(cfg, run, train.images.shape[1], device)
+    model = pretrained_model(cfg, run, train.input_shapes, device)
     result = evaluate_model(model, protocol, ecfg, cfg.train.seed, train, test, device,
-                            progress)
+                            progress, cfg.train.method)
     run.update_summary(evaluations={eval_key(protocol, ecfg.labels): asdict(result)})
     return result
 
 
 def supervised_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
-                   splits: tuple[ImageDataset, ImageDataset] | None = None,
+                   splits: tuple[Dataset, Dataset] | None = None,
                    progress: StepCallback | None = None) -> EvalResult:
     """Supervised training from scratch on the labelled subset, recorded like a run."""
     train, test = splits or load_splits(cfg)
+    if train.paired:
+        raise UserError("supervised from scratch trains an image classifier; paired data "
+                        "sets have no supervised baseline in dcco")
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
     ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, cfg.train.seed)
@@ -105,13 +129,13 @@ def supervised_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
 
 
 def random_encoder_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
-                       splits: tuple[ImageDataset, ImageDataset] | None = None,
+                       splits: tuple[Dataset, Dataset] | None = None,
                        progress: StepCallback | None = None) -> EvalResult:
     """Linear probe of a randomly initialised encoder: the floor every method must beat."""
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
-    model = cfg.build_model(train.images.shape[1]).to(device)
+    model = cfg.build_model(*train.input_shapes).to(device)
     result = evaluate_model(model, "linear", ecfg, cfg.train.seed, train, test, device,
                             progress)
     run.update_summary(method="random_init", dataset=cfg.data.dataset, rounds=0,

@@ -131,6 +131,37 @@ def nt_xent_per_anchor(
     return F.cross_entropy(logits, positives, reduction="none")
 
 
+def clip_loss_per_anchor(f: Tensor, g: Tensor, temperature: float = TEMPERATURE,
+                         groups: Tensor | None = None) -> Tensor:
+    """The CLIP loss (Radford et al. 2021) of each of the 2N anchors: cross-modal negatives
+    only, contrasted within its group.
+
+    Each X encoding f_i is scored against the Y encodings of its group by cosine similarity /
+    τ, with g_i as its positive (cross-entropy over the row), and each g_j against the Xs of
+    its group likewise (over the column). Unlike NT-Xent, an encoding is never contrasted with
+    encodings of its own modality.
+
+    Args:
+        f, g: encodings of the two modalities, shape (N, d); they are L2-normalised here.
+        temperature: τ.
+        groups: optional int64 (N,) group (client) of each pair.
+
+    Returns:
+        (2N,) losses, first the N X anchors, then the N Y anchors.
+    """
+    logits = F.normalize(f, dim=1) @ F.normalize(g, dim=1).T / temperature
+    if groups is not None:
+        logits = logits.masked_fill(groups[:, None] != groups[None, :], float("-inf"))
+    targets = torch.arange(f.shape[0], device=f.device)
+    return torch.cat([F.cross_entropy(logits, targets, reduction="none"),
+                      F.cross_entropy(logits.T, targets, reduction="none")])
+
+
+def clip_loss(f: Tensor, g: Tensor, temperature: float = TEMPERATURE) -> Tensor:
+    """The symmetric CLIP loss of a batch: the mean over its 2N anchors."""
+    return clip_loss_per_anchor(f, g, temperature).mean()
+
+
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = TEMPERATURE) -> Tensor:
     """The NT-Xent loss of a batch: the mean over its 2N views (SimCLR, Chen et al. 2020)."""
     return nt_xent_per_anchor(z1, z2, temperature).mean()

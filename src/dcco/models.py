@@ -25,11 +25,12 @@ from torch import Tensor, nn
 
 from dcco.seeding import generator
 
-Arch = Literal["resnet14", "resnet50"]
+Arch = Literal["resnet14", "resnet50", "mlp"]
 Norm = Literal["gn", "bn"]
 
 RESNET14_WIDTHS = (64, 128, 256)
 RESNET50_WIDTHS = (64, 128, 256, 512)
+MLP_WIDTHS = (512, 512)
 WS_EPS = 1e-5
 """Added to each output unit's weight variance in weight standardisation (Qiao et al.'s code adds
 1e-5 to the standard deviation). At initialisation it is about 1% of a 256-wide 3×3 conv's
@@ -49,10 +50,12 @@ class ModelConfig:
 
     arch: Arch = "resnet14"
     """resnet14: CIFAR-style 6n+2 network, n=2 (paper, CIFAR-100); resnet50: ImageNet
-    bottleneck network (paper, DERM)."""
+    bottleneck network (paper, DERM); mlp: a multilayer perceptron on the flattened input,
+    for modalities that are not images (``MLP``)."""
     widths: tuple[int, ...] | None = None
     """Channels per stage; None: resnet14 (64, 128, 256), resnet50 (64, 128, 256, 512). A
-    resnet50 stage outputs 4× its width (bottleneck expansion)."""
+    resnet50 stage outputs 4× its width (bottleneck expansion). For mlp, the hidden layers'
+    widths (any number; None: (512, 512))."""
     projector: tuple[int, ...] | None = None
     """Projector widths; None: the method's paper default ([1024]*3 CCO, [256, 256, 128]
     NT-Xent), resolved by ``dcco.config.RunConfig.projector``."""
@@ -70,10 +73,23 @@ class ModelConfig:
     predictor: tuple[int, ...] | None = None
     """The predictor head's widths for BYOL and SimSiam (its last is the projection width d);
     None: the method's default (``dcco.methods.predictive``). Other methods have none."""
+    y_arch: Arch | None = None
+    """The second tower's architecture (two towers, ``shared = false``), for a second
+    modality of another kind; None: ``arch``."""
+    y_widths: tuple[int, ...] | None = None
+    """The second tower's widths; None: ``widths`` when the towers share an architecture,
+    else ``y_arch``'s default."""
 
     def __post_init__(self) -> None:
-        if self.arch not in ("resnet14", "resnet50"):
-            raise ValueError(f"model.arch must be 'resnet14' or 'resnet50', got {self.arch!r}")
+        for key in ("arch", "y_arch"):
+            value = getattr(self, key)
+            if value not in ("resnet14", "resnet50", "mlp") and not (key == "y_arch"
+                                                                     and value is None):
+                raise ValueError(f"model.{key} must be 'resnet14', 'resnet50' or 'mlp', got "
+                                 f"{value!r}")
+        if self.shared and (self.y_arch is not None or self.y_widths is not None):
+            raise ValueError("model.y_arch and model.y_widths describe a second tower; set "
+                             "model.shared = false (two towers) or leave them unset")
         if self.norm not in ("gn", "bn"):
             raise ValueError(f"model.norm must be 'gn' (group norm + weight standardisation) "
                              f"or 'bn' (batch norm), got {self.norm!r}")
@@ -81,12 +97,14 @@ class ModelConfig:
                                            or not _positive(self.predictor)):
             raise ValueError(f"model.predictor must be two or more positive integers (hidden "
                              f"widths, then d), or none; got {self.predictor!r}")
-        stages = len(_default_widths(self.arch))
-        if self.widths is not None and (len(self.widths) != stages or not _positive(self.widths)):
-            raise ValueError(
-                f"model.widths must be {stages} positive integers for {self.arch} (or none), "
-                f"got {self.widths!r}"
-            )
+        for key, arch, widths in (("widths", self.arch, self.widths),
+                                  ("y_widths", self.tower_arch(1), self.y_widths)):
+            stages = len(_default_widths(arch))
+            if widths is not None and (not _positive(widths) or (
+                    arch != "mlp" and len(widths) != stages) or len(widths) == 0):
+                count = "one or more" if arch == "mlp" else str(stages)
+                raise ValueError(f"model.{key} must be {count} positive integers for {arch} "
+                                 f"(or none), got {widths!r}")
         if self.projector is not None and (len(self.projector) == 0
                                            or not _positive(self.projector)):
             raise ValueError(
@@ -103,9 +121,23 @@ class ModelConfig:
         """The widths, or the architecture's default."""
         return self.widths if self.widths is not None else _default_widths(self.arch)
 
+    def tower_arch(self, tower: int) -> str:
+        """The architecture of tower ``tower`` (0 or 1)."""
+        return self.arch if tower == 0 or self.y_arch is None else self.y_arch
+
+    def tower_widths(self, tower: int) -> tuple[int, ...]:
+        """The widths of tower ``tower`` (see ``y_widths``)."""
+        if tower == 0:
+            return self.stage_widths
+        if self.y_widths is not None:
+            return self.y_widths
+        if self.tower_arch(1) == self.arch:
+            return self.stage_widths
+        return _default_widths(self.tower_arch(1))
+
 
 def _default_widths(arch: str) -> tuple[int, ...]:
-    return RESNET14_WIDTHS if arch == "resnet14" else RESNET50_WIDTHS
+    return {"resnet14": RESNET14_WIDTHS, "resnet50": RESNET50_WIDTHS, "mlp": MLP_WIDTHS}[arch]
 
 
 def _positive(values: tuple[int, ...]) -> bool:
@@ -299,6 +331,35 @@ class ResNet50(ResNet):
                          imagenet_stem=True, gn_groups=gn_groups, ws_eps=ws_eps, norm=norm)
 
 
+class MLP(nn.Module):
+    """A backbone for inputs that are not images: the input flattened, then (WSLinear → GN →
+    ReLU) per width ((Linear → BN → ReLU) with batch norm), as the projector's hidden layers.
+
+    Args:
+        in_features: the flattened input's size.
+        widths: the layers' output widths; the last is ``feature_dim``.
+        gn_groups, ws_eps, norm: as for ``ResNet``.
+    """
+
+    def __init__(self, in_features: int, widths: tuple[int, ...], gn_groups: int = 32,
+                 ws_eps: float = WS_EPS, norm: Norm = "gn") -> None:
+        super().__init__()
+        if in_features < 1 or not widths or min(widths) < 2:
+            raise ValueError(f"MLP needs in_features >= 1 and widths >= 2, got "
+                             f"in_features={in_features}, widths={widths}")
+        layers: list[nn.Module] = [nn.Flatten()]
+        width_in = in_features
+        for width in widths:
+            layers += _hidden_linear(norm, width_in, width, gn_groups, ws_eps)
+            width_in = width
+        self.layers = nn.Sequential(*layers)
+        self.in_features, self.feature_dim = in_features, widths[-1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(N, ...) with ``in_features`` values per sample → (N, feature_dim)."""
+        return self.layers(x)
+
+
 class Projector(nn.Sequential):
     """The projection MLP (paper §4): (WSLinear → GN → ReLU) per hidden layer, or
     (Linear → BN → ReLU) with batch norm, then a plain linear layer without normalisation.
@@ -358,8 +419,12 @@ class DualEncoder(nn.Module):
     q(z₁) with y₂ and q(z₂) with y₁.
 
     Args:
-        backbone, projector: the first tower (the only one when shared).
-        second: the second tower's (backbone, projector), or None for a shared network.
+        backbone, projector: the first tower (the only one when shared). A backbone is any
+            module mapping a batch of inputs to (N, feature_dim) features, with a
+            ``feature_dim`` attribute (``ResNet``, ``MLP``, or the user's own, e.g. a text
+            encoder: docs/multimodal.md).
+        second: the second tower's (backbone, projector), or None for a shared network; its
+            input may have another shape and kind than the first's.
         predictor: the predictor head, or None.
         target: BYOL's target network, (backbone, projector) copies whose parameters take no
             gradient, or None.
@@ -375,8 +440,8 @@ class DualEncoder(nn.Module):
     """Training forwards return F and G scaled to unit L2 norm per sample: what bounds a
     client's statistics under differential privacy (``dcco.privacy``)."""
 
-    def __init__(self, backbone: ResNet, projector: Projector,
-                 second: tuple[ResNet, Projector] | None = None,
+    def __init__(self, backbone: nn.Module, projector: Projector,
+                 second: tuple[nn.Module, Projector] | None = None,
                  predictor: Projector | None = None,
                  target: tuple[ResNet, Projector] | None = None) -> None:
         super().__init__()
@@ -430,7 +495,8 @@ class DualEncoder(nn.Module):
         """Projections of both inputs (with a predictor, predictions and targets).
 
         Args:
-            x1, x2: images (N1, C, H, W) and (N2, C, H, W).
+            x1, x2: images (N1, C, H, W) and (N2, C, H, W); with two towers, each its own
+                tower's input (shapes and kinds may differ).
 
         Returns:
             F (N1, d) and G (N2, d); (N1, 2d) and (N2, 2d) with a predictor.
@@ -478,7 +544,7 @@ class DualEncoder(nn.Module):
     def _backbone_features(self, backbone: nn.Module, x: Tensor) -> Tensor:
         """A training forward's backbone features: under autocast to ``autocast_dtype`` if
         set, returned in the weights' dtype for the projector."""
-        if self.channels_last:
+        if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.autocast_dtype is None:
             return backbone(x)
@@ -495,6 +561,10 @@ class DualEncoder(nn.Module):
         """Backbone features, the projector discarded (for evaluation): (N, C, H, W) →
         (N, feature_dim)."""
         return self._tower(tower)[0](x)
+
+
+def _dims(shape: InputShape) -> tuple[int, ...]:
+    return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
 def _initialise(module: nn.Module, gen: torch.Generator) -> None:
@@ -524,20 +594,38 @@ def _initialise(module: nn.Module, gen: torch.Generator) -> None:
             nn.init.zeros_(m.norms[-1].weight)
 
 
-def _resnet(cfg: ModelConfig, in_channels: int) -> ResNet:
-    make = ResNet14 if cfg.arch == "resnet14" else ResNet50
+InputShape = int | tuple[int, ...]
+"""A tower's input: the shape of one sample (C, H, W) for images or (D, ...) for features,
+or, for images, the channel count alone."""
+
+
+def _resnet(cfg: ModelConfig, shape: InputShape, tower: int = 0) -> ResNet | MLP:
+    arch, widths = cfg.tower_arch(tower), cfg.tower_widths(tower)
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
     # torch's default init draws from the global RNG; ours replaces it, so leave the RNG as found
     with torch.random.fork_rng(devices=[]):
-        return make(in_channels, cfg.stage_widths, cfg.gn_groups, cfg.ws_eps, cfg.norm)
+        if arch == "mlp":
+            if isinstance(shape, int):
+                raise ValueError("an mlp tower needs its input's full shape, not a channel "
+                                 "count")
+            return MLP(math.prod(dims), widths, cfg.gn_groups, cfg.ws_eps, cfg.norm)
+        if not isinstance(shape, int) and len(dims) != 3:
+            raise ValueError(f"a {arch} tower reads images (C, H, W), but its input has shape "
+                             f"{dims}; use model.{'y_' if tower else ''}arch = 'mlp' for "
+                             f"features")
+        make = ResNet14 if arch == "resnet14" else ResNet50
+        return make(dims[0], widths, cfg.gn_groups, cfg.ws_eps, cfg.norm)
 
 
-def build_backbone(cfg: ModelConfig, in_channels: int, seed: int, tower: int = 0) -> ResNet:
-    """The configured ResNet, initialised from the stream ``(seed, "init", "backbone", tower)``.
+def build_backbone(cfg: ModelConfig, in_channels: InputShape, seed: int,
+                   tower: int = 0) -> ResNet | MLP:
+    """Tower ``tower``'s configured backbone for inputs of ``in_channels`` (a channel count
+    or a sample's shape), initialised from the stream ``(seed, "init", "backbone", tower)``.
 
-    The global torch RNG is neither used nor advanced. The dual encoder's first tower built
-    from the same seed is this network, parameter for parameter.
+    The global torch RNG is neither used nor advanced. The dual encoder's tower built from the
+    same seed is this network, parameter for parameter.
     """
-    net = _resnet(cfg, in_channels)
+    net = _resnet(cfg, in_channels, tower)
     _initialise(net, generator(seed, "init", "backbone", tower))
     return net
 
@@ -552,8 +640,9 @@ def build_projector(cfg: ModelConfig, in_dim: int, dims: tuple[int, ...], seed: 
     return projector
 
 
-def build_dual_encoder(cfg: ModelConfig, in_channels: int, projector_dims: tuple[int, ...],
-                       seed: int, head: Head | None = None) -> DualEncoder:
+def build_dual_encoder(cfg: ModelConfig, in_channels: InputShape,
+                       projector_dims: tuple[int, ...], seed: int, head: Head | None = None,
+                       y_shape: InputShape | None = None) -> DualEncoder:
     """The dual encoder of ``cfg``, initialised reproducibly from ``seed``.
 
     Each tower's backbone and projector draw from their own stream
@@ -562,15 +651,21 @@ def build_dual_encoder(cfg: ModelConfig, in_channels: int, projector_dims: tuple
 
     Args:
         cfg: the architecture; ``cfg.projector`` is ignored in favour of ``projector_dims``.
-        in_channels: image channels.
+        in_channels: the first input's channels, or one sample's shape (``InputShape``).
         projector_dims: the projector widths (the caller resolves the method's default).
         seed: the run seed.
         head: BYOL's or SimSiam's predictor (from ``(seed, "init", "predictor", 0)``) and
             target (BYOL's starts as a copy of the online network), or None.
+        y_shape: the second input's, when it differs from the first (paired data, two
+            towers); None: ``in_channels``.
     """
+    if cfg.shared and y_shape is not None and _dims(y_shape) != _dims(in_channels):
+        raise ValueError(f"one shared network cannot read inputs of shapes {_dims(in_channels)} "
+                         f"and {_dims(y_shape)}; set model.shared = false (two towers)")
     towers = []
     for tower in range(1 if cfg.shared else 2):
-        backbone = build_backbone(cfg, in_channels, seed, tower)
+        shape = y_shape if tower == 1 and y_shape is not None else in_channels
+        backbone = build_backbone(cfg, shape, seed, tower)
         projector = build_projector(cfg, backbone.feature_dim, projector_dims, seed, tower)
         towers.append((backbone, projector))
     predictor = target = None

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from dcco.config import ConfigError, RunConfig, load_config, read_toml
-from dcco.data.datasets import ImageDataset
+from dcco.data.paired import Dataset
 from dcco.evaluate import StepCallback
 from dcco.experiments import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.methods.registry import METHODS
 from dcco.rundir import RunDir
 
 SUPERVISED = "supervised"
-PROTOCOLS = ("linear", "finetune")
+PROTOCOLS = ("linear", "finetune", "linear_y", "retrieval")
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,9 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     for e in evaluations:
         protocol, _, labels = e.partition("@")
         if protocol not in PROTOCOLS or not labels.isdigit() or int(labels) < 1:
-            raise ConfigError(f"grid.evaluations: {e!r} must look like linear@5000 or "
-                              f"finetune@5000")
+            raise ConfigError(f"grid.evaluations: {e!r} must look like linear@5000, "
+                              f"finetune@5000, linear_y@5000 (paired data: the second tower) "
+                              f"or retrieval@1000 (paired data: a gallery of 1000 test pairs)")
     seeds = tuple(scales[scale].get("seeds", g.get("seeds", [0])))
     return Grid(base, settings, methods, evaluations, seeds, scale, batch)
 
@@ -174,7 +175,7 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[ImageDataset, ImageDataset],
+def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[Dataset, Dataset],
              pretrain: Callable[..., dict], say: Callable[[str], None],
              progress: StepCallback | None = None) -> None:
     """Pretrain (or resume) one cell and run its missing evaluations, holding the cell's
@@ -189,7 +190,7 @@ def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[ImageDatase
 
 
 def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ...],
-              splits: tuple[ImageDataset, ImageDataset], pretrain: Callable[..., dict],
+              splits: tuple[Dataset, Dataset], pretrain: Callable[..., dict],
               say: Callable[[str], None], progress: StepCallback | None) -> None:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
     from dcco.train import resolve_device
@@ -216,11 +217,12 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
         else:
             if eval_key(protocol, labels) in done:
                 continue
-            say(f"[{cell.path.name}] {protocol} evaluation, {labels} labels"
+            what = "test pairs" if protocol == "retrieval" else "labels"
+            say(f"[{cell.path.name}] {protocol} evaluation, {labels} {what}"
                 + _stale_note(run, eval_key(protocol, labels)))
-            model = pretrained_model(cell.cfg, run, train.images.shape[1], device)
+            model = pretrained_model(cell.cfg, run, train.input_shapes, device)
             result = evaluate_model(model, protocol, ecfg, cell.seed, train, test, device,
-                                    progress)
+                                    progress, cell.method)
             run.update_summary(evaluations={eval_key(protocol, labels): asdict(result)})
         done = _current(run.summary())
 

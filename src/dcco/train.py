@@ -18,11 +18,12 @@ import torch
 from torch import Tensor
 
 from dcco.algorithm import Algorithm, RoundResult
-from dcco.augment import augment_pair
+from dcco.augment import training_views
 from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
 from dcco.config import ConfigError, RunConfig
-from dcco.data.datasets import ImageDataset
+from dcco.data.paired import is_paired
+from dcco.data.paired import Dataset
 from dcco.data.partition import Partition, dirichlet_partition
 from dcco.devices import to_device
 from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
@@ -100,7 +101,7 @@ def algorithm_of(cfg: RunConfig) -> Algorithm:
                      t.local_batch, t.staleness, clip, t.pseudo_gradient, t.local_statistics)
 
 
-def build_partition(cfg: RunConfig, train_set: ImageDataset) -> Partition:
+def build_partition(cfg: RunConfig, train_set: Dataset) -> Partition:
     """The run's clients: Hsu et al. Dirichlet partitioning of the training labels."""
     return dirichlet_partition(
         train_set.labels, cfg.data.samples_per_client, cfg.data.alpha, cfg.train.seed,
@@ -133,12 +134,15 @@ class Pretraining:
 
     Args:
         cfg: the run config.
-        train_set: the unlabelled pretraining images (labels are used only to partition).
+        train_set: the unlabelled pretraining images, or pairs (labels are used only to
+            partition).
         partition: the clients; by default ``build_partition(cfg, train_set)``.
+        model: the dual encoder to train (e.g. with the user's own tower for a modality that
+            is not images, docs/multimodal.md); by default ``cfg.build_model``.
     """
 
-    def __init__(self, cfg: RunConfig, train_set: ImageDataset,
-                 partition: Partition | None = None) -> None:
+    def __init__(self, cfg: RunConfig, train_set: Dataset,
+                 partition: Partition | None = None, model: DualEncoder | None = None) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.train.device)
         self.speed = cfg.speed
@@ -154,9 +158,18 @@ class Pretraining:
                 f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
                 f"only {self.partition.num_clients} clients"
             )
-        self.images = train_set.images.to(self.device)
-        self.model: DualEncoder = prepare_model(cfg.build_model(train_set.images.shape[1]),
-                                                   self.speed, self.device)
+        if train_set.paired != is_paired(cfg.data.dataset):
+            raise ConfigError(f"data.dataset = {cfg.data.dataset!r} but the training set "
+                              f"{train_set.name!r} holds "
+                              f"{'pairs' if train_set.paired else 'images'}")
+        self.images = train_set.inputs(0).to(self.device)
+        """The training samples (the first modality's, for pairs)."""
+        self.second = train_set.inputs(1).to(self.device) if train_set.paired else None
+        """The second modality's samples, for pairs; None for images."""
+        self.input_shapes = train_set.input_shapes
+        self.model: DualEncoder = prepare_model(
+            model if model is not None else cfg.build_model(*train_set.input_shapes),
+            self.speed, self.device)
         self.model.unit_encodings = cfg.privacy.enabled
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.params, cfg.optim)
@@ -183,10 +196,11 @@ class Pretraining:
         return scheduled_lr(round_index, self.cfg.train.rounds, o.lr, o.warmup_steps, o.schedule)
 
     def views(self, plan: RoundPlan, round_index: int) -> tuple[Tensor, Tensor]:
-        """The two augmented views of the round's samples (N, C, H, W)."""
+        """The two inputs of the round's samples: two augmented views of each image (N, C, H,
+        W), or each pair's X and Y (``dcco.augment.training_views``)."""
         ids = to_device(plan.sample_ids, self.device)
-        return augment_pair(self.images[ids], ids, self._augment_seed, round_index,
-                            self.cfg.augment, dtype=self.dtype)
+        return training_views(self.images, self.second, ids, self._augment_seed, round_index,
+                              self.cfg.augment, self.cfg.augment_y, self.dtype)
 
     def step(self) -> RoundMetrics:
         """Run the next round and apply the server update."""
@@ -412,7 +426,7 @@ def resume_from_checkpoint(pt: Pretraining, run: RunDir) -> None:
 
 
 def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetrics],
-                     train_set: ImageDataset, test_set: ImageDataset | None = None,
+                     train_set: Dataset, test_set: Dataset | None = None,
                      on_round: RoundCallback | None = None,
                      window: Callable[[], MetricsWindow] = MetricsWindow,
                      meta: dict[str, Any] | None = None,
@@ -485,7 +499,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
         clients_per_round=t_cfg.clients_per_round,
         final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
-        input_shape=list(pt.images.shape[1:]),
+        input_shape=list(pt.input_shapes[0]),
+        **({"input_shape_y": list(pt.input_shapes[1])} if pt.second is not None else {}),
         exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
         bytes_per_client_round=message_bytes,
         pretrain_seconds_this_session=time.perf_counter() - started,
@@ -494,9 +509,10 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     )
 
 
-def run_pretraining(cfg: RunConfig, run: RunDir, train_set: ImageDataset,
-                    test_set: ImageDataset | None = None, resume: bool = False,
-                    on_round: RoundCallback | None = None) -> dict[str, Any]:
+def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
+                    test_set: Dataset | None = None, resume: bool = False,
+                    on_round: RoundCallback | None = None,
+                    model: DualEncoder | None = None) -> dict[str, Any]:
     """Pretrain in this process into a run directory (``pretraining_loop``).
 
     Args:
@@ -506,18 +522,20 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: ImageDataset,
         test_set: used by the k-NN monitor; None disables it.
         resume: continue from ``run``'s checkpoint (from round 0 if none was written yet).
         on_round: see ``pretraining_loop``.
+        model: see ``Pretraining``.
 
     Returns:
         The summary written to ``summary.json``.
     """
-    pt = Pretraining(cfg, train_set)
+    pt = Pretraining(cfg, train_set, model=model)
     if resume:
         resume_from_checkpoint(pt, run)
     return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round)
 
 
-def monitor_knn(pt: Pretraining, train_set: ImageDataset, test_set: ImageDataset) -> float:
-    """Weighted k-NN top-1 accuracy of the current encoder (the fast pretraining monitor)."""
+def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:
+    """Weighted k-NN top-1 accuracy of the current encoder's first tower (the fast
+    pretraining monitor)."""
     e = pt.cfg.eval
     return knn_accuracy(pt.model, train_set, test_set, k=e.knn_k, temperature=e.knn_temperature,
                         bank_size=e.knn_bank, num_queries=e.knn_queries, seed=pt.cfg.train.seed,

@@ -124,8 +124,23 @@ class ImageDataset:
         if not self.images.is_contiguous():
             object.__setattr__(self, "images", self.images.contiguous())
 
+    paired = False
+    """Whether the samples are pairs of two modalities (``dcco.data.paired.PairedDataset``)."""
+
     def __len__(self) -> int:
         return int(self.images.shape[0])
+
+    def inputs(self, tower: int = 0) -> Tensor:
+        """The images, for either tower (both views of a sample come from its image)."""
+        if tower not in (0, 1):
+            raise ValueError(f"tower must be 0 or 1, got {tower!r}")
+        return self.images
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shape of one image, for each of the two views."""
+        shape = tuple(self.images.shape[1:])
+        return shape, shape
 
     def subset(self, indices: Tensor | np.ndarray | list[int]) -> ImageDataset:
         """The samples ``indices`` (int (M,), in that order) as a new data set."""

@@ -64,7 +64,7 @@ def train(msg: Message, context: Context) -> Message:
     identity = _identity(context)
     data = node_data(cfg)
     loaded = time.time()
-    model = build_model(cfg, data.images.shape[1])
+    model = build_model(cfg, data.input_shapes)
     algorithm = algorithm_of(cfg)
     spec = algorithm.method.stats
     params = None

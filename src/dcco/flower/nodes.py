@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from dcco.algorithm import Algorithm
-from dcco.augment import augment_pair
+from dcco.augment import training_views
 from dcco.client import ClientUpdate, client_statistics, trainable_parameters
 from dcco.config import RunConfig
-from dcco.data.datasets import load_dataset
+from dcco.data.paired import load_split
 from dcco.data.partition import Partition
 from dcco.methods.base import Method
 from dcco.models import DualEncoder
@@ -94,15 +94,24 @@ def node_partition(node_config: dict[str, object]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class NodeData:
-    """A node's copy of the training images and the run's clients.
+    """A node's copy of the training samples and the run's clients.
 
     Attributes:
-        images: uint8 (M, C, H, W), the training split, on the node's device.
+        images: uint8 (M, C, H, W), the training split, on the node's device; for paired
+            data the first modality (X).
         partition: all clients of the run (the node uses only those it hosts).
+        second: the second modality (Y) of paired data, else None.
     """
 
     images: Tensor
     partition: Partition
+    second: Tensor | None = None
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """One sample's shape for each tower."""
+        x = tuple(self.images.shape[1:])
+        return x, (tuple(self.second.shape[1:]) if self.second is not None else x)
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,19 +122,20 @@ def node_data(cfg: RunConfig) -> NodeData:
     ClientApp runs many messages in one process; a deployed SuperNode starts one process per
     message and pays the load each time.
     """
-    train = load_dataset(cfg.data.dataset, "train", cfg.data.data_dir)
-    return NodeData(train.images.to(resolve_device(cfg.train.device)),
-                    build_partition(cfg, train))
+    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir)
+    device = resolve_device(cfg.train.device)
+    return NodeData(train.inputs(0).to(device), build_partition(cfg, train),
+                    train.inputs(1).to(device) if train.paired else None)
 
 
 @functools.lru_cache(maxsize=1)
-def build_model(cfg: RunConfig, in_channels: int) -> DualEncoder:
+def build_model(cfg: RunConfig, shapes: tuple[tuple[int, ...], ...]) -> DualEncoder:
     """The run's dual encoder on the configured device and dtype, for weights to be loaded.
 
     Cached per process like ``node_data``: every message loads the full weights it works on
     (``load_weights``), so one module serves every message (and in simulation every node).
     """
-    model = cfg.build_model(in_channels)
+    model = cfg.build_model(*shapes)
     # a node's clients come one message at a time, each of its own size (and over a
     # deployment, each in a fresh process), so compiling would cost more than it saves
     speed = replace(cfg.speed, compile="off")
@@ -135,14 +145,15 @@ def build_model(cfg: RunConfig, in_channels: int) -> DualEncoder:
 
 def client_views(cfg: RunConfig, data: NodeData, client: int,
                  round_index: int) -> tuple[Tensor, Tensor]:
-    """Both augmented views of one client's samples in round ``round_index``, (N_k, C, H, W).
+    """Both inputs of one client's samples in round ``round_index``: two augmented views
+    (N_k, C, H, W), or its pairs' X and Y.
 
-    The same views as the simulator's (``dcco.train.Pretraining.views``): augmentation is a
+    The same inputs as the simulator's (``dcco.train.Pretraining.views``): augmentation is a
     hash of (seed, round, sample id, view), whichever batch a sample is in.
     """
     ids = data.partition.client(client).to(data.images.device)
-    return augment_pair(data.images[ids], ids, derive_seed(cfg.train.seed, "augment"),
-                        round_index, cfg.augment, dtype=cfg.speed.param_dtype)
+    return training_views(data.images, data.second, ids, derive_seed(cfg.train.seed, "augment"),
+                          round_index, cfg.augment, cfg.augment_y, cfg.speed.param_dtype)
 
 
 def check_hosted(clients: Sequence[int], identity: NodeIdentity) -> None:

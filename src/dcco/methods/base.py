@@ -120,6 +120,9 @@ class Method(Protocol):
     loss_kind: ClassVar[str]
     """What the logged loss measures; methods whose kinds differ have losses that cannot be
     compared (plots put them in separate panels)."""
+    similarity: ClassVar[str]
+    """The space cross-modal retrieval compares encodings in (``dcco.evaluate.Similarity``):
+    "standardized" for losses of standardised statistics, "cosine" for contrastive ones."""
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         """One client's objective on its own encodings (N_k, d); ``shared`` is S_A or None."""
@@ -137,6 +140,7 @@ class MethodBase:
     exact form where one exists)."""
 
     stats: ClassVar[StatsSpec | None] = None
+    similarity: ClassVar[str] = "standardized"
 
     @property
     def needs_statistics(self) -> bool:

@@ -22,6 +22,7 @@ class ContrastiveFedAvg(MethodBase):
     min_client_samples: ClassVar[int] = 2
     default_projector: ClassVar[tuple[int, ...]] = (256, 256, 128)
     loss_kind: ClassVar[str] = "NT-Xent loss within each client (weighted mean)"
+    similarity: ClassVar[str] = "cosine"
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         return nt_xent(f, g, self.loss.temperature)

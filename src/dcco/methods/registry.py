@@ -5,6 +5,7 @@ from __future__ import annotations
 from dcco.methods.base import LossConfig, Method
 from dcco.methods.cco_fedavg import CCOFedAvg
 from dcco.methods.centralized_cco import CentralizedCCO
+from dcco.methods.clip_fedavg import ClipFedAvg
 from dcco.methods.contrastive_fedavg import ContrastiveFedAvg
 from dcco.methods.dcco import DCCO
 from dcco.methods.dvicreg import DVICReg
@@ -14,7 +15,7 @@ from dcco.methods.vicreg_fedavg import VICRegFedAvg
 METHODS: dict[str, type] = {
     cls.name: cls for cls in (DCCO, CCOFedAvg, ContrastiveFedAvg, CentralizedCCO, DVICReg,
                               VICRegFedAvg, CentralizedBYOL, BYOLFedAvg, CentralizedSimSiam,
-                              SimSiamFedAvg)
+                              SimSiamFedAvg, ClipFedAvg)
 }
 
 
