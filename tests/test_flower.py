@@ -110,12 +110,23 @@ def expected_round(pt: Pretraining, fed: Federation, r: int, stats_nodes: set[in
 # ---------------------------------------------------------------------- equivalence
 
 
-@pytest.mark.parametrize("method", ["dcco", "cco_fedavg", "contrastive_fedavg", "byol_fedavg"])
-def test_flower_rounds_equal_the_reference_backend(make_federation, method):
+TWO_TOWERS = ('data.dataset="fashion_mnist_halves"', "model.shared=false",
+              "model.y_widths=[4, 4, 8]")
+"""Two-view data (the tiny images' left and right halves), each half with its own tower."""
+
+
+@pytest.mark.parametrize("method,overrides", [
+    ("dcco", ()), ("cco_fedavg", ()), ("contrastive_fedavg", ()), ("byol_fedavg", ()),
+    ("dcco", TWO_TOWERS), ("clip_fedavg", TWO_TOWERS)],
+    ids=["dcco", "cco_fedavg", "contrastive_fedavg", "byol_fedavg", "dcco-two-towers",
+         "clip_fedavg-two-towers"])
+def test_flower_rounds_equal_the_reference_backend(make_federation, method, overrides):
     """Same clients, same seed: the Flower handlers give the simulator's aggregated statistics,
     pseudo-gradient and new model (server optimiser LARS), round after round. BYOL's second
-    round needs the server's moved target network at the clients."""
-    cfg, pt, fed = make_federation(method)
+    round needs the server's moved target network at the clients. With paired data both
+    towers travel as the model and the nodes hold pairs."""
+    cfg, pt, fed = make_federation(method, overrides=overrides)
+    assert pt.model.shared == (not overrides)
     train, _ = load_splits(cfg)
     ref = Pretraining(cfg, train)
     for r in range(2):

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+import torch
+
 from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig
 from dcco.errors import UserError
@@ -40,7 +42,7 @@ class ConfigError(UserError):
 
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "fashion_mnist_halves",
-                      "paired_npz"]
+                      "paired_npz", "pairs"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,9 @@ class DataConfig:
 
     dataset: DatasetName = "fashion_mnist"
     """Images (fashion_mnist, cifar10, cifar100: two augmented views of each), or pairs of two
-    modalities (``dcco.data.paired``): fashion_mnist_halves (left and right halves), or
-    paired_npz (the user's train.npz and test.npz in data_dir)."""
+    modalities (``dcco.data.paired``): fashion_mnist_halves (left and right halves),
+    paired_npz (the user's train.npz and test.npz in data_dir), or pairs (a PairedDataset
+    that the user's code passes to ``dcco.train.Pretraining``)."""
     data_dir: str | None = None
     """Searched first; then $DCCO_DATA, ~/.cache/dcco and the Debian dataset folder."""
     alpha: float = 0.0
@@ -241,6 +244,27 @@ class RunConfig:
             return None
         return Head(self.model.predictor or method.default_predictor(self.projector),
                     method.target)
+
+    def check_data(self, dataset: Any) -> None:
+        """Refuse a training set this config cannot train on, before any run starts: images
+        for a paired ``data.dataset`` (or pairs for an image one), or augmentation asked of a
+        modality that is not images.
+
+        Raises:
+            ConfigError: naming the key to change.
+        """
+        if dataset.paired != is_paired(self.data.dataset):
+            raise ConfigError(f"data.dataset = {self.data.dataset!r} but the training set "
+                              f"{dataset.name!r} holds "
+                              f"{'pairs' if dataset.paired else 'images'}")
+        for tower, key in enumerate(("augment", "augment_y")[: 1 + dataset.paired]):
+            sample = dataset.inputs(tower)
+            image = sample.dtype == torch.uint8 and sample.ndim == 4 and sample.shape[1] in (1, 3)
+            if getattr(self, key).enabled and not image:
+                raise ConfigError(f"{key}.enabled = true augments images, but "
+                                  f"{'X' if tower == 0 else 'Y'} of {dataset.name!r} holds "
+                                  f"{sample.dtype} samples of shape {tuple(sample.shape[1:])}; "
+                                  f"set {key}.enabled = false")
 
     def build_model(self, in_channels: InputShape,
                     y_shape: InputShape | None = None) -> DualEncoder:

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dcco.augment import eval_view
+from dcco.augment import model_input
 from dcco.checkpoint import CheckpointError, atomic_write_text, load_checkpoint, save_checkpoint
 from dcco.config import from_dict
 from dcco.errors import UserError
@@ -36,16 +36,20 @@ IMAGE_SHAPES = {"fashion_mnist": (1, (28, 28)), "cifar10": (3, (32, 32)),
 """Channels and (H, W) of each data set's images, for runs that did not record theirs."""
 NORMALISATION = "x / 255, then (x − 0.5) / 0.5 per channel: inputs in [−1, 1]"
 """What the encoder expects of an image, as ``dcco.augment.eval_view`` computes it."""
+FEATURES = "the stored values as they are (floats in the weights' dtype)"
+"""What a tower of a modality that is not images expects (``dcco.augment.model_input``)."""
 
 
 class Encoder(nn.Module):
-    """One tower of a trained dual encoder: images → backbone features (or projections).
+    """One tower of a trained dual encoder: images (or a second modality's samples) → backbone
+    features (or projections).
 
     Attributes:
         input_shape: (C, H, W) of the images it was trained on (other sizes run too: the
-            network ends in global average pooling).
-        normalisation: what it expects of an image (``NORMALISATION``); ``preprocess`` does
-            it for uint8 images.
+            network ends in global average pooling), or the shape of one sample of another
+            modality (paired data's second tower).
+        normalisation: what it expects of an input (``NORMALISATION`` for images,
+            ``FEATURES`` otherwise); ``preprocess`` does it.
         output_dim: the width of what ``forward`` returns.
         info: where it came from (method, data set, run, round).
     """
@@ -56,7 +60,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.backbone, self.projector = backbone, projector
         self.input_shape, self.output_dim, self.info = input_shape, output_dim, info
-        self.normalisation = NORMALISATION
+        self.normalisation = NORMALISATION if len(input_shape) == 3 else FEATURES
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C, H, W) float images, normalised as ``preprocess`` does → (B, output_dim)."""
@@ -64,8 +68,9 @@ class Encoder(nn.Module):
         return z if self.projector is None else self.projector(z)
 
     def preprocess(self, images: Tensor) -> Tensor:
-        """uint8 (B, C, H, W) images → the normalised float input, in the weights' dtype."""
-        return eval_view(images, next(self.parameters()).dtype)
+        """uint8 (B, C, H, W) images → the normalised float input, in the weights' dtype
+        (other inputs as ``dcco.augment.model_input`` makes them)."""
+        return model_input(images, next(self.parameters()).dtype)
 
     def extra_repr(self) -> str:
         return f"input_shape={self.input_shape}, output_dim={self.output_dim}"
@@ -73,10 +78,13 @@ class Encoder(nn.Module):
 
 def _architecture(model_cfg: ModelConfig, projector: tuple[int, ...], in_channels: int,
                   image_size: Sequence[int], info: dict[str, Any],
-                  head: Head | None = None) -> dict[str, Any]:
+                  head: Head | None = None,
+                  input_shape_y: Sequence[int] | None = None) -> dict[str, Any]:
     arch = {"format": FORMAT, "model": asdict(model_cfg), "projector": list(projector),
             "input_shape": [in_channels, *image_size], "normalisation": NORMALISATION,
             "info": info}
+    if input_shape_y is not None:  # paired data: the second tower's input
+        arch["input_shape_y"] = list(input_shape_y)
     if head is not None:  # BYOL's and SimSiam's checkpoints hold a predictor (and target)
         arch["head"] = {"predictor": list(head.predictor), "target": head.target}
     return arch
@@ -92,15 +100,17 @@ def _run_architecture(run: RunDir) -> dict[str, Any]:
         channels, size = IMAGE_SHAPES[cfg.data.dataset]
     info = {"method": cfg.train.method, "dataset": cfg.data.dataset,
             "run": str(run.path), "rounds": summary.get("rounds"), "seed": cfg.train.seed}
-    return _architecture(cfg.model, cfg.projector, channels, size, info, cfg.head)
+    return _architecture(cfg.model, cfg.projector, channels, size, info, cfg.head,
+                         summary.get("input_shape_y"))
 
 
 def _build(arch: dict[str, Any]) -> DualEncoder:
     model_cfg = from_dict(ModelConfig, arch["model"], "model")
     head = arch.get("head")
     head = Head(tuple(head["predictor"]), head["target"]) if head else None
-    return build_dual_encoder(model_cfg, arch["input_shape"][0], tuple(arch["projector"]),
-                              seed=0, head=head)
+    y_shape = arch.get("input_shape_y")
+    return build_dual_encoder(model_cfg, tuple(arch["input_shape"]), tuple(arch["projector"]),
+                              seed=0, head=head, y_shape=tuple(y_shape) if y_shape else None)
 
 
 def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False) -> Encoder:
@@ -144,8 +154,9 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False)
         towers = "tower 0 only (one shared encoder)" if model.shared else "towers 0 and 1"
         raise UserError(f"{path} has {towers}; tower {tower} was asked for")
     backbone, projector = model._tower(tower)
-    encoder = Encoder(backbone, projector if with_projector else None,
-                      tuple(arch["input_shape"]),
+    shape = arch["input_shape_y"] if tower == 1 and "input_shape_y" in arch else \
+        arch["input_shape"]
+    encoder = Encoder(backbone, projector if with_projector else None, tuple(shape),
                       model.projection_dim if with_projector else backbone.feature_dim,
                       dict(arch["info"]) | {"tower": tower})
     return encoder.eval()

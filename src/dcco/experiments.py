@@ -36,8 +36,10 @@ PAIRED_PROTOCOLS = ("linear_y", "retrieval")
 
 
 def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
-    """The training and test splits of the configured data set (images or pairs)."""
+    """The training and test splits of the configured data set (images or pairs), checked
+    against the config (``RunConfig.check_data``)."""
     train = load_split(cfg.data.dataset, "train", cfg.data.data_dir)
+    cfg.check_data(train)
     test = load_split(cfg.data.dataset, "test", cfg.data.data_dir)
     return train, test
 

@@ -22,7 +22,6 @@ from dcco.augment import training_views
 from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
 from dcco.config import ConfigError, RunConfig
-from dcco.data.paired import is_paired
 from dcco.data.paired import Dataset
 from dcco.data.partition import Partition, dirichlet_partition
 from dcco.devices import to_device
@@ -158,10 +157,7 @@ class Pretraining:
                 f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
                 f"only {self.partition.num_clients} clients"
             )
-        if train_set.paired != is_paired(cfg.data.dataset):
-            raise ConfigError(f"data.dataset = {cfg.data.dataset!r} but the training set "
-                              f"{train_set.name!r} holds "
-                              f"{'pairs' if train_set.paired else 'images'}")
+        cfg.check_data(train_set)
         self.images = train_set.inputs(0).to(self.device)
         """The training samples (the first modality's, for pairs)."""
         self.second = train_set.inputs(1).to(self.device) if train_set.paired else None

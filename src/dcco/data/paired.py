@@ -21,6 +21,9 @@ Two paired data sets come with dcco:
 - ``paired_npz``: the user's own pairs, ``train.npz`` and ``test.npz`` in ``data.data_dir``,
   each holding arrays ``x`` (N, ...), ``y`` (N, ...) and ``labels`` (N,) (integers), and
   optionally ``class_names`` (strings).
+
+``pairs`` names pairs that the user's code builds and hands to ``dcco.train.Pretraining`` (or
+``run_pretraining``) itself, with nothing loaded from files.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from torch import Tensor
 
 from dcco.data.datasets import DataError, ImageDataset, Split, load_dataset
 
-PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz")
+PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz", "pairs")
 """The data sets whose samples are pairs of two modalities (``load_split`` returns a
 ``PairedDataset`` for these)."""
 NPZ_KEYS = ("x", "y", "labels")
@@ -140,6 +143,11 @@ def load_split(name: str, split: Split, data_dir: str | Path | None = None,
         return halves(load_dataset("fashion_mnist", split, data_dir, download))
     if name == "paired_npz":
         return load_npz_pairs(split, data_dir)
+    if name == "pairs":
+        raise DataError("data.dataset = 'pairs' trains on a PairedDataset that your code "
+                        "passes to dcco.train.Pretraining; nothing is loaded from files. To "
+                        "train from files (the CLI, Flower) write train.npz and test.npz and "
+                        "use data.dataset = 'paired_npz' (docs/multimodal.md)")
     return load_dataset(name, split, data_dir, download)  # type: ignore[arg-type]
 
 
