@@ -6,6 +6,7 @@ and ``.ci/run`` runs it with the rest of the suite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -213,6 +214,77 @@ def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured
     rounds = [json.loads(line)["round"] for line in _lines(run / "metrics.jsonl")
               if "loss" in json.loads(line)]
     assert rounds == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_supernodes_killed_in_phase_1_and_between_the_phases__rounds_go_on(tmp_path,
+                                                                         tiny_fmnist):
+    """Real processes: a SuperNode SIGKILLed during phase 1 of a round, and another between
+    the phases of a later round. Each such round completes by the dropout rule (the lost
+    node's phase-1 statistics count, its update does not), the run goes on to its configured
+    rounds, and the first node, started again, takes its partition over and is used again.
+    ``flower.timeout`` bounds the wait for a lost node's reply (Flower notices a dead node
+    only after 60 s of missed heartbeats)."""
+    run, stamps = tmp_path / "run", tmp_path / "timing.jsonl"
+    deployment = Loopback(NODES, tmp_path / "deploy")
+    deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
+    rounds = 8
+    config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
+              "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
+              "train.clients_per_round": 9, "train.rounds": rounds, "train.log_every": 1,
+              "train.knn_every": 0, "flower.min_nodes": NODES, "flower.timeout": 20.0,
+              "flower.run_dir": str(run)}
+
+    def parsed(path: Path) -> list[dict]:
+        out = []
+        for line in _lines(path):
+            with contextlib.suppress(json.JSONDecodeError):  # a line being written
+                out.append(json.loads(line))
+        return out
+
+    def records() -> list[dict]:
+        return [r for r in parsed(run / "metrics.jsonl") if "loss" in r]
+
+    def exchanges() -> list[dict]:
+        return [e for e in parsed(stamps) if e["kind"] == "exchange"]
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + 300
+        while not condition():
+            assert time.monotonic() < deadline, f"waited for {what}" + deployment.log_tails()
+            time.sleep(0.05)
+
+    with deployment:
+        run_id = deployment.submit(config)
+        wait_for(lambda: len(records()) >= 1, "round 1")
+        deployment.kill_node(2)  # round 2's statistics are asked of it: phase 1 is lost
+        lost_in_phase_1 = 2
+        deployment.start_node(2)  # a new SuperNode for partition 2
+        wait_for(lambda: any(r["replies"]["stats"]["accepted"] == NODES
+                             and r["round"] > lost_in_phase_1 for r in records()),
+                 "the restarted node in a round")
+        used_again = len(records())
+        wait_for(lambda: any(e["round"] == used_again for e in exchanges()),
+                 f"round {used_again + 1}'s statistics")
+        deployment.kill_node(1)  # between the phases of round used_again + 1
+        between = used_again + 1
+        assert deployment.wait(run_id, timeout=600) == "finished:completed", deployment.details
+    assert deployment.alive() == []
+
+    by_round = {r["round"]: r for r in records()}
+    assert sorted(by_round) == list(range(1, rounds + 1))
+    assert all(math.isfinite(r["loss"]) and r["rounds_skipped"] == 0 for r in by_round.values())
+    lost = by_round[lost_in_phase_1]["replies"]
+    assert lost["stats"]["accepted"] == NODES - 1
+    assert lost["stats"]["missing"] + lost["stats"]["failed"] == 1
+    assert lost["update"]["sent"] == lost["update"]["accepted"] == NODES - 1
+    again = by_round[used_again]["replies"]
+    assert again["stats"]["accepted"] == again["update"]["accepted"] == NODES
+    cut = by_round[between]["replies"]
+    assert cut["stats"]["accepted"] == NODES  # its statistics are in the round's S_A
+    assert cut["update"]["accepted"] == NODES - 1
+    assert cut["update"]["missing"] + cut["update"]["failed"] == 1
+    assert json.loads((run / "summary.json").read_text())["rounds"] == rounds
 
 
 def _lines(path: Path) -> list[str]:

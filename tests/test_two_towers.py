@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from dcco.augment import AugmentConfig, modality_view, training_views
 from safetensors.torch import load_file
 
-from dcco.checkpoint import save_checkpoint
+from dcco.augment import AugmentConfig, modality_view, training_views
+from dcco.checkpoint import load_checkpoint, save_checkpoint
 from dcco.cli import main
 from dcco.config import ConfigError, load_config
 from dcco.data import DataError, PairedDataset, load_split
 from dcco.data.paired import halves, load_npz_pairs
+from dcco.encoders import load_encoder
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig, comparable, retrieval, retrieval_ranks
 from dcco.experiments import evaluate_model, load_splits
@@ -313,7 +317,6 @@ def test_user_pairs__images_and_features_through_the_cli_export_and_load(tiny_co
                                                                         tmp_path, capsys):
     """paired_npz with a ResNet on images and an MLP on float features: pretrain with the
     CLI, export, and load each tower; the loaded feature tower gives the run's features."""
-    from dcco.encoders import load_encoder  # noqa: PLC0415
 
     folder = _write_npz(tmp_path / "pairs", n=48)
     config = tiny_config(method="dcco", rounds=2)
@@ -330,7 +333,6 @@ def test_user_pairs__images_and_features_through_the_cli_export_and_load(tiny_co
     test = load_npz_pairs("test", folder)
     cfg = RunDir.open(run).config()
     model = cfg.build_model(*test.input_shapes)
-    from dcco.checkpoint import load_checkpoint  # noqa: PLC0415
 
     load_checkpoint(run / "checkpoint.safetensors", model)
     model.eval()
@@ -353,10 +355,6 @@ def test_user_pairs__images_and_features_through_the_cli_export_and_load(tiny_co
 def test_multimodal_guide__example_runs_and_beats_chance(tmp_path):
     """docs/multimodal.md's script (image-caption pairs, the user's own text tower), run as
     the user would, learns cross-modal retrieval well above chance (5/256 at recall@5)."""
-    import os  # noqa: PLC0415
-    import re  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
 
     root = Path(__file__).parents[1]
     guide = (root / "docs" / "multimodal.md").read_text()

@@ -19,12 +19,12 @@ import torch
 
 from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig
+from dcco.data.paired import is_paired
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig
 from dcco.methods.base import LossConfig
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
-from dcco.data.paired import is_paired
 from dcco.models import DualEncoder, Head, InputShape, ModelConfig, build_dual_encoder
 from dcco.optim import OptimConfig
 from dcco.precision import Compile, Precision, Speed, check, resolve

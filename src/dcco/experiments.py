@@ -13,8 +13,8 @@ import torch
 
 from dcco.checkpoint import load_checkpoint
 from dcco.config import ConfigError, RunConfig
-from dcco.errors import UserError
 from dcco.data.paired import Dataset, load_split
+from dcco.errors import UserError
 from dcco.evaluate import (
     EvalConfig,
     EvalResult,

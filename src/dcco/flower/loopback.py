@@ -119,6 +119,9 @@ class Loopback:
         self.home = self.out / "flwr-home"
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        self._killed: list[int] = []
+        """Process groups of SuperNodes ended by ``kill_node`` (their leftovers stop with the
+        rest)."""
         self.details = ""
         """Flower's status details of the last run ``wait`` saw end (its error, if failed)."""
         # Flower's commands (flower-superlink, flwr, and the flwr-clientapp a SuperNode
@@ -147,10 +150,7 @@ class Loopback:
                                       "--database", str(self.out / "superlink.db")])
             self._wait_listening(self.port, "superlink", 60.0)
             for i in range(self.nodes):
-                self._start(f"supernode-{i}", [
-                    "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                    "--port", str(free_port()),
-                    "--node-config", f"partition-id={i} num-partitions={self.nodes}"])
+                self.start_node(i)
         except BaseException:
             self.stop()
             raise
@@ -159,8 +159,25 @@ class Loopback:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def start_node(self, index: int) -> None:
+        """Start SuperNode ``index`` (``partition-id``), or start it again after
+        ``kill_node``: a new Flower node that takes the partition over."""
+        self._start(f"supernode-{index}", [
+            "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+            "--port", str(free_port()),
+            "--node-config", f"partition-id={index} num-partitions={self.nodes}"])
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL SuperNode ``index`` and its process group, as a lost machine would end; the
+        SuperLink learns of it only by its missed heartbeats."""
+        p = self.procs.pop(f"supernode-{index}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        self._killed.append(p.pid)
+
     def _start(self, name: str, cmd: list[str]) -> None:
-        log = (self.logs / f"{name}.log").open("wb")
+        log = (self.logs / f"{name}.log").open("ab")  # a restarted node appends
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             cwd=self.out, env=self.env,
                                             start_new_session=True)
@@ -192,6 +209,9 @@ class Loopback:
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        for pgid in self._killed:  # children that outlived a killed node
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
         for p in self.procs.values():  # the group: children that outlived their parent too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
@@ -206,7 +226,7 @@ class Loopback:
     def alive(self) -> list[int]:
         """PIDs of live processes (zombies aside) started by this deployment: those in the
         process groups started here, and any other whose environment holds its FLWR_HOME."""
-        groups = {p.pid for p in self.procs.values()}
+        groups = {p.pid for p in self.procs.values()} | set(self._killed)
         marker = f"FLWR_HOME={self.home}".encode()
         pids = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
