@@ -228,11 +228,11 @@ def test_supernodes_killed_in_phase_1_and_between_the_phases__rounds_go_on(tmp_p
     run, stamps = tmp_path / "run", tmp_path / "timing.jsonl"
     deployment = Loopback(NODES, tmp_path / "deploy")
     deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
-    rounds = 8
+    rounds = 6
     config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
               "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
               "train.clients_per_round": 9, "train.rounds": rounds, "train.log_every": 1,
-              "train.knn_every": 0, "flower.min_nodes": NODES, "flower.timeout": 20.0,
+              "train.knn_every": 0, "flower.min_nodes": NODES, "flower.timeout": 15.0,
               "flower.run_dir": str(run)}
 
     def parsed(path: Path) -> list[dict]:
