@@ -25,47 +25,7 @@ from dcco.flower.loopback import Loopback, seconds_per_round
 from dcco.models import build_dual_encoder
 from dcco.optim import build_optimizer
 
-NODES, ROUNDS = 3, 2
-
-
-@pytest.mark.slow
-def test_superlink_and_three_supernodes_train_the_model(tmp_path: Path, tiny_fmnist: Path):
-    run_dir = tmp_path / "run"
-    run_config = {
-        "data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
-        "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
-        "train.clients_per_round": 6, "train.rounds": ROUNDS, "train.log_every": 1,
-        "train.knn_every": 0, "flower.min_nodes": NODES, "flower.run_dir": str(run_dir),
-    }
-    deployment = Loopback(NODES, tmp_path / "deploy")
-    with deployment:
-        run_id = deployment.submit(run_config)
-        assert deployment.wait(run_id, timeout=600) == "finished:completed", deployment.log_tails()
-        assert len(deployment.procs) == NODES + 1
-    assert deployment.alive() == []  # every process and process group started is gone
-
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    windows = [r for r in records if "loss" in r]
-    assert [r["round"] for r in windows] == list(range(1, ROUNDS + 1))
-    assert all(math.isfinite(r["loss"]) and r["rounds_skipped"] == 0 for r in windows)
-    for r in windows:
-        for phase in ("stats", "update"):
-            tally = r["replies"][phase]
-            assert tally["accepted"] == tally["sent"] >= 2 and not tally["rejected"]
-    assert all(s > 0 for s in seconds_per_round(run_dir))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["backend"] == "flower" and summary["rounds"] == ROUNDS
-
-    # the checkpoint holds a trained model: not the initial one of the same config and seed
-    cfg = load_config(run_dir / "config.toml")
-    initial = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
-    trained = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
-    opt = build_optimizer(trainable_parameters(trained), cfg.optim)
-    assert load_checkpoint(run_dir / "checkpoint.safetensors", trained, opt) == ROUNDS
-    moved = [not torch.equal(a, b) for (_, a), (_, b) in
-             zip(trainable_parameters(initial), trainable_parameters(trained), strict=True)]
-    assert sum(moved) > len(moved) // 2
-    assert (tmp_path / "deploy" / "logs" / "superlink.log").stat().st_size > 0
+NODES = 3
 
 
 # ----------------------------------------------------------------- the launcher as a user meets it
@@ -217,14 +177,18 @@ def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured
 
 
 @pytest.mark.slow
-def test_supernodes_killed_in_phase_1_and_between_the_phases__rounds_go_on(tmp_path,
-                                                                         tiny_fmnist):
-    """Real processes: a SuperNode SIGKILLed during phase 1 of a round, and another between
+def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_phases(
+        tmp_path, tiny_fmnist):
+    """Real processes: a SuperLink and 3 SuperNodes train the model (its checkpoint moves,
+    every reply of round 1 is accepted); a SuperNode SIGKILLed during phase 1 of a round, and
+    another between
     the phases of a later round. Each such round completes by the dropout rule (the lost
     node's phase-1 statistics count, its update does not), the run goes on to its configured
-    rounds, and the first node, started again, takes its partition over and is used again.
-    ``flower.timeout`` bounds the wait for a lost node's reply (Flower notices a dead node
-    only after 60 s of missed heartbeats)."""
+    rounds, and each node, started again, takes its partition over; the first is seen used
+    again in a round with every reply accepted. ``flower.timeout`` bounds the wait for a
+    lost node's reply (Flower notices a dead node only after 60 s of missed heartbeats); it
+    leaves live nodes, whose every message starts a process (10-17 s an exchange on 2 busy
+    cores), a margin."""
     run, stamps = tmp_path / "run", tmp_path / "timing.jsonl"
     deployment = Loopback(NODES, tmp_path / "deploy")
     deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
@@ -232,7 +196,7 @@ def test_supernodes_killed_in_phase_1_and_between_the_phases__rounds_go_on(tmp_p
     config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
               "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
               "train.clients_per_round": 9, "train.rounds": rounds, "train.log_every": 1,
-              "train.knn_every": 0, "flower.min_nodes": NODES, "flower.timeout": 15.0,
+              "train.knn_every": 0, "flower.min_nodes": NODES, "flower.timeout": 25.0,
               "flower.run_dir": str(run)}
 
     def parsed(path: Path) -> list[dict]:
@@ -260,14 +224,15 @@ def test_supernodes_killed_in_phase_1_and_between_the_phases__rounds_go_on(tmp_p
         deployment.kill_node(2)  # round 2's statistics are asked of it: phase 1 is lost
         lost_in_phase_1 = 2
         deployment.start_node(2)  # a new SuperNode for partition 2
-        wait_for(lambda: any(r["replies"]["stats"]["accepted"] == NODES
-                             and r["round"] > lost_in_phase_1 for r in records()),
-                 "the restarted node in a round")
+        wait_for(lambda: any(r["round"] > lost_in_phase_1 and all(
+            t["accepted"] == NODES for t in r["replies"].values()) for r in records()),
+            "the restarted node in a round")
         used_again = len(records())
         wait_for(lambda: any(e["round"] == used_again for e in exchanges()),
                  f"round {used_again + 1}'s statistics")
         deployment.kill_node(1)  # between the phases of round used_again + 1
         between = used_again + 1
+        deployment.start_node(1)  # takes partition 1 over; later rounds need not wait for it
         assert deployment.wait(run_id, timeout=600) == "finished:completed", deployment.details
     assert deployment.alive() == []
 
@@ -285,6 +250,22 @@ def test_supernodes_killed_in_phase_1_and_between_the_phases__rounds_go_on(tmp_p
     assert cut["update"]["accepted"] == NODES - 1
     assert cut["update"]["missing"] + cut["update"]["failed"] == 1
     assert json.loads((run / "summary.json").read_text())["rounds"] == rounds
+    first = by_round[1]["replies"]  # before any fault: every node answers both phases
+    assert all(t["accepted"] == t["sent"] == NODES and not t["rejected"]
+               for t in first.values())
+    assert all(s > 0 for s in seconds_per_round(run))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["backend"] == "flower" and summary["rounds"] == rounds
+    # the checkpoint holds a trained model: not the initial one of the same config and seed
+    cfg = load_config(run / "config.toml")
+    initial = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+    trained = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+    opt = build_optimizer(trainable_parameters(trained), cfg.optim)
+    assert load_checkpoint(run / "checkpoint.safetensors", trained, opt) == rounds
+    moved = [not torch.equal(a, b) for (_, a), (_, b) in
+             zip(trainable_parameters(initial), trainable_parameters(trained), strict=True)]
+    assert sum(moved) > len(moved) // 2
+    assert (tmp_path / "deploy" / "logs" / "superlink.log").stat().st_size > 0
 
 
 def _lines(path: Path) -> list[str]:

@@ -59,11 +59,12 @@ def eval_config_for(cfg: RunConfig, labels: int | None) -> EvalConfig:
         raise ConfigError(f"{labels} labels: {e}") from None
 
 
-def pretrained_model(cfg: RunConfig, run: RunDir, shapes: tuple[tuple[int, ...], ...],
+def pretrained_model(cfg: RunConfig, run: RunDir,
+                     shapes: int | tuple[tuple[int, ...], tuple[int, ...]],
                      device: torch.device) -> DualEncoder:
     """The dual encoder stored in a run's checkpoint; ``shapes``: its data's
-    ``input_shapes``."""
-    model = cfg.build_model(*shapes)
+    ``input_shapes`` (or, for images, their channel count)."""
+    model = cfg.build_model(shapes) if isinstance(shapes, int) else cfg.build_model(*shapes)
     load_checkpoint(run.checkpoint_path, model)
     return model.to(device)
 
