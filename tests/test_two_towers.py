@@ -371,3 +371,97 @@ def test_multimodal_guide__example_runs_and_beats_chance(tmp_path):
         _, at5 = map(float, re.fullmatch(r"\w+: recall@1 ([\d.]+)%, recall@5 ([\d.]+)%",
                                             line).groups())
         assert at5 > 4 * 100 * 5 / 256, line
+
+
+def _pairs_of(x, y, classes=3):
+    labels = torch.arange(x.shape[0]) % classes
+    return PairedDataset("p", x, y, labels, classes, tuple("abc"[:classes]))
+
+
+def test_feature_modalities__integer_and_four_channel_features_train_through_an_mlp():
+    """Only uint8 (N, 1|3, H, W) is an image; integer features and uint8 of 4 channels go to
+    the mlp tower as features (cast to floats there)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 255, (24, 1, 8, 8), dtype=torch.uint8, generator=gen)
+    for y in (torch.randint(0, 9, (24, 10), generator=gen),
+              torch.randint(0, 255, (24, 4, 3, 3), dtype=torch.uint8, generator=gen)):
+        cfg = load_config(None, ['data.dataset="pairs"', "data.samples_per_client=2",
+                                 "model.shared=false", "model.widths=[4, 4, 8]",
+                                 'model.y_arch="mlp"', "model.y_widths=[8]",
+                                 "model.projector=[8]", "augment_y.enabled=false",
+                                 "train.clients_per_round=4", "train.rounds=2",
+                                 'train.device="cpu"'])
+        pt = Pretraining(cfg, _pairs_of(x, y))
+        assert math.isfinite(float(pt.step().loss))
+        with pytest.raises(ConfigError, match="augment_y.enabled = false"):
+            Pretraining(load_config(None, ['data.dataset="pairs"', "model.shared=false",
+                                           'model.y_arch="mlp"', "train.clients_per_round=2"]),
+                        _pairs_of(x, y))
+
+
+def test_check_data__refuses_towers_that_cannot_read_their_inputs(tmp_path, tiny_config,
+                                                                  capsys):
+    folder = _write_npz(tmp_path / "pairs", n=48)
+    config = tiny_config(method="dcco", rounds=2)
+    base = ["pretrain", str(config), "--no-progress", "--set", 'data.dataset="paired_npz"',
+            "--set", f'data.data_dir="{folder}"', "--set", "augment_y.enabled=false"]
+    for extra, said in ((["--set", "model.shared=true"], "one shared network cannot read"),
+                        (["--set", "model.shared=false"], "use model.y_arch = 'mlp'")):
+        run = tmp_path / f"run-{len(said)}"
+        assert main([*base, "--run-dir", str(run), *extra]) != 0
+        assert said in capsys.readouterr().err
+        assert not run.exists()  # refused before a run directory was made
+    mismatched = _write_npz(tmp_path / "mismatch", n=48)
+    np.savez(mismatched / "test.npz", x=np.zeros((6, 1, 8, 8), np.uint8),
+             y=np.zeros((6, 7), np.float32), labels=np.zeros(6, np.int64))
+    cfg = load_config(None, ['data.dataset="paired_npz"', f'data.data_dir="{mismatched}"',
+                             "model.shared=false", 'model.y_arch="mlp"',
+                             "augment_y.enabled=false"])
+    with pytest.raises(DataError, match="the test split's Y are torch.float32 \\(7,\\)"):
+        load_splits(cfg)
+
+
+def test_evaluations__refuse_what_they_cannot_measure(tmp_path):
+    x = torch.randint(0, 255, (12, 1, 8, 8), dtype=torch.uint8)
+    model = _two_towers().float()
+    one_class = PairedDataset("p", x[:, :, :, :8], x.flatten(1)[:, :10].float(),
+                              torch.zeros(12, dtype=torch.int64), 1, ("a",))
+    small = load_npz_pairs("test", _write_npz(tmp_path / "p", n=24))
+    with pytest.raises(UserError, match="has 1 class"):
+        evaluate_model(model, "linear_y", EvalConfig(labels=4), 0, one_class, one_class,
+                       torch.device("cpu"))
+    with pytest.raises(UserError, match="retrieval@100 asks for a gallery of 100"):
+        evaluate_model(model, "retrieval", EvalConfig(labels=100), 0, small, small,
+                       torch.device("cpu"))
+
+
+def test_reproduce__supervised_cells_of_paired_data_are_na(tmp_path):
+    from dcco.reproduce import load_grid, plan_cells
+
+    grid_file = tmp_path / "grid.toml"
+    grid_file.write_text((Path(__file__).parents[1] / "experiments" / "two_view_fmnist.toml")
+                         .read_text().replace('"centralized_cco"]',
+                                              '"centralized_cco", "supervised"]'))
+    cells = plan_cells(load_grid(grid_file, "tiny"), tmp_path / "out")
+    (supervised,) = [c for c in cells if c.method == "supervised"]
+    assert "paired data has none" in supervised.na
+
+
+def test_load_encoder__rebuilds_a_paired_run_mid_run_from_its_checkpoint(tmp_path):
+    """Before a run's summary exists, its checkpoint's meta holds the towers' inputs."""
+    folder = _write_npz(tmp_path / "pairs", n=48)
+    cfg = load_config(None, ['data.dataset="paired_npz"', f'data.data_dir="{folder}"',
+                             "data.samples_per_client=2", "model.shared=false",
+                             "model.widths=[4, 4, 8]", 'model.y_arch="mlp"',
+                             "model.y_widths=[8]", "model.projector=[8]",
+                             "augment_y.enabled=false", "train.clients_per_round=4",
+                             "train.rounds=4", "train.checkpoint_every=1", 'train.device="cpu"'])
+    train, _ = load_splits(cfg)
+    run = RunDir.create(tmp_path / "run", cfg)
+    pt = Pretraining(cfg, train)
+    pt.step()
+    save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, 1,
+                    meta={"method": "dcco"} | pt.inputs_record)
+    text = load_encoder(run.path, tower=1)
+    assert text.input_shape == (6,) and text.normalisation.startswith("the stored values")
+    assert load_encoder(run.path, tower=0).input_shape == (1, 8, 8)

@@ -547,11 +547,17 @@ def augment_pair(images: Tensor, sample_ids: Tensor, seed: int, round_index: int
             augment_view(images, sample_ids, seed, round_index, 1, cfg, dtype, size=size))
 
 
+def is_image(samples: Tensor) -> bool:
+    """Whether stored samples are images that dcco augments and normalises: uint8
+    (B, C, H, W) with C = 1 or 3. Anything else is features."""
+    return samples.dtype == torch.uint8 and samples.ndim == 4 and samples.shape[1] in (1, 3)
+
+
 def model_input(samples: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Stored samples as a tower's input, without augmentation: uint8 (B, C, H, W) images
-    normalised as ``eval_view`` does, floating features cast to ``dtype``, integers (token ids)
-    as they are."""
-    if samples.dtype == torch.uint8 and samples.ndim == 4:
+    """Stored samples as a tower's input, without augmentation: images (``is_image``)
+    normalised as ``eval_view`` does, floating features cast to ``dtype``, integer features
+    (token ids, counts) as they are: the ``mlp`` backbone casts them to its weights' dtype."""
+    if is_image(samples):
         return eval_view(samples, dtype)
     return samples.to(dtype) if samples.is_floating_point() else samples
 
@@ -568,7 +574,7 @@ def modality_view(samples: Tensor, sample_ids: Tensor, seed: int, round_index: i
     """
     if not cfg.enabled:
         return model_input(samples, dtype)
-    if samples.dtype != torch.uint8 or samples.ndim != 4 or samples.shape[1] not in (1, 3):
+    if not is_image(samples):
         raise ValueError(f"{section}.enabled = true augments images, but this modality holds "
                          f"{samples.dtype} samples of shape {tuple(samples.shape[1:])}; set "
                          f"{section}.enabled = false")

@@ -377,6 +377,9 @@ def cmd_supervised(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir))
     splits = load_splits(cfg)
+    if splits[0].paired:
+        raise UserError("supervised from scratch trains an image classifier; paired data "
+                        "sets have no supervised baseline in dcco")
     run = RunDir.create(args.run_dir or _default_run_dir(args.config.stem, "supervised"), cfg)
     with _PhaseProgress(not args.no_progress) as progress:
         result = supervised_run(cfg, run, args.labels, splits, progress)

@@ -15,17 +15,22 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-import torch
-
 from dcco.algorithm import Algorithm
-from dcco.augment import AugmentConfig
+from dcco.augment import AugmentConfig, is_image
 from dcco.data.paired import is_paired
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig
 from dcco.methods.base import LossConfig
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
-from dcco.models import DualEncoder, Head, InputShape, ModelConfig, build_dual_encoder
+from dcco.models import (
+    DualEncoder,
+    Head,
+    InputShape,
+    ModelConfig,
+    build_dual_encoder,
+    check_inputs,
+)
 from dcco.optim import OptimConfig
 from dcco.precision import Compile, Precision, Speed, check, resolve
 from dcco.privacy import PrivacyConfig
@@ -245,22 +250,33 @@ class RunConfig:
         return Head(self.model.predictor or method.default_predictor(self.projector),
                     method.target)
 
-    def check_data(self, dataset: Any) -> None:
+    def check_data(self, dataset: Any, towers: bool = True) -> None:
         """Refuse a training set this config cannot train on, before any run starts: images
-        for a paired ``data.dataset`` (or pairs for an image one), or augmentation asked of a
-        modality that is not images.
+        for a paired ``data.dataset`` (or pairs for an image one), configured towers that
+        cannot read their inputs (``towers``: false for towers the user builds), or
+        augmentation asked of a modality that is not images.
 
         Raises:
             ConfigError: naming the key to change.
         """
         if dataset.paired != is_paired(self.data.dataset):
+            fix = ("set data.dataset = 'pairs' for pairs built in code (or 'paired_npz' for "
+                   "files)" if dataset.paired else "set data.dataset to its image data set")
             raise ConfigError(f"data.dataset = {self.data.dataset!r} but the training set "
                               f"{dataset.name!r} holds "
-                              f"{'pairs' if dataset.paired else 'images'}")
+                              f"{'pairs' if dataset.paired else 'images'}; {fix}")
+        x_shape, y_shape = dataset.input_shapes
+        if towers and dataset.paired and x_shape != y_shape and self.head is not None:
+            raise ConfigError(f"{self.train.method} needs one network for both inputs, but X "
+                              f"and Y of {dataset.name!r} have shapes {x_shape} and {y_shape}")
+        try:
+            if towers:
+                check_inputs(self.model, x_shape, y_shape if dataset.paired else None)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         for tower, key in enumerate(("augment", "augment_y")[: 1 + dataset.paired]):
             sample = dataset.inputs(tower)
-            image = sample.dtype == torch.uint8 and sample.ndim == 4 and sample.shape[1] in (1, 3)
-            if getattr(self, key).enabled and not image:
+            if getattr(self, key).enabled and not is_image(sample):
                 raise ConfigError(f"{key}.enabled = true augments images, but "
                                   f"{'X' if tower == 0 else 'Y'} of {dataset.name!r} holds "
                                   f"{sample.dtype} samples of shape {tuple(sample.shape[1:])}; "

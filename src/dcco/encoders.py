@@ -15,6 +15,7 @@ without the run directory::
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -24,7 +25,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from dcco.augment import model_input
-from dcco.checkpoint import CheckpointError, atomic_write_text, load_checkpoint, save_checkpoint
+from dcco.checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    checkpoint_meta,
+    load_checkpoint,
+    save_checkpoint,
+)
 from dcco.config import from_dict
 from dcco.errors import UserError
 from dcco.models import DualEncoder, Head, ModelConfig, build_dual_encoder
@@ -55,15 +62,16 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, backbone: nn.Module, projector: nn.Module | None,
-                 input_shape: tuple[int, int, int], output_dim: int,
-                 info: dict[str, Any]) -> None:
+                 input_shape: tuple[int, ...], output_dim: int,
+                 info: dict[str, Any], normalisation: str = NORMALISATION) -> None:
         super().__init__()
         self.backbone, self.projector = backbone, projector
         self.input_shape, self.output_dim, self.info = input_shape, output_dim, info
-        self.normalisation = NORMALISATION if len(input_shape) == 3 else FEATURES
+        self.normalisation = normalisation
 
     def forward(self, x: Tensor) -> Tensor:
-        """(B, C, H, W) float images, normalised as ``preprocess`` does → (B, output_dim)."""
+        """(B, C, H, W) float images (or a feature tower's features), as ``preprocess`` makes
+        them → (B, output_dim)."""
         z = self.backbone(x)
         return z if self.projector is None else self.projector(z)
 
@@ -79,29 +87,42 @@ class Encoder(nn.Module):
 def _architecture(model_cfg: ModelConfig, projector: tuple[int, ...], in_channels: int,
                   image_size: Sequence[int], info: dict[str, Any],
                   head: Head | None = None,
-                  input_shape_y: Sequence[int] | None = None) -> dict[str, Any]:
+                  inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    inputs = inputs or {}
     arch = {"format": FORMAT, "model": asdict(model_cfg), "projector": list(projector),
-            "input_shape": [in_channels, *image_size], "normalisation": NORMALISATION,
-            "info": info}
-    if input_shape_y is not None:  # paired data: the second tower's input
-        arch["input_shape_y"] = list(input_shape_y)
+            "input_shape": [in_channels, *image_size],
+            "normalisation": _normalisation(inputs.get("input_kind", "images")), "info": info}
+    if "input_shape_y" in inputs:  # paired data: the second tower's input
+        arch["input_shape_y"] = list(inputs["input_shape_y"])
+        arch["normalisation_y"] = _normalisation(inputs.get("input_kind_y", "images"))
     if head is not None:  # BYOL's and SimSiam's checkpoints hold a predictor (and target)
         arch["head"] = {"predictor": list(head.predictor), "target": head.target}
     return arch
+
+
+def _normalisation(kind: str) -> str:
+    return NORMALISATION if kind == "images" else FEATURES
 
 
 def _run_architecture(run: RunDir) -> dict[str, Any]:
     """The architecture record of a run directory's encoder."""
     cfg = run.config()
     summary = run.summary()
-    if "input_shape" in summary:  # recorded by the pretraining
-        channels, *size = summary["input_shape"]
-    else:  # a run from before dcco recorded it: the data set's standard size
+    inputs = summary if "input_shape" in summary else {}  # recorded at the end of a run
+    if not inputs and run.checkpoint_path.is_file():  # and with every checkpoint
+        with contextlib.suppress(CheckpointError, KeyError, ValueError):
+            inputs = checkpoint_meta(run.checkpoint_path)
+    if "input_shape" in inputs:
+        channels, *size = inputs["input_shape"]
+    elif cfg.data.dataset in IMAGE_SHAPES:  # a run from before dcco recorded it
         channels, size = IMAGE_SHAPES[cfg.data.dataset]
+    else:
+        raise UserError(f"{run.path} records no input shapes (neither its summary nor its "
+                        f"checkpoint); cannot rebuild its {cfg.data.dataset} towers")
     info = {"method": cfg.train.method, "dataset": cfg.data.dataset,
             "run": str(run.path), "rounds": summary.get("rounds"), "seed": cfg.train.seed}
     return _architecture(cfg.model, cfg.projector, channels, size, info, cfg.head,
-                         summary.get("input_shape_y"))
+                         {k: v for k, v in inputs.items() if k.startswith("input_")})
 
 
 def _build(arch: dict[str, Any]) -> DualEncoder:
@@ -154,11 +175,12 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False)
         towers = "tower 0 only (one shared encoder)" if model.shared else "towers 0 and 1"
         raise UserError(f"{path} has {towers}; tower {tower} was asked for")
     backbone, projector = model._tower(tower)
-    shape = arch["input_shape_y"] if tower == 1 and "input_shape_y" in arch else \
-        arch["input_shape"]
-    encoder = Encoder(backbone, projector if with_projector else None, tuple(shape),
+    suffix = "_y" if tower == 1 and "input_shape_y" in arch else ""
+    encoder = Encoder(backbone, projector if with_projector else None,
+                      tuple(arch[f"input_shape{suffix}"]),
                       model.projection_dim if with_projector else backbone.feature_dim,
-                      dict(arch["info"]) | {"tower": tower})
+                      dict(arch["info"]) | {"tower": tower},
+                      arch.get(f"normalisation{suffix}", NORMALISATION))
     return encoder.eval()
 
 

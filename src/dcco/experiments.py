@@ -13,6 +13,7 @@ import torch
 
 from dcco.checkpoint import load_checkpoint
 from dcco.config import ConfigError, RunConfig
+from dcco.data.datasets import DataError
 from dcco.data.paired import Dataset, load_split
 from dcco.errors import UserError
 from dcco.evaluate import (
@@ -41,6 +42,12 @@ def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
     train = load_split(cfg.data.dataset, "train", cfg.data.data_dir)
     cfg.check_data(train)
     test = load_split(cfg.data.dataset, "test", cfg.data.data_dir)
+    for tower in range(1 + train.paired):
+        a, b = train.inputs(tower), test.inputs(tower)
+        if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
+            raise DataError(f"the test split's {'XY'[tower] if train.paired else 'images'} "
+                            f"are {b.dtype} {tuple(b.shape[1:])}, the training split's "
+                            f"{a.dtype} {tuple(a.shape[1:])}; both splits must match")
     return train, test
 
 
@@ -80,9 +87,15 @@ def evaluate_model(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, see
         raise UserError(f"the {protocol} evaluation needs paired data (two modalities, e.g. "
                         f"data.dataset = 'fashion_mnist_halves'); this data set holds images")
     if protocol == "retrieval":
+        if ecfg.labels > len(test):
+            raise UserError(f"retrieval@{ecfg.labels} asks for a gallery of {ecfg.labels} test "
+                            f"pairs, but the test split holds {len(test)}")
         similarity = METHODS[method].similarity if method in METHODS else "standardized"
         return retrieval(model, test, ecfg.labels, seed, device, similarity,
                          ecfg.feature_batch, progress)
+    if train.num_classes < 2:
+        raise UserError(f"a {protocol} evaluation classifies, but {train.name!r} has "
+                        f"{train.num_classes} class; it needs labels of at least 2 classes")
     ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, seed)
     if protocol in ("linear", "linear_y"):
         return linear_probe(model, train, test, ids, ecfg, seed, device, progress,

@@ -356,7 +356,10 @@ class MLP(nn.Module):
         self.in_features, self.feature_dim = in_features, widths[-1]
 
     def forward(self, x: Tensor) -> Tensor:
-        """(N, ...) with ``in_features`` values per sample → (N, feature_dim)."""
+        """(N, ...) with ``in_features`` values per sample (integers are cast to the weights'
+        dtype) → (N, feature_dim)."""
+        if not x.is_floating_point():
+            x = x.to(self.layers[1].weight.dtype)
         return self.layers(x)
 
 
@@ -563,6 +566,25 @@ class DualEncoder(nn.Module):
         return self._tower(tower)[0](x)
 
 
+def check_inputs(cfg: ModelConfig, x_shape: InputShape, y_shape: InputShape | None) -> None:
+    """Refuse towers that cannot read their inputs: one shared network for inputs of two
+    shapes, or a ResNet tower for inputs that are not (C, H, W).
+
+    Raises:
+        ValueError: naming the key to change.
+    """
+    if cfg.shared and y_shape is not None and _dims(y_shape) != _dims(x_shape):
+        raise ValueError(f"one shared network cannot read inputs of shapes {_dims(x_shape)} "
+                         f"and {_dims(y_shape)}; set model.shared = false (two towers)")
+    for tower, shape in enumerate((x_shape, y_shape)):
+        if shape is None or isinstance(shape, int) or (tower == 1 and cfg.shared):
+            continue
+        if cfg.tower_arch(tower) != "mlp" and len(_dims(shape)) != 3:
+            raise ValueError(f"a {cfg.tower_arch(tower)} tower reads images (C, H, W), but "
+                             f"{'Y' if tower else 'X'} has shape {_dims(shape)}; use "
+                             f"model.{'y_' if tower else ''}arch = 'mlp' for features")
+
+
 def _dims(shape: InputShape) -> tuple[int, ...]:
     return (shape,) if isinstance(shape, int) else tuple(shape)
 
@@ -659,9 +681,7 @@ def build_dual_encoder(cfg: ModelConfig, in_channels: InputShape,
         y_shape: the second input's, when it differs from the first (paired data, two
             towers); None: ``in_channels``.
     """
-    if cfg.shared and y_shape is not None and _dims(y_shape) != _dims(in_channels):
-        raise ValueError(f"one shared network cannot read inputs of shapes {_dims(in_channels)} "
-                         f"and {_dims(y_shape)}; set model.shared = false (two towers)")
+    check_inputs(cfg, in_channels, y_shape)
     towers = []
     for tower in range(1 if cfg.shared else 2):
         shape = y_shape if tower == 1 and y_shape is not None else in_channels

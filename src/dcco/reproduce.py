@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dcco.config import ConfigError, RunConfig, load_config, read_toml
-from dcco.data.paired import Dataset
+from dcco.data.paired import Dataset, is_paired
 from dcco.evaluate import StepCallback
 from dcco.experiments import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.methods.registry import METHODS
@@ -156,6 +156,8 @@ def plan_cells(grid: Grid, out: Path) -> list[Cell]:
                     # images a step: the same global batch as every federated round
                     cfg = replace(cfg, train=replace(
                         cfg.train, clients_per_round=grid.global_batch // cfg.data.samples_per_client))
+                if method == SUPERVISED and is_paired(cfg.data.dataset):
+                    na = "supervised from scratch trains an image classifier; paired data has none"
                 if setting is not None:
                     name = f"{_slug(setting.name)}-{name}"
                     minimum = METHODS[method].min_client_samples

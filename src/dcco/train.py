@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from dcco.algorithm import Algorithm, RoundResult
-from dcco.augment import training_views
+from dcco.augment import is_image, training_views
 from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
 from dcco.config import ConfigError, RunConfig
@@ -38,6 +38,16 @@ from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
 from dcco.simulator import EXECUTORS, run_round
 from dcco.stats import Moments
+
+
+def input_record(data: Dataset) -> dict[str, Any]:
+    """``input_shape`` (one sample of X, or of the images) and ``input_kind`` ("images" or
+    "features"), with ``input_shape_y`` and ``input_kind_y`` for pairs."""
+    record: dict[str, Any] = {}
+    for tower, suffix in enumerate(("", "_y")[: 1 + data.paired]):
+        record[f"input_shape{suffix}"] = list(data.input_shapes[tower])
+        record[f"input_kind{suffix}"] = "images" if is_image(data.inputs(tower)) else "features"
+    return record
 
 
 def resolve_device(name: str) -> torch.device:
@@ -157,12 +167,15 @@ class Pretraining:
                 f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
                 f"only {self.partition.num_clients} clients"
             )
-        cfg.check_data(train_set)
+        cfg.check_data(train_set, towers=model is None)
         self.images = train_set.inputs(0).to(self.device)
         """The training samples (the first modality's, for pairs)."""
         self.second = train_set.inputs(1).to(self.device) if train_set.paired else None
         """The second modality's samples, for pairs; None for images."""
         self.input_shapes = train_set.input_shapes
+        self.inputs_record = input_record(train_set)
+        """What the towers read (shapes and kinds), kept with every checkpoint and summary so
+        that ``dcco.load_encoder`` rebuilds them, also mid-run."""
         self.model: DualEncoder = prepare_model(
             model if model is not None else cfg.build_model(*train_set.input_shapes),
             self.speed, self.device)
@@ -448,7 +461,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     """
     cfg = pt.cfg
     t_cfg = cfg.train
-    meta = {"method": t_cfg.method} | (meta or {})
+    meta = {"method": t_cfg.method} | pt.inputs_record | (meta or {})
     w, latest, started = window(), {}, time.perf_counter()
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
     state_bytes = sum(v.numel() * v.element_size() for v in pt.model.state_dict().values())
@@ -495,8 +508,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
         clients_per_round=t_cfg.clients_per_round,
         final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
-        input_shape=list(pt.input_shapes[0]),
-        **({"input_shape_y": list(pt.input_shapes[1])} if pt.second is not None else {}),
+        **pt.inputs_record,
         exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
         bytes_per_client_round=message_bytes,
         pretrain_seconds_this_session=time.perf_counter() - started,

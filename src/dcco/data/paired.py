@@ -52,8 +52,9 @@ class PairedDataset:
 
     Attributes:
         name: the data set.
-        x: the first modality, (N, ...): uint8 (N, C, H, W) images, or features of any
-            numeric dtype.
+        x: the first modality, (N, ...): uint8 (N, C, H, W) images (C = 1 or 3), or features
+            of any numeric dtype (an ``mlp`` tower casts integers to floats; a tower of the
+            user's own gets them as stored).
         y: the second modality, (N, ...), likewise; its shape and dtype are its own.
         labels: int64 (N,), in [0, num_classes).
         num_classes: number of classes (1 for unlabelled pairs).
@@ -118,8 +119,8 @@ class PairedDataset:
         """The pairs ``indices`` (int (M,), in that order) as a new data set."""
         idx = torch.as_tensor(indices, dtype=torch.int64)
         return PairedDataset(self.name, self.x[idx.to(self.x.device)],
-                             self.y[idx.to(self.y.device)], self.labels[idx], self.num_classes,
-                             self.class_names)
+                             self.y[idx.to(self.y.device)], self.labels[idx.to(self.labels.device)],
+                             self.num_classes, self.class_names)
 
 
 Dataset = ImageDataset | PairedDataset

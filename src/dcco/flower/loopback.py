@@ -162,6 +162,8 @@ class Loopback:
     def start_node(self, index: int) -> None:
         """Start SuperNode ``index`` (``partition-id``), or start it again after
         ``kill_node``: a new Flower node that takes the partition over."""
+        if f"supernode-{index}" in self.procs:
+            raise ValueError(f"SuperNode {index} is running; kill_node({index}) first")
         self._start(f"supernode-{index}", [
             "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
             "--port", str(free_port()),
@@ -171,10 +173,10 @@ class Loopback:
         """SIGKILL SuperNode ``index`` and its process group, as a lost machine would end; the
         SuperLink learns of it only by its missed heartbeats."""
         p = self.procs.pop(f"supernode-{index}")
+        self._killed.append(p.pid)  # its leftovers are stopped with the rest
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
-        self._killed.append(p.pid)
 
     def _start(self, name: str, cmd: list[str]) -> None:
         log = (self.logs / f"{name}.log").open("ab")  # a restarted node appends

@@ -98,7 +98,7 @@ class NodeData:
 
     Attributes:
         images: uint8 (M, C, H, W), the training split, on the node's device; for paired
-            data the first modality (X).
+            data the first modality (X, images or features).
         partition: all clients of the run (the node uses only those it hosts).
         second: the second modality (Y) of paired data, else None.
     """
