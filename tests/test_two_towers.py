@@ -465,3 +465,21 @@ def test_load_encoder__rebuilds_a_paired_run_mid_run_from_its_checkpoint(tmp_pat
     text = load_encoder(run.path, tower=1)
     assert text.input_shape == (6,) and text.normalisation.startswith("the stored values")
     assert load_encoder(run.path, tower=0).input_shape == (1, 8, 8)
+
+
+@pytest.mark.parametrize("method", ["dvicreg", "vicreg_fedavg", "contrastive_fedavg"])
+def test_other_methods__train_two_towers_on_pairs(method):
+    """docs/multimodal.md: the VICReg methods and NT-Xent run on pairs too."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 255, (24, 1, 8, 8), dtype=torch.uint8, generator=gen)
+    y = torch.randn(24, 10, generator=gen)
+    cfg = load_config(None, ['data.dataset="pairs"', "data.samples_per_client=2",
+                             "model.shared=false", "model.widths=[4, 4, 8]",
+                             'model.y_arch="mlp"', "model.y_widths=[8]", "model.projector=[8]",
+                             "augment_y.enabled=false", "train.clients_per_round=4",
+                             'train.device="cpu"', f'train.method="{method}"'])
+    pt = Pretraining(cfg, _pairs_of(x, y))
+    before = [p.detach().clone() for _, p in pt.params]
+    assert math.isfinite(float(pt.step().loss))
+    assert any(not torch.equal(a, p) for a, (name, p) in zip(before, pt.params)
+               if name.startswith("backbone2."))
