@@ -269,11 +269,11 @@ class RunConfig:
         if towers and dataset.paired and x_shape != y_shape and self.head is not None:
             raise ConfigError(f"{self.train.method} needs one network for both inputs, but X "
                               f"and Y of {dataset.name!r} have shapes {x_shape} and {y_shape}")
-        try:
-            if towers:
+        if towers:
+            try:
                 check_inputs(self.model, x_shape, y_shape if dataset.paired else None)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         for tower, key in enumerate(("augment", "augment_y")[: 1 + dataset.paired]):
             sample = dataset.inputs(tower)
             if getattr(self, key).enabled and not is_image(sample):

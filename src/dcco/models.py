@@ -577,12 +577,20 @@ def check_inputs(cfg: ModelConfig, x_shape: InputShape, y_shape: InputShape | No
         raise ValueError(f"one shared network cannot read inputs of shapes {_dims(x_shape)} "
                          f"and {_dims(y_shape)}; set model.shared = false (two towers)")
     for tower, shape in enumerate((x_shape, y_shape)):
-        if shape is None or isinstance(shape, int) or (tower == 1 and cfg.shared):
-            continue
-        if cfg.tower_arch(tower) != "mlp" and len(_dims(shape)) != 3:
-            raise ValueError(f"a {cfg.tower_arch(tower)} tower reads images (C, H, W), but "
-                             f"{'Y' if tower else 'X'} has shape {_dims(shape)}; use "
-                             f"model.{'y_' if tower else ''}arch = 'mlp' for features")
+        if shape is not None and not (tower == 1 and cfg.shared):
+            _check_tower_input(cfg, tower, shape)
+
+
+def _check_tower_input(cfg: ModelConfig, tower: int, shape: InputShape) -> None:
+    """Refuse an input tower ``tower`` cannot read: features (not (C, H, W)) for a ResNet, or
+    a channel count alone for an mlp, which needs the whole shape."""
+    arch = cfg.tower_arch(tower)
+    if arch == "mlp" and isinstance(shape, int):
+        raise ValueError("an mlp tower needs its input's full shape, not a channel count")
+    if arch != "mlp" and not isinstance(shape, int) and len(_dims(shape)) != 3:
+        raise ValueError(f"a {arch} tower reads images (C, H, W), but "
+                         f"{'Y' if tower else 'X'} has shape {_dims(shape)}; use "
+                         f"model.{'y_' if tower else ''}arch = 'mlp' for features")
 
 
 def _dims(shape: InputShape) -> tuple[int, ...]:
@@ -622,19 +630,12 @@ or, for images, the channel count alone."""
 
 
 def _resnet(cfg: ModelConfig, shape: InputShape, tower: int = 0) -> ResNet | MLP:
-    arch, widths = cfg.tower_arch(tower), cfg.tower_widths(tower)
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    _check_tower_input(cfg, tower, shape)
+    arch, widths, dims = cfg.tower_arch(tower), cfg.tower_widths(tower), _dims(shape)
     # torch's default init draws from the global RNG; ours replaces it, so leave the RNG as found
     with torch.random.fork_rng(devices=[]):
         if arch == "mlp":
-            if isinstance(shape, int):
-                raise ValueError("an mlp tower needs its input's full shape, not a channel "
-                                 "count")
             return MLP(math.prod(dims), widths, cfg.gn_groups, cfg.ws_eps, cfg.norm)
-        if not isinstance(shape, int) and len(dims) != 3:
-            raise ValueError(f"a {arch} tower reads images (C, H, W), but its input has shape "
-                             f"{dims}; use model.{'y_' if tower else ''}arch = 'mlp' for "
-                             f"features")
         make = ResNet14 if arch == "resnet14" else ResNet50
         return make(dims[0], widths, cfg.gn_groups, cfg.ws_eps, cfg.norm)
 

@@ -172,7 +172,6 @@ class Pretraining:
         """The training samples (the first modality's, for pairs)."""
         self.second = train_set.inputs(1).to(self.device) if train_set.paired else None
         """The second modality's samples, for pairs; None for images."""
-        self.input_shapes = train_set.input_shapes
         self.inputs_record = input_record(train_set)
         """What the towers read (shapes and kinds), kept with every checkpoint and summary so
         that ``dcco.load_encoder`` rebuilds them, also mid-run."""

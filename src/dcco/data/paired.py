@@ -84,6 +84,8 @@ class PairedDataset:
                 raise ValueError(f"PairedDataset.{key} holds {t.shape[0]} samples but labels "
                                  f"holds {self.labels.shape[0]}; every pair needs its x, y and "
                                  f"label")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"PairedDataset.{key} holds NaN or infinite values")
             if not t.is_contiguous():
                 object.__setattr__(self, key, t.contiguous())
         if self.labels.dtype != torch.int64 or self.labels.ndim != 1:
@@ -96,10 +98,6 @@ class PairedDataset:
                                         and int(self.labels.max()) < self.num_classes):
             raise ValueError(f"PairedDataset.labels must lie in [0, {self.num_classes}), got "
                              f"[{int(self.labels.min())}, {int(self.labels.max())}]")
-        for key in ("x", "y"):
-            t = getattr(self, key)
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise ValueError(f"PairedDataset.{key} holds NaN or infinite values")
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
