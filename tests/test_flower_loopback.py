@@ -277,6 +277,21 @@ def _net(run_dir: Path):
     return build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
 
 
+def test_client_imports_benchmark__writes_its_record(tmp_path):
+    """benchmarks/client_imports.py, whose figures docs/flower.md quotes, runs and splits a
+    ClientApp's import time by package."""
+    root = Path(__file__).parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "client_imports.py"),
+                           "--repeats", "1", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, cwd=root, check=False)
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "client_imports.json").read_text())
+    (run,) = record["runs"]
+    assert set(run) == {"all", "torch", "flwr", "kornia", "numpy", "dcco_own"}
+    assert all(v > 0 for v in run.values())
+    assert run["torch"] + run["flwr"] + run["dcco_own"] < run["all"]
+
+
 def test_timing_breakdown__splits_an_exchange_into_its_parts(tmp_path):
     """The slowest node of an exchange decides it: its process start and imports (from the
     exchange's start, as a process may have started earlier), data load and compute; the
