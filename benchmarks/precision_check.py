@@ -122,6 +122,7 @@ def main() -> None:
             "precision": re.search(r'^precision = "(\w+)"', config, re.MULTILINE).group(1),
             "compile": re.search(r'^compile = "(\w+)"', config, re.MULTILINE).group(1),
             "knn": summary["knn"], "final_loss": summary["final_loss"],
+            "knn_monitor": summary.get("knn_monitor", "raw k-NN"),
             "seconds": summary["pretrain_seconds_this_session"],
             "loss_curve": [[m["round"], m["loss"]] for m in metrics if "loss" in m],
             "knn_curve": [[m["round"], m["knn"]] for m in metrics if "knn" in m],
@@ -137,8 +138,8 @@ def main() -> None:
               "tolerance_points": args.tolerance,
               "within_tolerance": abs(difference) <= args.tolerance}
     for name, r in results.items():
-        print(f"{name}: precision {r['precision']}, compile {r['compile']}: k-NN "
-              f"{100 * r['knn']:.2f} %,"
+        print(f"{name}: precision {r['precision']}, compile {r['compile']}: "
+              f"{r['knn_monitor']} {100 * r['knn']:.2f} %,"
               f" final loss {r['final_loss']:.4g}, {r['seconds']:.0f} s")
     print(f"k-NN difference {difference:+.2f} points (tolerance ±{args.tolerance}): "
           f"{'within' if record['within_tolerance'] else 'OUTSIDE'}")

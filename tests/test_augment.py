@@ -405,3 +405,38 @@ def test_augment_config__presets():
     assert AugmentConfig.byol().blur_p == (1.0, 0.1)
     assert AugmentConfig.byol().solarize_p == (0.0, 0.2)
     assert AugmentConfig.cifar() == AugmentConfig(blur_p=(0.0, 0.0))
+
+
+def test_rotation__a_quarter_turn_of_the_whole_image_is_rot90_and_none_changes_nothing():
+    from dcco.augment import _crop_grid
+
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 2, 8, 8), generator=gen, dtype=torch.uint8)
+    boxes = torch.tensor([[0.0, 0.0, 8.0, 8.0]] * 3, dtype=torch.float64)
+    flip = torch.zeros(3, dtype=torch.bool)
+    angle = torch.full((3,), math.pi / 2, dtype=torch.float64)
+    grid = _crop_grid(boxes, flip, 8, 8, 8, 8, torch.float64, angle)
+    x = images.double()
+    out = torch.nn.functional.grid_sample(x, grid, mode="bilinear", align_corners=False)
+    assert torch.allclose(out, torch.rot90(x, 1, dims=(-2, -1)), atol=1e-9)
+    # a zero angle is the plain crop grid
+    plain = _crop_grid(boxes, flip, 8, 8, 8, 8, torch.float64)
+    assert torch.allclose(_crop_grid(boxes, flip, 8, 8, 8, 8, torch.float64, angle * 0), plain,
+                          atol=1e-12)
+
+
+def test_rotation__views_are_rotated_within_the_configured_range_and_reproducible():
+    from dcco.augment import AugmentConfig, augment_pair
+
+    gen = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (16, 3, 12, 12), generator=gen, dtype=torch.uint8)
+    ids = torch.arange(16)
+    base = AugmentConfig(blur_p=(0.0, 0.0))
+    rotated = AugmentConfig(blur_p=(0.0, 0.0), rotate_degrees=30.0)
+    a = augment_pair(images, ids, 0, 3, base)
+    b = augment_pair(images, ids, 0, 3, rotated)
+    c = augment_pair(images, ids, 0, 3, rotated)
+    assert all(torch.equal(x, y) for x, y in zip(b, c))
+    assert not torch.allclose(a[0], b[0])
+    with pytest.raises(ValueError, match="augment.rotate_degrees"):
+        AugmentConfig(rotate_degrees=200.0)

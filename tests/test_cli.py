@@ -14,6 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from dcco.cli import main
+from dcco.rundir import RunDir
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
 
@@ -270,6 +271,16 @@ def test_cli__progress_lines_in_a_log_agree_with_the_summary(tiny_config, tmp_pa
     assert f"loss {summary['final_loss']:.4g}" in lines[-1]
     assert f"k-NN {100 * summary['knn']:.1f}%" in lines[-1]
     assert f"final loss {summary['final_loss']:.4g}" in done.stdout
+    # the end-of-run line and the records name the monitor
+    assert summary["knn_features"] == "standardized"
+    assert f"{summary['knn_monitor']}: {100 * summary['knn']:.1f}%" in done.stdout
+    assert summary["knn_monitor"].startswith("standardized k-NN (k 5, bank ")
+    assert [r["knn_features"] for r in RunDir(run).metrics() if "knn" in r] == ["standardized"]
+    done = dcco("evaluate", str(run), "--protocol", "knn", "--labels", "100")
+    assert done.returncode == 0, done.stderr
+    knn = json.loads((run / "summary.json").read_text())["evaluations"]["knn@100"]
+    assert knn["details"]["features"] == "standardized" and knn["num_labels"] == 100
+    assert f"test accuracy {100 * knn['accuracy']:.2f}%" in done.stdout
     done = dcco("evaluate", str(run))
     assert done.returncode == 0, done.stderr
     assert "probe step 30/30 (100%)" in done.stderr and "feature batch" in done.stderr

@@ -16,6 +16,7 @@ from dcco.evaluate import (
     is_current,
     knn_accuracy,
     knn_predict,
+    knn_space,
     labelled_subset,
     linear_probe,
     linear_probe_cases,
@@ -234,6 +235,63 @@ def test_knn_predict__separable_is_perfect_and_random_labels_near_chance():
     assert torch.equal(pred, chunked)
     tiny_tau = knn_predict(x[:300], y[:300], x[300:], 4, 10, 1e-4)  # exp stays finite
     assert torch.equal(tiny_tau, y[300:])
+
+
+def _clustered(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (n, 12) features of 4 classes (class means ±1 apart in 6 dimensions, unit
+    noise) and their labels."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 4
+    means = torch.randn(4, 12, generator=gen, dtype=torch.float64)
+    return means[y] + 0.7 * torch.randn(n, 12, generator=gen, dtype=torch.float64), y
+
+
+@pytest.mark.parametrize("features", ["standardized", "centered"])
+def test_knn_predict__a_shift_of_every_feature_changes_nothing(features):
+    x, y = _clustered(600, 1)
+    shift = 1e3 * torch.randn(12, generator=torch.Generator().manual_seed(2), dtype=x.dtype)
+    plain = knn_predict(x[:400], y[:400], x[400:], 4, 20, 0.1, features=features)
+    shifted = knn_predict(x[:400] + shift, y[:400], x[400:] + shift, 4, 20, 0.1,
+                          features=features)
+    assert torch.equal(plain, shifted)
+    # the raw monitor is not invariant: one shared direction decides it
+    raw = knn_predict(x[:400] + shift, y[:400], x[400:] + shift, 4, 20, 0.1, features="raw")
+    assert not torch.equal(raw, plain)
+
+
+def test_knn_predict__standardized_ignores_the_scale_of_a_dimension():
+    x, y = _clustered(600, 3)
+    plain = knn_predict(x[:400], y[:400], x[400:], 4, 20, 0.1)
+    for dim, factor in ((0, 1e4), (5, 1e-5), (11, 3.0)):
+        scaled = x.clone()
+        scaled[:, dim] *= factor
+        assert torch.equal(knn_predict(scaled[:400], y[:400], scaled[400:], 4, 20, 0.1), plain)
+    assert (plain == y[400:]).double().mean() > 0.8
+
+
+def test_knn_predict__loud_uninformative_dimensions_fool_raw_not_standardized():
+    """What the monitor got wrong: a few dimensions of large spread that carry no class
+    decide the raw (and the centred) cosine, so a good encoder reads as broken."""
+    x, y = _clustered(1200, 4)
+    loud = torch.cat([x, 30 * torch.randn(1200, 4, generator=torch.Generator().manual_seed(5),
+                                          dtype=x.dtype)], dim=1)
+    acc = {f: float((knn_predict(loud[:900], y[:900], loud[900:], 4, 20, 0.1, features=f)
+                     == y[900:]).double().mean()) for f in ("raw", "centered", "standardized")}
+    assert acc["standardized"] > 0.8
+    assert acc["raw"] < 0.45 and acc["centered"] < 0.45
+
+
+def test_knn_space__a_constant_dimension_is_dropped_not_blown_up():
+    x, y = _clustered(300, 6)
+    with_dead = torch.cat([x, torch.zeros(300, 1, dtype=x.dtype),
+                           torch.full((300, 1), 7.0, dtype=x.dtype)], dim=1)
+    bank, queries = knn_space(with_dead[:200], with_dead[200:])
+    assert torch.isfinite(bank).all() and torch.isfinite(queries).all()
+    assert bank[:, 12:].abs().max() == 0 and queries[:, 12:].abs().max() == 0
+    assert torch.equal(knn_predict(with_dead[:200], y[:200], with_dead[200:], 4, 20, 0.1),
+                       knn_predict(x[:200], y[:200], x[200:], 4, 20, 0.1))
+    with pytest.raises(ValueError, match="k-NN features"):
+        knn_space(x, x, "whitened")
 
 
 def test_knn_accuracy__perfect_on_separable_images_chance_on_random_labels(splits):

@@ -23,6 +23,7 @@ import pytest
 import torch
 from flwr.app import Array, Error, Message
 from flwr.common.constant import ErrorCode
+from helpers.client_tables import make_ham10000
 
 from dcco.checkpoint import load_checkpoint
 from dcco.cli import main
@@ -83,8 +84,17 @@ def dict_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in b) / scale
 
 
-def params_err(a: Pretraining, b: Pretraining) -> float:
-    return dict_err({k: p.detach() for k, p in a.params}, {k: p.detach() for k, p in b.params})
+def params_err(a: Pretraining, b: Pretraining, gradient: dict | None = None) -> float:
+    """``dict_err`` of the two models' parameters; with the round's ``gradient``, over the
+    parameters whose gradient is not zero up to rounding: LARS steps by η‖w‖/‖g‖·g, which
+    turns a zero gradient's rounding noise (a residual branch behind a zero-initialised norm
+    gain) into a step of full size, different in every summation order."""
+    keep = [k for k, _ in a.params]
+    if gradient is not None:
+        top = max(float(g.abs().max()) for g in gradient.values())
+        keep = [k for k in keep if float(gradient[k].abs().max()) > 1e-12 * top]
+    pa, pb = dict(a.params), dict(b.params)
+    return dict_err({k: pa[k].detach() for k in keep}, {k: pb[k].detach() for k in keep})
 
 
 def phase_of(instruction: Message) -> str:
@@ -127,6 +137,23 @@ def test_flower_rounds_equal_the_reference_backend(make_federation, method, over
     towers travel as the model and the nodes hold pairs."""
     cfg, pt, fed = make_federation(method, overrides=overrides)
     assert pt.model.shared == (not overrides)
+    _assert_rounds_equal(cfg, pt, fed, method)
+
+
+def test_flower_rounds_over_natural_clients_equal_the_reference_backend(make_federation,
+                                                                         tmp_path):
+    """Lesions of 1–6 images (a generated HAM10000) as the run's clients: each node hosts
+    the lesions of its partition id, and the rounds are the simulator's."""
+    ham = make_ham10000(tmp_path / "ham", lesions=60)
+    cfg, pt, fed = make_federation("dcco", overrides=(
+        'data.dataset="ham10000"', f'data.data_dir="{ham}"', 'data.partition="natural"',
+        "table.image_size=[12, 12]"))
+    sizes = pt.partition.sizes
+    assert int(sizes.min()) == 1 and int(sizes.max()) >= 4
+    _assert_rounds_equal(cfg, pt, fed, "dcco")
+
+
+def _assert_rounds_equal(cfg, pt: Pretraining, fed: Federation, method: str) -> None:
     train, _ = load_splits(cfg)
     ref = Pretraining(cfg, train)
     for r in range(2):
@@ -147,7 +174,7 @@ def test_flower_rounds_equal_the_reference_backend(make_federation, method, over
         else:
             assert agg.shared is None
         assert dict_err(agg.pseudo_gradient, expected.pseudo_gradient) < 1e-9
-        assert params_err(pt, ref) < 1e-9
+        assert params_err(pt, ref, expected.pseudo_gradient) < 1e-9
         if method == "byol_fedavg":
             assert dict_err(dict(pt.model.target.named_parameters()),
                             dict(ref.model.target.named_parameters())) < 1e-9
@@ -709,3 +736,108 @@ def test_a_restarted_supernode_takes_its_partition_over_and_is_used_again(make_f
     grid.online.add(5)
     fed.step()
     assert fed.nodes[0] == 4 and fed.identities[5] is None
+
+
+class _SlowGrid:
+    """A grid whose replies appear a few pulls after their push (a SuperLink's), one node
+    never answering."""
+
+    def __init__(self, ready_after: int, silent: int | None = None) -> None:
+        self.ready_after, self.silent, self.pulls, self.sent = ready_after, silent, 0, {}
+
+    def push_messages(self, messages):
+        ids = []
+        for i, m in enumerate(messages):
+            m.metadata.__dict__["_message_id"] = f"m{i}"
+            self.sent[f"m{i}"] = m
+            ids.append(f"m{i}")
+        return ids
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        if self.pulls < self.ready_after:
+            return []
+        out = []
+        for i in ids:
+            m = self.sent[i]
+            if m.metadata.dst_node_id != self.silent:
+                out.append(Message(m.content, reply_to=self.sent.pop(i)))
+        return out
+
+
+class _Clock:
+    """A fake ``time`` for ``dcco.flower.polling``: sleeping advances it and is recorded."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_metered_grid__pulls_until_every_reply_is_in_without_flowers_3_s_sleep(monkeypatch):
+    from flwr.app import RecordDict
+    from flwr.common import MessageType
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from dcco.flower import polling
+    from dcco.flower.federation import MeteredGrid
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0  # a ServerApp's
+
+    def messages():
+        return [Message(RecordDict(), dst_node_id=n, message_type=MessageType.TRAIN)
+                for n in (1, 2, 3)]
+
+    clock = _Clock()
+    monkeypatch.setattr(polling, "time", clock)
+    grid = MeteredGrid(_SlowGrid(ready_after=3))
+    replies = grid.send_and_receive(messages(), timeout=60)
+    assert len(replies) == 3 and grid._grid.pulls == 3
+    assert clock.sleeps == [polling.POLL_S] * 2  # two short polls, not 2 × 3 s
+    # a node that never answers: the timeout ends the wait, the others' replies count
+    clock = _Clock()
+    monkeypatch.setattr(polling, "time", clock)
+    grid = MeteredGrid(_SlowGrid(ready_after=1, silent=2))
+    replies = grid.send_and_receive(messages(), timeout=0.55)
+    assert sorted(r.metadata.src_node_id for r in replies) == [1, 3]
+    assert sum(clock.sleeps) == pytest.approx(0.55) and max(clock.sleeps) <= polling.POLL_S
+
+
+def test_a_stop_file_stops_the_run_at_its_next_logged_round_and_resume_finishes_it(
+        make_federation, tmp_path, monkeypatch):
+    """``STOP`` in the run directory, created during round 1 (logging every 2 rounds): the run
+    stops after round 2 with a checkpoint and a ``stopped`` record, consuming the file; one
+    left there when the run is resumed is a request to the run that ended, and is dropped, so
+    ``flower.resume = true`` goes on to the configured 4 rounds."""
+    fcfg = FlowerConfig(min_nodes=NODES, run_dir=str(tmp_path / "run"))
+    cfg, _pt, fed = make_federation("dcco", fcfg, overrides=("train.rounds=4",))
+    train, _ = load_splits(cfg)
+    stop = tmp_path / "run" / "STOP"
+    real_step = Federation.step
+
+    def asks_to_stop_in_round_1(self):
+        if self.pt.rounds_done == 0:
+            stop.touch()
+        return real_step(self)
+
+    monkeypatch.setattr(Federation, "step", asks_to_stop_in_round_1)
+    summary = run_federated(fed.grid, cfg, fcfg, train)
+    assert summary["rounds"] == 2 and "STOP" in summary["stopped"]
+    assert not stop.exists()
+    records = [json.loads(line) for line in stop.with_name("metrics.jsonl").open()]
+    assert records[-1] == {"round": 2, "stopped": summary["stopped"]}
+    model = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0).double()
+    assert load_checkpoint(stop.with_name("checkpoint.safetensors"), model) == 2
+
+    monkeypatch.setattr(Federation, "step", real_step)
+    stop.touch()
+    summary = run_federated(fed.grid, cfg, replace(fcfg, resume=True), train)
+    assert summary["rounds"] == 4 and "stopped" not in summary
+    rounds = [json.loads(line)["round"] for line in stop.with_name("metrics.jsonl").open()
+              if "loss" in json.loads(line)]
+    assert rounds == [2, 4]

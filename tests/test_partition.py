@@ -191,3 +191,15 @@ def test_partition_summary__hand_made_case():
     assert str(s) == s.format()
     assert s.format() == ("3 clients, 6 samples; samples per client 1–3 (mean 2.00); distinct "
                           "classes per client 1–2 (mean 1.67).")
+
+
+def test_clients_of_at_least__keeps_the_clients_large_enough_in_order():
+    from dcco.data.partition import clients_of_at_least, natural_partition
+
+    p = natural_partition(["b", "a", "c", "a", "c", "c", "d"])  # a: 2, b: 1, c: 3, d: 1
+    kept = clients_of_at_least(p, 2)
+    assert kept.keys == ("a", "c") and kept.sizes.tolist() == [2, 3]
+    assert sorted(kept.client(0).tolist()) == [1, 3] and sorted(kept.client(1).tolist()) == [
+        2, 4, 5]
+    assert clients_of_at_least(p, 1) is p
+    assert clients_of_at_least(p, 4).num_clients == 0

@@ -84,3 +84,13 @@ def test_tensorboard__off_by_default_and_missing_package_named(tiny_config, tmp_
                  "--tensorboard"]) == 2
     assert "pip install 'dcco[tensorboard]'" in capsys.readouterr().err
     assert not (tmp_path / "tb").exists()
+
+
+def test_knn_cell__old_raw_records_are_marked_new_standardized_ones_are_not():
+    from dcco.report import knn_cell, knn_features
+
+    assert knn_features({"knn": 0.5}) == "raw"  # written before records named their monitor
+    assert knn_cell({"knn": 0.5}) == "50.0 (raw)"
+    assert knn_cell({"knn": 0.612, "knn_features": "standardized"}) == "61.2"
+    assert knn_cell({"knn": 0.612, "knn_features": "centered"}) == "61.2 (centered)"
+    assert knn_cell({}) == "—"

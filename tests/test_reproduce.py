@@ -314,8 +314,8 @@ def test_table1_grid__gpu_scale_runs_with_paper_label_counts_per_class(tiny_fmni
              if c.path.name in ("non-iid-4-dcco-s0", "supervised-s0")]
     splits = load_splits(tiny.base)
     for cell in cells:
-        run_cell(cell, tiny.evaluations, splits, lambda cfg, run, tr, te, resume:
-                 run_pretraining(cfg, run, tr, te, resume), lambda s: None)
+        run_cell(cell, tiny.evaluations, splits, lambda cfg, run, tr, te, resume, stop:
+                 run_pretraining(cfg, run, tr, te, resume, stop=stop), lambda s: None)
     dcco_run, supervised = (RunDir(c.path).summary()["evaluations"] for c in cells)
     assert {"linear@50", "linear@20"} <= dcco_run.keys()
     assert {"supervised@50", "supervised@20"} <= supervised.keys()

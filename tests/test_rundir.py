@@ -38,7 +38,8 @@ def test_compare__an_unfinished_run_shows_what_it_has_logged(tmp_path):
 
     cfg = RunConfig()
     run = RunDir.create(tmp_path / "stopped", cfg)
-    for record in ({"round": 10, "loss": 9.5}, {"round": 20, "knn": 0.25},
+    for record in ({"round": 10, "loss": 9.5},
+                   {"round": 20, "knn": 0.25, "knn_features": "standardized"},
                    {"round": 20, "loss": 8.25}):
         run.append_metrics(record)
     header, [row] = comparison_rows([run])

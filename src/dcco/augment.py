@@ -5,7 +5,8 @@ augmentations from BYOL except blur"):
 
 1. random resized crop (area fraction in ``crop_scale``, aspect ratio log-uniform in
    ``crop_ratio``, torchvision's ten tries then a centre crop), resized bilinearly back to the
-   output size, and a horizontal flip with probability ``flip_p``;
+   output size, and a horizontal flip with probability ``flip_p``; with ``rotate_degrees``, a
+   random rotation about the crop's centre in the same resampling (the DERM recipe's);
 2. colour jitter with probability ``jitter_p``: brightness → contrast → saturation → hue, each
    factor uniform in ``[1 − a, 1 + a]`` (hue: a shift uniform in ``[−hue, hue]`` turns). BYOL
    draws the order of the four at random; here it is fixed;
@@ -84,9 +85,10 @@ class Slot(IntEnum):
     BLUR = 2 * CROP_TRIES + 9
     BLUR_SIGMA = 2 * CROP_TRIES + 10
     SOLARIZE = 2 * CROP_TRIES + 11
+    ROTATION = 2 * CROP_TRIES + 12
 
 
-_N_SLOTS = Slot.SOLARIZE + 1
+_N_SLOTS = Slot.ROTATION + 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,10 @@ class AugmentConfig:
     """Range of the blur's standard deviation, in pixels."""
     solarize_p: tuple[float, float] = (0.0, 0.2)
     """Probability of solarisation (threshold 0.5) for view 0 and view 1."""
+    rotate_degrees: float = 0.0
+    """Random rotation about the crop's centre by an angle uniform in ±this many degrees
+    (the paper's DERM pretraining adds one to BYOL's augmentations; 0: none). The corners it
+    uncovers repeat the image's border pixels."""
     enabled: bool = True
     """False: no augmentation, the images only normalised (``eval_view``). Paired data
     (``dcco.data.paired``) configures each modality on its own: ``[augment]`` X with its view-0
@@ -150,6 +156,9 @@ class AugmentConfig:
                 raise ValueError(f"augment.{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 <= self.hue <= 0.5:
             raise ValueError(f"augment.hue must be in [0, 0.5] turns, got {self.hue}")
+        if not 0 <= self.rotate_degrees <= 180:
+            raise ValueError(f"augment.rotate_degrees must be in [0, 180], got "
+                             f"{self.rotate_degrees}")
 
     @classmethod
     def byol(cls) -> AugmentConfig:
@@ -278,18 +287,21 @@ def _crop_boxes(u: Tensor, cfg: AugmentConfig, h: int, w: int) -> Tensor:
 
 
 def _crop_grid(boxes: Tensor, flip: Tensor, h: int, w: int, out_h: int, out_w: int,
-               dtype: torch.dtype) -> Tensor:
+               dtype: torch.dtype, angle: Tensor | None = None) -> Tensor:
     """The ``grid_sample`` grid (align_corners=False) that resizes each box to the output.
 
     Output pixel centre ``j + 0.5`` samples the input at ``left + (j + 0.5) · width / out_w``
     (the same points as ``kornia.geometry.transform.crop_and_resize`` with the box's outermost
-    sample points as corners); a flipped sample reads its columns in reverse order.
+    sample points as corners); a flipped sample reads its columns in reverse order. With
+    ``angle``, the sample points are rotated about the box's centre (in pixels), so the output
+    shows the crop rotated by −angle.
 
     Args:
         boxes: float64 (B, 4) from ``_crop_boxes``.
         flip: bool (B,).
         h, w: the input's height and width; out_h, out_w: the output's, in pixels.
         dtype: the grid's dtype (coordinates are computed in float64, then rounded).
+        angle: float64 (B,) radians, or None for no rotation.
 
     Returns:
         (B, out_h, out_w, 2) in ``dtype``, coordinates in [−1, 1] of the input.
@@ -298,9 +310,18 @@ def _crop_grid(boxes: Tensor, flip: Tensor, h: int, w: int, out_h: int, out_w: i
     cols = torch.where(flip[:, None], out_w - 1 - cols, cols).to(torch.float64)  # (B, out_w)
     rows = torch.arange(out_h, device=boxes.device, dtype=torch.float64)
     x0, y0, cw, ch = boxes.unbind(1)
+    b = boxes.shape[0]
+    if angle is not None:
+        px = x0[:, None] + (cols + 0.5) * (cw / out_w)[:, None]  # (B, out_w) pixels
+        py = y0[:, None] + (rows + 0.5) * (ch / out_h)[:, None]  # (B, out_h)
+        dx = (px - (x0 + cw / 2)[:, None])[:, None, :]  # (B, 1, out_w)
+        dy = (py - (y0 + ch / 2)[:, None])[:, :, None]  # (B, out_h, 1)
+        cos, sin = torch.cos(angle)[:, None, None], torch.sin(angle)[:, None, None]
+        gx = (x0 + cw / 2)[:, None, None] + cos * dx - sin * dy
+        gy = (y0 + ch / 2)[:, None, None] + sin * dx + cos * dy
+        return torch.stack([gx * (2 / w) - 1, gy * (2 / h) - 1], dim=-1).to(dtype)
     sx = (x0[:, None] + (cols + 0.5) * (cw / out_w)[:, None]) * (2 / w) - 1  # (B, out_w)
     sy = (y0[:, None] + (rows + 0.5) * (ch / out_h)[:, None]) * (2 / h) - 1  # (B, out_h)
-    b = boxes.shape[0]
     sx, sy = sx.to(dtype), sy.to(dtype)
     return torch.stack([sx[:, None, :].expand(b, out_h, out_w),
                         sy[:, :, None].expand(b, out_h, out_w)], dim=-1)
@@ -513,7 +534,9 @@ def augment_view(images: Tensor, sample_ids: Tensor, seed: int, round_index: int
     out_h, out_w = (h, w) if size is None else size
     u = uniforms(seed, round_index, sample_ids.to(images.device), view, range(_N_SLOTS))
     flip = u[Slot.FLIP] < cfg.flip_p
-    grid = _crop_grid(_crop_boxes(u, cfg, h, w), flip, h, w, out_h, out_w, dtype)
+    angle = (math.radians(cfg.rotate_degrees) * (2 * u[Slot.ROTATION] - 1)
+             if cfg.rotate_degrees else None)
+    grid = _crop_grid(_crop_boxes(u, cfg, h, w), flip, h, w, out_h, out_w, dtype, angle)
     out = torch.empty((b, c, out_h, out_w), dtype=dtype, device=images.device)
     step = _CPU_CHUNK if images.device.type == "cpu" else max(b, 1)
     for i in range(0, b, step):

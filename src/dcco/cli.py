@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -85,15 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "test split; the projector is discarded. The result is added "
                                    "to the run's summary.json.")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--protocol", choices=["linear", "finetune", "linear_y", "retrieval"],
+    p.add_argument("--protocol", choices=["linear", "finetune", "linear_y", "retrieval", "knn",
+                                          "case_linear", "case_finetune"],
                    default="linear",
                    help="linear: frozen encoder + LARS linear classifier; finetune: whole "
-                        "network with Adam; for paired data, linear_y: the linear probe of the "
-                        "second tower, retrieval: cross-modal recall@1 and @5 (default: linear)")
+                        "network with Adam; knn: the pretraining monitor (weighted k-NN in the "
+                        "space of eval.knn_features); for paired data, linear_y: the linear "
+                        "probe of the second tower, retrieval: cross-modal recall@1 and @5; "
+                        "for data in natural clients, case_linear and case_finetune: each "
+                        "case's images pooled, scored per case (default: linear)")
     p.add_argument("--labels", type=int, default=None,
                    help="labelled training samples, class-balanced (default: eval.labels of "
                         "the run's config; 500 uses the paper's 500-label probe settings); for "
-                        "retrieval, the test pairs in the gallery")
+                        "retrieval, the test pairs in the gallery; for knn, the bank's "
+                        "training images (seeded, not class-balanced); for the case "
+                        "protocols, labelled cases")
     _add_data_dir(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")
 
@@ -143,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "skipped, so two processes can share one --out")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing; render the table from the finished cells")
+    p.add_argument("--jobs", default="1", metavar="N",
+                   help="cells run side by side, each in its own process (default 1: in this "
+                        "process); 'auto': as many as the accelerator's free memory holds, "
+                        "measured on the first cell (1 on a CPU)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="MINUTES",
+                   help="stop within this many minutes: a cell starts only if its expected "
+                        "time (measured here) fits in what is left, and running cells stop at "
+                        "a checkpoint when it ends; the same command later resumes them")
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
     _add_data_dir(p)
     _add_tensorboard(p)
     p.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -212,7 +229,8 @@ class _PhaseProgress:
         self.close()
 
 
-def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool) -> dict:
+def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool,
+                            stop=None) -> dict:
     from dcco.progress import Progress
     from dcco.report import plot_run_curves
     from dcco.train import run_pretraining
@@ -230,7 +248,8 @@ def _pretrain_with_progress(cfg, run, train, test, resume: bool, progress: bool)
         bar.update(m.round, **extra)
 
     with bar:
-        summary = run_pretraining(cfg, run, train, test, resume=resume, on_round=on_round)
+        summary = run_pretraining(cfg, run, train, test, resume=resume, on_round=on_round,
+                                  stop=stop)
     plot_run_curves(run)
     return summary
 
@@ -311,7 +330,7 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
     """``dcco pretrain`` in this process; ``on_run(run)`` is called once the run directory
     exists, before the first round."""
     from dcco.config import load_config
-    from dcco.experiments import load_splits
+    from dcco.experiments import load_splits, record_split
     from dcco.rundir import RunDir
 
     if args.resume is not None:
@@ -331,6 +350,7 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
         train, test = load_splits(cfg)  # data errors before any run directory exists
         path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
         run = RunDir.create(path, cfg)
+        record_split(run, cfg, train, test)
         _say(f"pretraining {cfg.train.method} into {run.path}")
     _resume_with(args, ["dcco", "pretrain", "--resume", str(run.path)])
     if on_run is not None:
@@ -339,7 +359,8 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
                                       not args.no_progress)
     knn, privacy = summary.get("knn"), summary.get("privacy")
     _say(f"done: {summary['rounds']} rounds, final loss {summary['final_loss']:.4g}"
-         + (f", k-NN accuracy {100 * knn:.1f}%" if knn is not None else "")
+         + (f", {summary.get('knn_monitor', 'k-NN')}: {100 * knn:.1f}%" if knn is not None
+            else "")
          + (f", (ε = {privacy['epsilon']:.3g}, δ = {privacy['delta']:g})-DP for each client"
             f" (σ = {privacy['noise_multiplier']:.3g})" if privacy else "")
          + f"; run directory {run.path}")
@@ -364,6 +385,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
              f"@5 {100 * d['x_to_y']['recall@5']:.2f}%; Y→X recall@1 "
              f"{100 * d['y_to_x']['recall@1']:.2f}%, @5 {100 * d['y_to_x']['recall@5']:.2f}% "
              f"({result.seconds:.0f} s)")
+        return 0
+    if result.protocol == "knn":
+        _say(f"{run.path}: {result.details['monitor']}: test accuracy "
+             f"{100 * result.accuracy:.2f}% ({result.seconds:.0f} s)")
         return 0
     _say(f"{run.path}: {args.protocol} evaluation with {result.num_labels} labels: "
          f"test accuracy {100 * result.accuracy:.2f}% ({result.seconds:.0f} s)")
@@ -460,8 +485,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _reproduce_command(args: argparse.Namespace) -> str:
     """The command that regenerates the results: the grid, scale, output folder and results
     file, without the flags that only change what this invocation runs or prints (--cells,
-    --table-only, --no-progress): rerunning it finishes the missing cells and rewrites the
-    same block."""
+    --table-only, --jobs, --time-budget, --no-progress): rerunning it finishes the missing
+    cells and rewrites the same block."""
     parts = ["dcco reproduce", str(args.grid), "--scale", args.scale]
     if args.out is not None:
         parts += ["--out", str(args.out)]
@@ -472,48 +497,131 @@ def _reproduce_command(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+def _jobs(value: str) -> int | None:
+    """--jobs: a count ≥ 1, or None for 'auto'."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"--jobs must be a whole number >= 1 or 'auto', got {value!r}")
+    return int(value)
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from dcco.experiments import load_splits
-    from dcco.reproduce import (
-        load_grid,
-        plan_cells,
-        plot_trend,
-        results_markdown,
-        results_table,
-        run_cell,
-        select_cells,
-        write_section,
-    )
-    from dcco.rundir import RunDirBusy
+    from dcco.reproduce import load_grid, plan_cells, select_cells
 
     grid = load_grid(args.grid, args.scale,
                      _with_data_dir([], args.data_dir, args.tensorboard))
     out = args.out or Path("runs") / f"{args.grid.stem}-{args.scale}"
     cells = plan_cells(grid, out)
+    jobs = _jobs(args.jobs)
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise UserError(f"--time-budget must be > 0 minutes, got {args.time_budget}")
     if not args.table_only:
-        splits = load_splits(grid.base)
         todo = [c for c in select_cells(cells, args.cells) if c.na is None]
         _say(f"{len(cells)} cells ({len(cells) - sum(c.na is None for c in cells)} n/a) into "
-             f"{out}" + (f"; running {len(todo)} of them" if args.cells else ""))
+             f"{out}" + (f"; running {len(todo)} of them" if args.cells else "")
+             + (f"; time budget {args.time_budget:g} min" if args.time_budget else ""))
         _resume_with(args, shlex.split(_reproduce_command(args))
                      + [x for c in args.cells for x in ("--cells", c)])
+        if jobs is None and args.deadline is None:
+            jobs = _auto_jobs(grid, todo)
+        if jobs == 1 or args.deadline is not None:
+            _reproduce_here(args, grid, cells, todo)
+        else:
+            _reproduce_pool(args, grid, cells, todo, out, jobs)
+    if not args.no_table:
+        _reproduce_table(args, grid, cells, out)
+    return 0
 
-        def pretrain(cfg, run, train, test, resume):
-            return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress)
 
-        busy = []
-        with _PhaseProgress(not args.no_progress) as progress:
-            for i, cell in enumerate(todo, 1):
-                try:
-                    run_cell(cell, grid.evaluations, splits, pretrain,
-                             lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"), progress)
-                except RunDirBusy:
-                    _say(f"({i}/{len(todo)}) [{cell.path.name}] skipped: another process is "
-                         f"working on it")
-                    busy.append(cell.path.name)
-                progress.close()
-        if busy:
-            _say(f"{len(busy)} cells were busy in another process; rerun to finish them")
+def _budget(args: argparse.Namespace):
+    from dcco.reproduce.pool import Budget
+
+    if args.deadline is not None:
+        return Budget(args.deadline)
+    return Budget.minutes(args.time_budget)
+
+
+def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> None:
+    """The cells one after another in this process, within the budget."""
+    from dcco.experiments import load_splits
+    from dcco.reproduce import run_cell
+    from dcco.reproduce.pool import reason_not_to_start
+    from dcco.rundir import RunDirBusy
+
+    budget = _budget(args)
+    splits = load_splits(grid.base)
+
+    def pretrain(cfg, run, train, test, resume, stop=None):
+        return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress,
+                                       stop)
+
+    busy, stopped = [], []
+    with _PhaseProgress(not args.no_progress) as progress:
+        for i, cell in enumerate(todo, 1):
+            reason = reason_not_to_start(cell, grid.evaluations, cells, budget)
+            if reason is not None:
+                _say(f"({i}/{len(todo)}) [{cell.path.name}] not started: {reason}")
+                stopped.append(cell.path.name)
+                continue
+            try:
+                outcome = run_cell(cell, grid.evaluations, splits, pretrain,
+                                   lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"), progress,
+                                   stop=budget.stop)
+                if outcome == "stopped":
+                    stopped.append(cell.path.name)
+            except RunDirBusy:
+                _say(f"({i}/{len(todo)}) [{cell.path.name}] skipped: another process is "
+                     f"working on it")
+                busy.append(cell.path.name)
+            progress.close()
+    if busy:
+        _say(f"{len(busy)} cells were busy in another process; rerun to finish them")
+    if stopped:
+        _say(f"{len(stopped)} cells unfinished when the time budget ended; the same command "
+             f"resumes them")
+
+
+def _auto_jobs(grid, todo: list) -> int:
+    """--jobs auto, said."""
+    from dcco.reproduce.pool import auto_jobs, peak_memory
+    from dcco.train import resolve_device
+
+    device = resolve_device(grid.base.train.device).type
+    jobs = auto_jobs((lambda: peak_memory(todo[0].cfg)) if todo else None, device)
+    _say(f"--jobs auto: {jobs} on {device}")
+    return jobs
+
+
+def _reproduce_pool(args: argparse.Namespace, grid, cells: list, todo: list, out: Path,
+                    jobs: int) -> None:
+    """The cells as up to ``jobs`` processes side by side, each this command for one cell."""
+    from dcco.reproduce.pool import run_pool, threads_per_job
+    from dcco.train import resolve_device
+
+    budget = _budget(args)
+    device = resolve_device(grid.base.train.device).type
+
+    def command(cell) -> list[str]:
+        line = [sys.executable, "-m", "dcco", "reproduce", str(args.grid), "--scale",
+                args.scale, "--out", str(out), "--cells", cell.path.name, "--no-table",
+                "--no-progress"]
+        if budget.deadline is not None:
+            line += ["--deadline", repr(budget.deadline)]
+        if args.data_dir is not None:
+            line += ["--data-dir", str(args.data_dir)]
+        return line + (["--tensorboard"] if args.tensorboard else [])
+
+    outcomes = run_pool(todo, grid.evaluations, jobs, budget, command, _say, out / ".logs",
+                        peers=cells, env=os.environ | threads_per_job(jobs, device))
+    finished = sum(o == "finished" for o in outcomes.values())
+    _say(f"{finished} of {len(todo)} cells finished"
+         + ("" if finished == len(todo) else "; the same command resumes the others"))
+
+
+def _reproduce_table(args: argparse.Namespace, grid, cells: list, out: Path) -> None:
+    from dcco.reproduce import plot_trend, results_markdown, results_table, write_section
+
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(grid, cells)
     sys.stdout.write("\n" + table)
@@ -529,7 +637,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             text = results_markdown(grid, cells, command, target.name)
         write_section(args.results, text, tag=f"reproduce:{args.grid.stem}:{args.scale}")
         _say(f"wrote {args.results}")
-    return 0
 
 
 COMMANDS = {"pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cmd_supervised,

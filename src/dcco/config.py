@@ -18,6 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig, is_image
 from dcco.data.paired import is_paired
+from dcco.data.tables import TableConfig, ham10000_table
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig
 from dcco.methods.base import LossConfig
@@ -47,7 +48,10 @@ class ConfigError(UserError):
 
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "fashion_mnist_halves",
-                      "paired_npz", "pairs"]
+                      "paired_npz", "pairs", "client_table", "ham10000", "fed_cifar100",
+                      "fed_emnist"]
+CLIENT_DATASETS = ("client_table", "ham10000", "fed_cifar100", "fed_emnist")
+"""Data sets whose images come in natural clients (a client id per image)."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,22 @@ class DataConfig:
     """Images (fashion_mnist, cifar10, cifar100: two augmented views of each), or pairs of two
     modalities (``dcco.data.paired``): fashion_mnist_halves (left and right halves),
     paired_npz (the user's train.npz and test.npz in data_dir), or pairs (a PairedDataset
-    that the user's code passes to ``dcco.train.Pretraining``)."""
+    that the user's code passes to ``dcco.train.Pretraining``); or images in natural
+    clients (``CLIENT_DATASETS``, docs/data.md): client_table (a CSV or Parquet table,
+    section ``[table]``), ham10000 (HAM10000 by lesion), fed_cifar100 and fed_emnist (TFF's
+    h5 files)."""
     data_dir: str | None = None
     """Searched first; then $DCCO_DATA, ~/.cache/dcco and the Debian dataset folder."""
     alpha: float = 0.0
     """Dirichlet concentration of each client's class mix: 0 = one class per client, 1000 ≈ IID."""
     samples_per_client: int = 4
+    """Samples of every client of a Dirichlet partition; with natural clients, only the
+    centralized methods' batch (train.clients_per_round × this)."""
     num_clients: int | None = None
     """None: as many clients as the training split allows."""
+    partition: Literal["dirichlet", "natural"] = "dirichlet"
+    """"dirichlet": clients drawn from the labels (alpha, samples_per_client); "natural": one
+    client per distinct client id of the data (``CLIENT_DATASETS``), of whatever size."""
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0 and math.isfinite(self.alpha)):
@@ -76,6 +88,14 @@ class DataConfig:
             )
         if self.num_clients is not None and self.num_clients < 1:
             raise ValueError(f"data.num_clients must be >= 1, got {self.num_clients}")
+        if self.partition == "natural":
+            if self.dataset not in CLIENT_DATASETS:
+                raise ValueError(f"data.partition = 'natural' takes the clients a data set "
+                                 f"comes in; {self.dataset} has none (natural clients: "
+                                 f"{', '.join(CLIENT_DATASETS)})")
+            if self.num_clients is not None:
+                raise ValueError("data.num_clients sizes a Dirichlet partition; natural "
+                                 "clients are as many as the data holds (leave it unset)")
 
 
 @dataclass(frozen=True)
@@ -167,6 +187,9 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    table: TableConfig = field(default_factory=TableConfig)
+    """The client table of ``data.dataset = "client_table"`` (its image settings serve
+    ``ham10000`` too)."""
 
     def __post_init__(self) -> None:
         method = METHODS[self.train.method]
@@ -205,7 +228,24 @@ class RunConfig:
         if self.data.dataset == "paired_npz" and self.data.data_dir is None:
             raise ValueError("data.dataset = 'paired_npz' reads train.npz and test.npz from "
                              "data.data_dir; set it (or pass --data-dir)")
-        if self.data.samples_per_client < method.min_client_samples:
+        if self.table != TableConfig() and self.data.dataset not in ("client_table",
+                                                                     "ham10000"):
+            raise ValueError(f"[table] describes a client table (data.dataset = "
+                             f"'client_table' or 'ham10000'); {self.data.dataset} is not one")
+        if self.data.dataset == "ham10000":
+            fixed = ham10000_table(TableConfig())
+            clash = [k for k in ("file", "test_file", "image_column", "label_column",
+                                 "client_column", "split_column", "image_folders",
+                                 "image_suffix")
+                     if getattr(self.table, k) != getattr(TableConfig(), k)
+                     and getattr(self.table, k) != getattr(fixed, k)]
+            if clash:
+                raise ValueError(f"data.dataset = 'ham10000' has its own files and columns; "
+                                 f"table.{clash[0]} is for data.dataset = 'client_table' "
+                                 f"(HAM10000 takes table.image_size, channels, test_fraction "
+                                 f"and split_seed)")
+        if (self.data.samples_per_client < method.min_client_samples
+                and self.data.partition == "dirichlet"):
             raise ValueError(
                 f"train.method {method.name!r} computes its loss within each client and needs "
                 f"data.samples_per_client >= {method.min_client_samples}, got "
@@ -265,6 +305,9 @@ class RunConfig:
             raise ConfigError(f"data.dataset = {self.data.dataset!r} but the training set "
                               f"{dataset.name!r} holds "
                               f"{'pairs' if dataset.paired else 'images'}; {fix}")
+        if self.data.partition == "natural" and getattr(dataset, "clients", None) is None:
+            raise ConfigError(f"data.partition = 'natural' needs a client id per sample, and "
+                              f"{dataset.name!r} has none")
         x_shape, y_shape = dataset.input_shapes
         if towers and dataset.paired and x_shape != y_shape and self.head is not None:
             raise ConfigError(f"{self.train.method} needs one network for both inputs, but X "

@@ -31,6 +31,7 @@ from dcco.models import ModelConfig
 from dcco.optim import OptimConfig
 from dcco.report import (
     family,
+    knn_cell,
     markdown_table,
     plot_accuracy_bars,
     plot_loss_curves,
@@ -117,8 +118,9 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
             evaluate_run(run, "linear", None, splits, progress)
             summary = run.summary()
         acc = summary["evaluations"][key]["accuracy"]
-        say(f"[{method}] final loss {summary['final_loss']:.4g}, k-NN "
-            f"{100 * summary['knn']:.1f}%, linear probe {100 * acc:.1f}%")
+        say(f"[{method}] final loss {summary['final_loss']:.4g}, "
+            f"{summary.get('knn_monitor', 'k-NN')}: {100 * summary['knn']:.1f}%, linear probe "
+            f"{100 * acc:.1f}%")
         rows.append((method, summary))
         runs.append(run)
     for name, fn in (("supervised", supervised_run), ("random_init", random_encoder_run)):
@@ -133,7 +135,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
 
 
 def _write_results(out: Path, cfg: RunConfig, rows: list, runs: list[RunDir]) -> str:
-    header = ["method", "pretraining", "final loss", "k-NN (%)",
+    header = ["method", "pretraining", "final loss", "standardized k-NN (%)",
               f"test accuracy, {cfg.eval.labels} labels (%)"]
     table, labels, accs = [], [], []
     for name, s in rows:
@@ -143,7 +145,7 @@ def _write_results(out: Path, cfg: RunConfig, rows: list, runs: list[RunDir]) ->
         budget = (f"{rounds} round{'s' if rounds != 1 else ''}" if rounds else
                   "none (linear probe)" if name == "random_init" else "labels only")
         loss = f"{s['final_loss']:.4g}" if s.get("final_loss") is not None else "—"
-        knn = f"{100 * s['knn']:.1f}" if s.get("knn") is not None else "—"
+        knn = knn_cell(s)
         table.append([name, budget, loss, knn, f"{100 * acc:.1f}"])
         labels.append(name)
         accs.append(acc)

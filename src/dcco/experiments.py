@@ -6,23 +6,32 @@ harness. Results go into run directories; nothing here prints.
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import asdict, replace
 from typing import Literal
 
 import torch
 
-from dcco.checkpoint import load_checkpoint
+from dcco.checkpoint import atomic_write_text, load_checkpoint
 from dcco.config import ConfigError, RunConfig
 from dcco.data.datasets import DataError
-from dcco.data.paired import Dataset, load_split
+from dcco.data.paired import Dataset
+from dcco.data.sources import load_split
+from dcco.data.tables import split_record as table_split_record
 from dcco.errors import UserError
 from dcco.evaluate import (
     EvalConfig,
     EvalResult,
     StepCallback,
     finetune,
+    finetune_cases,
+    knn_accuracy,
+    knn_description,
+    labelled_cases,
     labelled_subset,
     linear_probe,
+    linear_probe_cases,
     retrieval,
     supervised_from_scratch,
 )
@@ -31,7 +40,10 @@ from dcco.models import DualEncoder
 from dcco.rundir import RunDir, RunDirError
 from dcco.train import resolve_device
 
-Protocol = Literal["linear", "finetune", "linear_y", "retrieval"]
+Protocol = Literal["linear", "finetune", "linear_y", "retrieval", "knn", "case_linear",
+                   "case_finetune"]
+CASE_PROTOCOLS = ("case_linear", "case_finetune")
+"""Protocols of data in natural clients: a case's (client's) images pooled, scored per case."""
 PAIRED_PROTOCOLS = ("linear_y", "retrieval")
 """Protocols of paired data only: the second tower's probe, and cross-modal retrieval."""
 
@@ -39,9 +51,9 @@ PAIRED_PROTOCOLS = ("linear_y", "retrieval")
 def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
     """The training and test splits of the configured data set (images or pairs), checked
     against the config (``RunConfig.check_data``)."""
-    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir)
+    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir, table=cfg.table)
     cfg.check_data(train)
-    test = load_split(cfg.data.dataset, "test", cfg.data.data_dir)
+    test = load_split(cfg.data.dataset, "test", cfg.data.data_dir, table=cfg.table)
     for tower in range(1 + train.paired):
         a, b = train.inputs(tower), test.inputs(tower)
         if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
@@ -49,6 +61,25 @@ def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
                             f"are {b.dtype} {tuple(b.shape[1:])}, the training split's "
                             f"{a.dtype} {tuple(a.shape[1:])}; both splits must match")
     return train, test
+
+
+def split_record(cfg: RunConfig, train: Dataset, test: Dataset) -> dict | None:
+    """How the data's clients were split into training and test (``split.json`` of a run
+    directory), for data in natural clients; None for other data."""
+    if getattr(train, "clients", None) is None:
+        return None
+    if cfg.data.dataset in ("client_table", "ham10000"):
+        return table_split_record(cfg.data.dataset, cfg.table, train, test)
+    return {"rule": f"the files of {cfg.data.dataset} (its own split)",
+            "train": {"images": len(train), "clients": int(train.clients.unique().numel())},
+            "test": {"images": len(test), "clients": int(test.clients.unique().numel())}}
+
+
+def record_split(run: RunDir, cfg: RunConfig, train: Dataset, test: Dataset) -> None:
+    """Write ``split.json`` into ``run`` for data in natural clients (nothing otherwise)."""
+    record = split_record(cfg, train, test)
+    if record is not None:
+        atomic_write_text(run.path / "split.json", json.dumps(record, indent=2) + "\n")
 
 
 def eval_key(protocol: str, labels: int) -> str:
@@ -96,6 +127,10 @@ def evaluate_model(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, see
     if train.num_classes < 2:
         raise UserError(f"a {protocol} evaluation classifies, but {train.name!r} has "
                         f"{train.num_classes} class; it needs labels of at least 2 classes")
+    if protocol == "knn":
+        return knn_evaluation(model, ecfg, seed, train, test, device)
+    if protocol in CASE_PROTOCOLS:
+        return case_evaluation(model, protocol, ecfg, seed, train, test, device, progress)
     ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, seed)
     if protocol in ("linear", "linear_y"):
         return linear_probe(model, train, test, ids, ecfg, seed, device, progress,
@@ -105,8 +140,46 @@ def evaluate_model(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, see
             raise UserError("finetune evaluates image encoders; for paired data use linear, "
                             "linear_y or retrieval")
         return finetune(model, train, test, ids, ecfg, seed, device, progress)[0]
-    raise ValueError(f"unknown protocol {protocol!r}; choose linear, finetune, linear_y or "
-                     f"retrieval")
+    raise ValueError(f"unknown protocol {protocol!r}; choose linear, finetune, linear_y, "
+                     f"retrieval, knn, case_linear or case_finetune")
+
+
+def case_evaluation(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, seed: int,
+                    train: Dataset, test: Dataset, device: torch.device,
+                    progress: StepCallback | None = None) -> EvalResult:
+    """The case-level probe or finetuning (the paper's DERM protocols) on ``ecfg.labels``
+    labelled cases (class-balanced; all of them when that covers them), each case a client
+    of the data (a lesion, a patient), scored per test case."""
+    if getattr(train, "clients", None) is None or getattr(test, "clients", None) is None:
+        raise UserError(f"{protocol} pools each case's images, and {train.name!r} has no case "
+                        f"(client) id per image; use a data set with natural clients "
+                        f"(client_table, ham10000, fed_cifar100, fed_emnist)")
+    ids = labelled_cases(train.labels, train.clients, ecfg.labels, train.num_classes, seed)
+    labelled = train.subset(ids)
+    if protocol == "case_linear":
+        result = linear_probe_cases(model, labelled, labelled.clients, test, test.clients,
+                                    ecfg, seed, device)
+        return replace(result, num_labels=int(labelled.clients.unique().numel()),
+                       num_test=int(test.clients.unique().numel()))
+    return finetune_cases(model, train, ids, test, ecfg, seed, device, progress)
+
+
+def knn_evaluation(model: DualEncoder, ecfg: EvalConfig, seed: int, train: Dataset,
+                   test: Dataset, device: torch.device) -> EvalResult:
+    """The k-NN monitor as an evaluation: a bank of ``ecfg.labels`` labelled training images
+    (the monitor's ``knn_bank`` does not apply), ``ecfg.knn_queries`` test queries, in the
+    space ``ecfg.knn_features``; ``details`` say which."""
+    start = time.perf_counter()
+    bank = min(ecfg.labels, len(train))
+    queries = min(ecfg.knn_queries or len(test), len(test))
+    acc = knn_accuracy(model, train, test, k=ecfg.knn_k, temperature=ecfg.knn_temperature,
+                       bank_size=bank, num_queries=queries, seed=seed, device=device,
+                       batch_size=ecfg.feature_batch, features=ecfg.knn_features)
+    monitor = knn_description(replace(ecfg, knn_bank=bank, knn_queries=queries))
+    return EvalResult(protocol="knn", accuracy=acc, num_labels=bank, steps=0,
+                      seconds=time.perf_counter() - start, num_test=queries,
+                      details={"features": ecfg.knn_features, "k": ecfg.knn_k,
+                               "monitor": monitor})
 
 
 def evaluate_run(run: RunDir, protocol: Protocol, labels: int | None = None,

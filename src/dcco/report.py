@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,21 @@ from dcco.rundir import RunDir
 
 COLUMNS = ["run", "method", "dataset", "alpha", "samples/client", "clients/round", "rounds",
            "final loss", "k-NN"]
+
+
+def knn_features(record: dict[str, Any]) -> str:
+    """The space a k-NN figure (a metrics record or a summary) was measured in
+    (``dcco.evaluate.KNN_FEATURES``); records from before it was recorded used ``raw``."""
+    return record.get("knn_features", "raw")
+
+
+def knn_cell(record: dict[str, Any]) -> str:
+    """A k-NN figure in %, marked with its space unless it is the standardized default, so
+    that old raw-cosine figures are not read as today's monitor."""
+    if record.get("knn") is None:
+        return "—"
+    space = knn_features(record)
+    return _pct(record["knn"]) + ("" if space == "standardized" else f" ({space})")
 
 
 def _fmt(value: Any) -> str:
@@ -36,14 +52,15 @@ def _progress(run: RunDir) -> dict[str, Any]:
     cfg = run.config()
     logged = run.metrics()
     losses = [m for m in logged if "loss" in m]
-    knns = [m["knn"] for m in logged if "knn" in m]
+    knns = [m for m in logged if "knn" in m]
     done = losses[-1]["round"] if losses else 0
     return {"method": cfg.train.method, "dataset": cfg.data.dataset, "alpha": cfg.data.alpha,
             "samples_per_client": cfg.data.samples_per_client,
             "clients_per_round": cfg.train.clients_per_round,
             "rounds": f"{done} of {cfg.train.rounds} (unfinished)",
             "final_loss": losses[-1]["loss"] if losses else None,
-            "knn": knns[-1] if knns else None}
+            "knn": knns[-1]["knn"] if knns else None,
+            **({"knn_features": knn_features(knns[-1])} if knns else {})}
 
 
 def comparison_rows(runs: Sequence[RunDir]) -> tuple[list[str], list[list[str]]]:
@@ -59,7 +76,7 @@ def comparison_rows(runs: Sequence[RunDir]) -> tuple[list[str], list[list[str]]]
         rows.append([
             run.path.name, _fmt(s.get("method")), _fmt(s.get("dataset")), _fmt(s.get("alpha")),
             _fmt(s.get("samples_per_client")), _fmt(s.get("clients_per_round")),
-            _fmt(s.get("rounds")), _fmt(s.get("final_loss")), _pct(s.get("knn")),
+            _fmt(s.get("rounds")), _fmt(s.get("final_loss")), knn_cell(s),
         ] + [_pct(evals.get(p, {}).get("accuracy")) for p in protocols])
     return header, rows
 
@@ -136,7 +153,7 @@ def plot_run_curves(run: RunDir) -> list[Path]:
             ax.plot(rounds, [100 * v for v in values], marker="o")
             ax.set_ylim(0, 100)
             ax.set_ylabel("k-NN top-1 accuracy (%)")
-            ax.set_title(f"{method}: k-NN monitor", fontsize=9)
+            ax.set_title(f"{method}: {_knn_title(run, records)}", fontsize=9)
         else:
             ax.plot(rounds, values, marker="o" if len(points) < 30 else None)
             ax.set_ylabel("training loss")
@@ -148,6 +165,22 @@ def plot_run_curves(run: RunDir) -> list[Path]:
         plt.close(fig)
         written.append(run.plots_path / name)
     return written
+
+
+def _knn_title(run: RunDir, records: list[dict[str, Any]]) -> str:
+    """What the k-NN panel shows: the space of its last record and the monitor's sizes (from
+    the summary, or from the config while the run has none)."""
+    last = [r for r in records if "knn" in r][-1]
+    described = run.summary().get("knn_monitor")
+    if described and knn_features(run.summary()) == knn_features(last):
+        return f"{described} monitor"
+    try:
+        from dcco.evaluate import knn_description
+
+        e = run.config().eval
+        return f"{knn_description(replace(e, knn_features=knn_features(last)))} monitor"
+    except (OSError, ValueError):
+        return f"{knn_features(last)} k-NN monitor"
 
 
 def _loss_kind(method: str) -> str:

@@ -5,7 +5,8 @@
                               digest of the source files, command line
     metrics.jsonl             one JSON object per logged round (loss, lr, rounds/s, clients, samples,
                               exchanges, bytes per client) and per k-NN evaluation
-                              ({"round": r, "knn": acc})
+                              ({"round": r, "knn": acc, "knn_features": its space;
+                              records without it were made by the raw-cosine monitor)
     tensorboard/              the same as TensorBoard scalars, with train.tensorboard
     checkpoint.safetensors    model + optimiser state + rounds done; rewritten atomically
     summary.json              the final results, including every evaluation run on it
@@ -132,8 +133,21 @@ class RunDir:
     checkpoint_path = property(lambda self: self.path / "checkpoint.safetensors")
     summary_path = property(lambda self: self.path / "summary.json")
     plots_path = property(lambda self: self.path / "plots")
+    stop_path = property(lambda self: self.path / "STOP")
+    """A file whose presence asks a running Flower run to stop at its next logged round
+    (``stop_requested``): the ServerApp runs in a process of its own, started by the SuperLink,
+    so a file is how a user (or a test) reaches it."""
 
-    STARTED_ONLY = frozenset({"config.toml", "version.json", ".lock"})
+    def stop_requested(self) -> str | None:
+        """Whether ``STOP`` exists: consumed (removed, so a resumed run goes on) and reported
+        as the reason a ``pretraining_loop`` stops for, or None."""
+        try:
+            self.stop_path.unlink()
+        except FileNotFoundError:
+            return None
+        return f"stop requested ({self.stop_path.name} in the run directory)"
+
+    STARTED_ONLY = frozenset({"config.toml", "version.json", ".lock", "split.json"})
     """The files of a run directory that was created but never ran a round (a run stopped by
     an error in its config or data): ``create`` may start afresh in it."""
 

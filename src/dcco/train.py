@@ -23,10 +23,15 @@ from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
 from dcco.config import ConfigError, RunConfig
 from dcco.data.paired import Dataset
-from dcco.data.partition import Partition, dirichlet_partition
+from dcco.data.partition import (
+    Partition,
+    clients_of_at_least,
+    dirichlet_partition,
+    natural_partition,
+)
 from dcco.devices import to_device
 from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
-from dcco.evaluate import knn_accuracy
+from dcco.evaluate import EvalConfig, knn_accuracy, knn_description
 from dcco.methods.base import Segments
 from dcco.methods.predictive import target_decay
 from dcco.methods.registry import METHODS, build_method
@@ -111,7 +116,24 @@ def algorithm_of(cfg: RunConfig) -> Algorithm:
 
 
 def build_partition(cfg: RunConfig, train_set: Dataset) -> Partition:
-    """The run's clients: Hsu et al. Dirichlet partitioning of the training labels."""
+    """The run's clients: Hsu et al. Dirichlet partitioning of the training labels, or with
+    ``data.partition = "natural"`` one client per client id of the data (a lesion, a
+    patient, a writer), of whatever size. A method whose loss lives within a client (the
+    FedAvg baselines: ``min_client_samples``) samples only the natural clients large enough
+    for it; the others sit its rounds out."""
+    if cfg.data.partition == "natural":
+        clients = getattr(train_set, "clients", None)
+        if clients is None:
+            raise ConfigError(f"data.partition = 'natural' needs a client id per image, and "
+                              f"{train_set.name!r} has none")
+        partition = natural_partition(clients)
+        minimum = METHODS[cfg.train.method].min_client_samples
+        usable = clients_of_at_least(partition, minimum)
+        if usable.num_clients == 0:
+            raise ConfigError(f"{cfg.train.method} needs clients of at least {minimum} "
+                              f"samples, and no natural client of {train_set.name!r} has as "
+                              f"many")
+        return usable
     return dirichlet_partition(
         train_set.labels, cfg.data.samples_per_client, cfg.data.alpha, cfg.train.seed,
         num_clients=cfg.data.num_clients,
@@ -438,9 +460,15 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
                      on_round: RoundCallback | None = None,
                      window: Callable[[], MetricsWindow] = MetricsWindow,
                      meta: dict[str, Any] | None = None,
-                     on_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                     on_log: Callable[[dict[str, Any]], None] | None = None,
+                     stop: Callable[[], str | None] | None = None) -> dict[str, Any]:
     """The run loop of every backend: rounds until ``pt`` is finished, with metrics records,
     the k-NN monitor, atomic checkpoints and the summary.
+
+    A run told to stop (``stop`` returns a reason) goes on to the end of its logging window,
+    so that its records are those an uninterrupted run writes, then checkpoints there, notes
+    ``{"round": r, "stopped": reason}`` in the metrics and returns without a summary: the run
+    is unfinished, and resuming it continues from that round as if it had never stopped.
 
     Args:
         pt: the training state (resumed or fresh).
@@ -454,9 +482,12 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         window: makes a fresh ``MetricsWindow`` (a backend's subclass).
         meta: stored with each checkpoint (the method is always stored).
         on_log: called with every metrics record written.
+        stop: asked after each logged round whether to stop (a reason, e.g. "time budget"),
+            or None to go on.
 
     Returns:
-        The summary written to ``summary.json``.
+        The summary written to ``summary.json``; for a stopped run ``{"rounds": r,
+        "stopped": reason}``, and no summary is written.
     """
     cfg = pt.cfg
     t_cfg = cfg.train
@@ -468,7 +499,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
                                                state_bytes=state_bytes - model_bytes)
     writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
-    while not pt.finished:
+    stopped: str | None = None
+    while not pt.finished and stopped is None:
         m = step()
         w.add(m)
         last = pt.finished
@@ -485,17 +517,24 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
             if on_log is not None:
                 on_log(record)
             w = window()
+            if stop is not None and not last:
+                stopped = stop()
         if writes and test_set is not None and (
                 (t_cfg.knn_every and m.round % t_cfg.knn_every == 0) or last):
             latest["knn"] = monitor_knn(pt, train_set, test_set)
-            run.append_metrics({"round": m.round, "knn": latest["knn"]})
-        if m.round % t_cfg.checkpoint_every == 0 or last:
+            run.append_metrics({"round": m.round, "knn": latest["knn"],
+                                "knn_features": cfg.eval.knn_features})
+        if m.round % t_cfg.checkpoint_every == 0 or last or stopped is not None:
             pt.check_finite()
             if writes:
                 save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round,
                                 meta=meta, state=pt.round_state())
         if on_round is not None:
             on_round(m, latest)
+    if stopped is not None:
+        if writes:
+            run.append_metrics({"round": pt.rounds_done, "stopped": stopped})
+        return {"rounds": pt.rounds_done, "stopped": stopped}
     if not writes:
         return {"rounds": pt.rounds_done, "rank": pt.rank}
     history = run.metrics()
@@ -507,6 +546,9 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
         clients_per_round=t_cfg.clients_per_round,
         final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
+        **({"knn_features": cfg.eval.knn_features,
+            "knn_monitor": knn_description(cfg.eval, *_knn_sizes(cfg.eval, train_set, test_set))}
+           if knn else {}),
         **pt.inputs_record,
         exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
         bytes_per_client_round=message_bytes,
@@ -519,7 +561,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
 def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
                     test_set: Dataset | None = None, resume: bool = False,
                     on_round: RoundCallback | None = None,
-                    model: DualEncoder | None = None) -> dict[str, Any]:
+                    model: DualEncoder | None = None,
+                    stop: Callable[[], str | None] | None = None) -> dict[str, Any]:
     """Pretrain in this process into a run directory (``pretraining_loop``).
 
     Args:
@@ -530,14 +573,16 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
         resume: continue from ``run``'s checkpoint (from round 0 if none was written yet).
         on_round: see ``pretraining_loop``.
         model: see ``Pretraining``.
+        stop: see ``pretraining_loop``.
 
     Returns:
-        The summary written to ``summary.json``.
+        The summary written to ``summary.json`` (``pretraining_loop``'s partial record for a
+        run that was told to stop).
     """
     pt = Pretraining(cfg, train_set, model=model)
     if resume:
         resume_from_checkpoint(pt, run)
-    return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round)
+    return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round, stop=stop)
 
 
 def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:
@@ -546,4 +591,12 @@ def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float
     e = pt.cfg.eval
     return knn_accuracy(pt.model, train_set, test_set, k=e.knn_k, temperature=e.knn_temperature,
                         bank_size=e.knn_bank, num_queries=e.knn_queries, seed=pt.cfg.train.seed,
-                        device=pt.device)
+                        device=pt.device, features=e.knn_features)
+
+
+def _knn_sizes(e: EvalConfig, train_set: Dataset, test_set: Dataset | None
+               ) -> tuple[int, int]:
+    """The bank and query counts the monitor used (its sizes, capped by the splits)."""
+    n_test = len(test_set) if test_set is not None else 0
+    return (min(e.knn_bank or len(train_set), len(train_set)),
+            min(e.knn_queries or n_test, n_test))

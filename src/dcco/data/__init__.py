@@ -1,17 +1,20 @@
-"""Data: loaders of images (``datasets``) and pairs (``paired``), and client partitioning
-(``partition``).
+"""Data: loaders of images (``datasets``), pairs (``paired``), images in natural clients
+(``tables``, ``tff``), one entry point for all of them (``sources.load_split``), and client
+partitioning (``partition``).
 
 The only layer that reads data files; it imports nothing of ``dcco`` but ``dcco.seeding``.
 """
 
 from dcco.data.datasets import DataError, DatasetName, ImageDataset, load_dataset
-from dcco.data.paired import PAIRED_DATASETS, Dataset, PairedDataset, is_paired, load_split
+from dcco.data.paired import PAIRED_DATASETS, Dataset, PairedDataset, is_paired
 from dcco.data.partition import (
     Partition,
     PartitionSummary,
     dirichlet_partition,
     natural_partition,
 )
+from dcco.data.sources import load_split
+from dcco.data.tables import TableConfig
 
 __all__ = [
     "PAIRED_DATASETS",
@@ -22,6 +25,7 @@ __all__ = [
     "PairedDataset",
     "Partition",
     "PartitionSummary",
+    "TableConfig",
     "dirichlet_partition",
     "is_paired",
     "load_dataset",

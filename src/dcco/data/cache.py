@@ -53,15 +53,18 @@ def _crc(array: np.ndarray) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B"))
 
 
-def read_cache(folder: Path, sources: Sequence[Path]) -> tuple[np.ndarray, ...] | None:
-    """The cached arrays (read-only memory maps) if ``folder`` holds a cache of exactly
-    ``sources`` that passes every check, else None."""
+def read_cache(folder: Path, sources: Sequence[Path], names: Sequence[str] = ARRAYS,
+               settings: dict | None = None) -> tuple[np.ndarray, ...] | None:
+    """The cached arrays ``names`` (read-only memory maps) if ``folder`` holds a cache of
+    exactly ``sources``, decoded with exactly ``settings`` (e.g. an image size), that passes
+    every check, else None."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        if meta.get("format") != FORMAT or meta.get("sources") != _identity(sources):
+        if (meta.get("format") != FORMAT or meta.get("sources") != _identity(sources)
+                or meta.get("settings", {}) != (settings or {})):
             return None
         arrays = []
-        for name in ARRAYS:
+        for name in names:
             info = meta["arrays"][name]
             array = np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
             if (list(array.shape) != info["shape"] or str(array.dtype) != info["dtype"]
@@ -73,10 +76,11 @@ def read_cache(folder: Path, sources: Sequence[Path]) -> tuple[np.ndarray, ...] 
         return None
 
 
-def write_cache(folder: Path, sources: Sequence[Path], arrays: Sequence[np.ndarray]) -> None:
-    """Write ``arrays`` (images, labels) as the cache of ``sources`` in ``folder``,
-    atomically (a temporary folder renamed into place). A folder another process put there
-    first is kept.
+def write_cache(folder: Path, sources: Sequence[Path], arrays: Sequence[np.ndarray],
+                names: Sequence[str] = ARRAYS, settings: dict | None = None) -> None:
+    """Write ``arrays`` (named ``names``: images, labels, ...) as the cache of ``sources``
+    decoded with ``settings`` in ``folder``, atomically (a temporary folder renamed into
+    place). A folder another process put there first is kept.
 
     Raises:
         OSError: the parent folder is not writable (or another file-system error).
@@ -86,7 +90,9 @@ def write_cache(folder: Path, sources: Sequence[Path], arrays: Sequence[np.ndarr
     try:
         os.chmod(tmp, umask_mode(0o777))
         meta = {"format": FORMAT, "sources": _identity(sources), "arrays": {}}
-        for name, array in zip(ARRAYS, arrays, strict=True):
+        if settings:
+            meta["settings"] = settings
+        for name, array in zip(names, arrays, strict=True):
             array = np.ascontiguousarray(array)
             np.save(tmp / f"{name}.npy", array, allow_pickle=False)
             meta["arrays"][name] = {"shape": list(array.shape), "dtype": str(array.dtype),
@@ -109,30 +115,35 @@ def write_cache(folder: Path, sources: Sequence[Path], arrays: Sequence[np.ndarr
 
 
 def cached_arrays(name: str, sources: Sequence[Path], folders: Sequence[Path],
-                  decode: Callable[[], tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
-    """(images, labels) of one split: from a valid cache in the first of ``folders`` that
-    has one, else ``decode()``d from ``sources`` and cached in the first writable of
-    ``folders``.
+                  decode: Callable[[], tuple[np.ndarray, ...]], names: Sequence[str] = ARRAYS,
+                  settings: dict | None = None) -> tuple[np.ndarray, ...]:
+    """The arrays ``names`` (by default images, labels) of one split: from a valid cache in
+    the first of ``folders`` that has one, else ``decode()``d from ``sources`` and cached in
+    the first writable of ``folders``.
 
     Args:
         name: the cache's name, e.g. ``"fashion_mnist-train"`` (the folder is
             ``.dcco-cache-<name>``).
         sources: the files the arrays come from (their identity keys the cache).
         folders: where the cache may live, in order of preference.
-        decode: reads the sources (raising ``DataError`` for a bad file).
+        decode: reads the sources (raising ``DataError`` for a bad file), returning the
+            arrays in the order of ``names``.
+        names: the arrays' names (numeric arrays, or fixed-width unicode for names).
+        settings: how the sources were decoded (JSON-able, e.g. the image size): a cache made
+            with other settings is rebuilt.
     """
     if not enabled() or not all(p.is_file() for p in sources):
         return decode()  # a missing source is the decoder's to report, by name
     places = [Path(f) / f".dcco-cache-{name}" for f in dict.fromkeys(folders)]
     for place in places:
-        found = read_cache(place, sources)
+        found = read_cache(place, sources, names, settings)
         if found is not None:
             return found
     arrays = decode()
     for place in places:
         try:
             place.parent.mkdir(parents=True, exist_ok=True)
-            write_cache(place, sources, arrays)
+            write_cache(place, sources, arrays, names, settings)
             break
         except OSError:
             continue  # read-only: try the next place; without one, the data still loads

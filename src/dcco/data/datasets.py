@@ -103,6 +103,10 @@ class ImageDataset:
         labels: int64 (N,), in [0, num_classes).
         num_classes: number of classes.
         class_names: one name per class.
+        clients: int64 (N,), each image's client (a patient, a lesion, a writer) as an index
+            into ``client_names``, for data that comes in natural clients (client tables, TFF
+            files); None for data that has none.
+        client_names: the name of each client index (one split holds a subset of them).
     """
 
     name: str
@@ -110,6 +114,8 @@ class ImageDataset:
     labels: Tensor
     num_classes: int
     class_names: tuple[str, ...]
+    clients: Tensor | None = None
+    client_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
@@ -121,6 +127,15 @@ class ImageDataset:
         if len(self.class_names) != self.num_classes:
             raise ValueError(f"ImageDataset.class_names has {len(self.class_names)} names for "
                              f"num_classes = {self.num_classes}")
+        if (self.clients is None) != (self.client_names is None):
+            raise ValueError("ImageDataset.clients and client_names go together")
+        if self.clients is not None:
+            if self.clients.dtype != torch.int64 or self.clients.shape != self.labels.shape:
+                raise ValueError(f"ImageDataset.clients must be int64 ({len(self.labels)},), "
+                                 f"got {self.clients.dtype} {tuple(self.clients.shape)}")
+            if self.clients.numel() and not (0 <= int(self.clients.min()) and int(
+                    self.clients.max()) < len(self.client_names)):
+                raise ValueError("ImageDataset.clients must index client_names")
         if not self.images.is_contiguous():
             object.__setattr__(self, "images", self.images.contiguous())
 
@@ -145,9 +160,10 @@ class ImageDataset:
     def subset(self, indices: Tensor | np.ndarray | list[int]) -> ImageDataset:
         """The samples ``indices`` (int (M,), in that order) as a new data set."""
         idx = torch.as_tensor(indices, dtype=torch.int64, device=self.images.device)
+        clients = None if self.clients is None else self.clients[idx.to(self.clients.device)]
         return ImageDataset(self.name, self.images[idx].contiguous(),
                             self.labels[idx.to(self.labels.device)], self.num_classes,
-                            self.class_names)
+                            self.class_names, clients, self.client_names)
 
 
 def search_dirs(data_dir: str | Path | None) -> list[Path]:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dcco.data.datasets import DataError, ImageDataset, Split, load_dataset
+from dcco.data.datasets import DataError, ImageDataset, Split
 
 PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz", "pairs")
 """The data sets whose samples are pairs of two modalities (``load_split`` returns a
@@ -130,26 +130,6 @@ def is_paired(name: str) -> bool:
     return name in PAIRED_DATASETS
 
 
-def load_split(name: str, split: Split, data_dir: str | Path | None = None,
-               download: bool = True) -> Dataset:
-    """One split of any data set dcco knows: images (``load_dataset``) or pairs.
-
-    Raises:
-        DataError: files missing or malformed (the message names the file and the problem).
-        ValueError: unknown ``name`` or ``split``.
-    """
-    if name == "fashion_mnist_halves":
-        return halves(load_dataset("fashion_mnist", split, data_dir, download))
-    if name == "paired_npz":
-        return load_npz_pairs(split, data_dir)
-    if name == "pairs":
-        raise DataError("data.dataset = 'pairs' trains on a PairedDataset that your code "
-                        "passes to dcco.train.Pretraining; nothing is loaded from files. To "
-                        "train from files (the CLI, Flower) write train.npz and test.npz and "
-                        "use data.dataset = 'paired_npz' (docs/multimodal.md)")
-    return load_dataset(name, split, data_dir, download)  # type: ignore[arg-type]
-
-
 def halves(images: ImageDataset) -> PairedDataset:
     """The two-view data set of an image data set: X the left half of every image (columns
     [0, W/2)), Y the right half ([W/2, W)), and the image's label."""
@@ -218,5 +198,4 @@ def load_npz_pairs(split: Split, data_dir: str | Path | None) -> PairedDataset:
                          torch.from_numpy(labels.astype(np.int64)), len(names), names)
 
 
-__all__ = ["PAIRED_DATASETS", "Dataset", "PairedDataset", "halves", "is_paired", "load_npz_pairs",
-           "load_split"]
+__all__ = ["PAIRED_DATASETS", "Dataset", "PairedDataset", "halves", "is_paired", "load_npz_pairs"]

@@ -326,5 +326,18 @@ def natural_partition(client_ids: Sequence | np.ndarray | Tensor) -> Partition:
                      keys=tuple(keys.tolist()))
 
 
+def clients_of_at_least(partition: Partition, minimum: int) -> Partition:
+    """The clients holding at least ``minimum`` samples (in their order, keys kept): the
+    clients a method whose loss lives within a client can use (FedAvg baselines need 2)."""
+    keep = torch.nonzero(partition.sizes >= minimum).flatten()
+    if keep.numel() == partition.num_clients:
+        return partition
+    sizes = partition.sizes[keep]
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)])
+    indices = partition.gather(keep)[0] if keep.numel() else partition.indices[:0]
+    keys = None if partition.keys is None else tuple(partition.keys[k] for k in keep.tolist())
+    return Partition(indices, offsets, keys)
+
+
 def _as_numpy(x: Tensor | np.ndarray | Sequence) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)

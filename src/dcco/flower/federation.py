@@ -42,6 +42,7 @@ from dcco.flower import codec, secagg, timing
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.flower.nodes import NodeIdentity, assign
+from dcco.flower.polling import push_and_pull
 from dcco.methods.base import Segments
 from dcco.rundir import RunDir, RunDirError, config_differences
 from dcco.seeding import generator
@@ -75,6 +76,7 @@ def content_bytes(message: Message) -> int:
     return recorddict_to_proto(message.content).ByteSize()
 
 
+
 class MeteredGrid:
     """A grid that counts the content bytes of every message it carries, per node: sent to
     it (``down``) and received from it (``up``). Everything else is the wrapped grid's.
@@ -91,12 +93,19 @@ class MeteredGrid:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
-    def send_and_receive(self, messages: Iterable[Message], *args: Any,
-                         **kwargs: Any) -> Iterable[Message]:
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Push the messages, then pull their replies every ``POLL_S`` until all are in or
+        ``timeout`` passes: Flower's ``Grid.send_and_receive``, whose 3 s sleep between pulls
+        would add up to 3 s to every exchange (``push_messages`` and ``pull_messages`` are
+        its public parts)."""
         messages = list(messages)
         for m in messages:
             self.down[m.metadata.dst_node_id] += content_bytes(m)
-        replies = list(self._grid.send_and_receive(messages, *args, **kwargs))
+        if getattr(self._grid, "replies_at_once", False):  # in-process: nothing to wait for
+            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        else:
+            replies = push_and_pull(self._grid, messages, timeout)
         for r in replies:
             if not r.has_error():
                 self.up[r.metadata.src_node_id] += content_bytes(r)
@@ -482,6 +491,7 @@ def open_run(cfg: RunConfig, fcfg: FlowerConfig) -> RunDir:
         if differ := config_differences(run.config(), cfg):
             raise RunDirError(f"flower.resume: {path} holds a run with another config "
                               f"({differ}); cannot resume it with this one")
+        run.stop_path.unlink(missing_ok=True)  # a request to stop the run that ended
     run.update_summary(backend="flower", flower=asdict(fcfg))
     return run
 
@@ -501,8 +511,13 @@ def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: Ima
         train_set: the server's training split (client partition, k-NN bank, calibration).
         test_set: the k-NN monitor's queries; None disables the monitor.
 
+    A file ``STOP`` created in the run directory stops the run at its next logged round, with
+    a checkpoint and a ``{"round", "stopped"}`` record, as an unfinished run that
+    ``flower.resume = true`` continues; ``flwr stop`` instead ends the ServerApp wherever it
+    is, and resuming goes back to the last checkpoint.
+
     Returns:
-        The summary written to ``summary.json``.
+        The summary written to ``summary.json``; for a stopped run ``{"rounds", "stopped"}``.
     """
     run = open_run(cfg, fcfg)
     LOG.info("dcco: run directory %s", run.path.resolve())
@@ -527,8 +542,12 @@ def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: Ima
         loss = f"{record['loss']:.4g}" if "loss" in record else "n/a (skipped)"
         LOG.info("dcco: round %d/%d loss %s", record["round"], cfg.train.rounds, loss)
 
-    return pretraining_loop(pt, run, step, train_set, test_set, window=FlowerWindow,
-                            meta={"backend": "flower"}, on_log=log)
+    summary = pretraining_loop(pt, run, step, train_set, test_set, window=FlowerWindow,
+                               meta={"backend": "flower"}, on_log=log, stop=run.stop_requested)
+    if "stopped" in summary:
+        LOG.info("dcco: %s after round %d; continue it with flower.resume = true",
+                 summary["stopped"], summary["rounds"])
+    return summary
 
 
 class FlowerWindow(MetricsWindow):

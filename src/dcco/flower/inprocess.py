@@ -82,6 +82,10 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
+    replies_at_once = True
+    """Every reply exists once its message is pushed (a lost node's never will), so a caller
+    need not poll (``federation.MeteredGrid``)."""
+
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
         return list(self.pull_messages(list(self.push_messages(messages))))

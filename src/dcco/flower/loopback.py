@@ -84,6 +84,10 @@ def _stop_on_signals() -> None:
         signal.signal(s, handler)
 
 
+SUPEREXEC_POLL_S = "0.1"
+"""The task poll of the deployment's SuperExecs, in seconds (Flower's default: 1)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,8 +132,11 @@ class Loopback:
         # starts) come from this interpreter's environment first, so a virtual environment
         # works without being activated.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        # a SuperExec (the SuperLink's and each SuperNode's) looks for a new task every
+        # FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds (Flower's default 1 s; 0.01 to 60)
         self.env = os.environ | {"FLWR_HOME": str(self.home),
                                  "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                                 "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL_S,
                                  "PYTHONUNBUFFERED": "1", "PATH": path}
 
     # ------------------------------------------------------------------ processes

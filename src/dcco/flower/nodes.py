@@ -29,8 +29,8 @@ from dcco.algorithm import Algorithm
 from dcco.augment import training_views
 from dcco.client import ClientUpdate, client_statistics, trainable_parameters
 from dcco.config import RunConfig
-from dcco.data.paired import load_split
 from dcco.data.partition import Partition
+from dcco.data.sources import load_split
 from dcco.methods.base import Method
 from dcco.models import DualEncoder
 from dcco.precision import prepare_model
@@ -122,7 +122,7 @@ def node_data(cfg: RunConfig) -> NodeData:
     ClientApp runs many messages in one process; a deployed SuperNode starts one process per
     message and pays the load each time.
     """
-    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir)
+    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir, table=cfg.table)
     device = resolve_device(cfg.train.device)
     return NodeData(train.inputs(0).to(device), build_partition(cfg, train),
                     train.inputs(1).to(device) if train.paired else None)

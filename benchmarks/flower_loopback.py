@@ -1,0 +1,129 @@
+"""A deployed round on loopback against Flower's own floor, measured in one run.
+
+Deploys, one after the other on this machine, a SuperLink and ``--nodes`` SuperNodes for:
+
+- ``floor, 2 exchanges`` and ``floor, 1 exchange``: ``dcco.flower.floor``, whose ClientApp
+  only echoes a tiny message (it imports Flower, not torch): what any Flower app pays per
+  round of that many exchanges;
+- each ``--methods`` entry: the dcco app (``dcco.flower.loopback``), with
+  ``dcco.flower.timing`` splitting its exchanges into process start and imports, data load,
+  compute and the rest (Flower's).
+
+Each figure is the median of the rounds after the first (the first includes the nodes'
+discovery); a method's ratio is to the floor with as many exchanges as its round has
+(``exchanges_per_round`` in its summary). The targets: DCCO (two exchanges) and FedAvg (one)
+each at most 1.5 × its floor.
+
+    python benchmarks/flower_loopback.py --out /tmp/loopback \\
+        --record benchmarks/results/flower_loopback.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from dcco.flower import timing
+from dcco.flower.loopback import Loopback, run_loopback, seconds_per_round
+from dcco.rundir import cpu_name
+
+FLOOR_PROJECT = Path(__file__).resolve().parent / "flower_floor"
+TARGET = 1.5
+
+DCCO_OVERRIDES = {"model.widths": "[16, 32, 64]", "model.projector": "[128, 128, 128]",
+                  "data.samples_per_client": 4, "train.clients_per_round": 16,
+                  "train.knn_every": 0, "train.log_every": 1}
+"""The app's round as the earlier record (flower_loopback_before_cache.json) ran it."""
+
+
+def floor(nodes: int, exchanges: int, rounds: int, out: Path) -> list[float]:
+    """Seconds of each round of the floor app."""
+    record = out / "floor.json"
+    with Loopback(nodes, out, FLOOR_PROJECT) as deployment:
+        run_id = deployment.submit({"rounds": rounds, "exchanges": exchanges,
+                                    "min_nodes": nodes, "record": str(record)})
+        status = deployment.wait(run_id, timeout=1800)
+        if status != "finished:completed":
+            raise SystemExit(f"the floor app ended {status}: {deployment.details}"
+                             + deployment.log_tails())
+    return json.loads(record.read_text())["seconds_per_round"]
+
+
+def dcco_round(nodes: int, method: str, secagg: bool, rounds: int,
+               out: Path) -> tuple[list[float], dict, int]:
+    """Seconds of each round of the dcco app, the mean breakdown of its exchanges, and the
+    exchanges of its round."""
+    stamps = out / "timing.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    stamps.unlink(missing_ok=True)
+    os.environ[timing.ENV] = str(stamps)  # every process of the deployment inherits it
+    try:
+        run_dir, _ = run_loopback(nodes, out, DCCO_OVERRIDES | {
+            "train.method": method, "train.rounds": rounds, "flower.secagg": secagg},
+            timeout=1800)
+    finally:
+        del os.environ[timing.ENV]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return seconds_per_round(run_dir), timing.breakdown(stamps), summary["exchanges_per_round"]
+
+
+def typical(seconds: list[float]) -> float:
+    """The median round after the first."""
+    return statistics.median(seconds[1:] or seconds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for the deployments")
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--methods", nargs="+", default=["dcco", "cco_fedavg"])
+    ap.add_argument("--secagg", action="store_true", help="also DCCO through SecAgg+")
+    ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # 3 nodes' processes on a few cores
+    started = time.perf_counter()
+
+    floors: dict[int, list[float]] = {}
+    for exchanges in (2, 1):
+        floors[exchanges] = floor(args.nodes, exchanges, args.rounds,
+                                  args.out / f"floor-{exchanges}")
+        print(f"floor, {exchanges} exchange(s): {typical(floors[exchanges]):.2f} s per round",
+              flush=True)
+    rows = []
+    runs = [(m, False) for m in args.methods] + ([("dcco", True)] if args.secagg else [])
+    for method, secagg in runs:
+        seconds, parts, exchanges = dcco_round(
+            args.nodes, method, secagg, args.rounds,
+            args.out / f"{method}{'-secagg' if secagg else ''}")
+        base = typical(floors[min(exchanges, 2)])
+        rows.append({"method": method, "secagg": secagg, "exchanges": exchanges,
+                     "s_per_round": typical(seconds), "rounds_s": seconds,
+                     "floor_s": base, "ratio_to_floor": typical(seconds) / base,
+                     "breakdown": parts})
+        print(f"{method}{' + SecAgg+' if secagg else ''}: {typical(seconds):.2f} s per round, "
+              f"{typical(seconds) / base:.2f} × the floor of {exchanges} exchange(s) "
+              f"(target {TARGET})", flush=True)
+    record = {
+        "command": "python benchmarks/flower_loopback.py " + " ".join(sys.argv[1:]),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}",
+        "nodes": args.nodes, "rounds": args.rounds, "overrides": DCCO_OVERRIDES,
+        "omp_num_threads": os.environ["OMP_NUM_THREADS"],
+        "statistic": "median seconds per round, rounds after the first",
+        "target_ratio": TARGET,
+        "floor": {str(k): {"s_per_round": typical(v), "rounds_s": v} for k, v in floors.items()},
+        "rows": rows, "seconds": time.perf_counter() - started}
+    if args.record is not None:
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"record: {args.record}")
+
+
+if __name__ == "__main__":
+    main()

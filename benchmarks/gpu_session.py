@@ -1,0 +1,369 @@
+"""One GPU session, start to end: the measurements that wait for a GPU, within a time budget.
+
+On a lent GPU machine (bare, no network, minutes counted) or a researcher's own, with dcco
+importable and a budget in minutes, ``run``:
+
+1. records the machine (``machine.json``: GPU, driver, torch, CPU, the code's commit);
+2. runs the `full`-scale round-cost ladder (``benchmarks/round_cost.py``) for dcco,
+   cco_fedavg, contrastive_fedavg and centralized_cco, eager float32 to CUDA graphs; it
+   writes after every rung;
+3. profiles one round of the grid's non-IID 4 DCCO cell (``benchmarks/round_profile.py``);
+4. runs the precision check (``benchmarks/precision_check.py``): eager float32 against bf16 +
+   compile, the same seed, the k-NN monitor within 1 point;
+5. gives the rest of the budget to ``dcco reproduce GRID --scale gpu --jobs auto
+   --time-budget M``, whose cells stop at a checkpoint when it ends and resume in the next
+   session;
+6. packs every small record (the phases' records, the cells' config, metrics, summary and
+   version files, the logs) into one ``records.tar.gz`` of at most 16 MiB.
+
+Each phase is a process with its share of the budget (``--ladder-minutes``, ...); one that
+overruns is interrupted and recorded as such in ``session.json``, which is rewritten after
+every phase, and the session goes on. ``--detach`` starts the session in a new process
+session (so that it outlives the command that started it) and returns at once; follow its
+``session.log`` and collect the archive with later, shorter commands. ``DONE`` appears in
+``--out`` when the archive is written.
+
+On the project's CPU machine, ``prepare`` puts what a bare lent machine lacks into ``.gpu/``
+(in .gitignore; the device tool's ``carry`` takes it along): the wheels of kornia and kornia_rs
+for its Python 3.12, the Fashion-MNIST files, and the commit. The exact commands are in
+docs/performance.md ("A GPU session").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHIVE_LIMIT = 16 << 20
+"""The most one file may hold to come back from a lent machine."""
+CELL_FILES = ("config.toml", "metrics.jsonl", "summary.json", "version.json")
+"""What a grid cell keeps in the repository (the checkpoints stay behind)."""
+WHEELS = ("kornia==0.9.0", "kornia_rs==0.2.0")
+"""What dcco needs that a lent GPU machine's image lacks (KINDS.md's package list)."""
+
+
+def _now() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+def _say(text: str) -> None:
+    print(f"[{_now()}] {text}", flush=True)
+
+
+def _write_json(path: Path, record: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------ prepare
+
+
+def prepare(args: argparse.Namespace) -> int:
+    """Fill ``.gpu/`` for a lent machine: wheels, data, commit."""
+    folder = ROOT / ".gpu"
+    (folder / "whl").mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--only-binary=:all:", "--python-version", "3.12", "--implementation",
+                    "cp", "--platform", "manylinux_2_28_x86_64", "--platform",
+                    "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d",
+                    str(folder / "whl"), *WHEELS], check=True)
+    data = folder / "data"
+    data.mkdir(exist_ok=True)
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        source = args.data_dir / name
+        if not source.is_file():
+            raise SystemExit(f"prepare: {source} is missing; install dataset-fashion-mnist or "
+                             f"give --data-dir")
+        shutil.copy2(source, data / name)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    (folder / "commit.txt").write_text(commit + ("+dirty" if dirty else "") + "\n")
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"wrote {folder} ({size / 2**20:.1f} MiB); carry '.gpu' with the device tool and "
+          f"start the session as docs/performance.md ('A GPU session') shows")
+    return 0
+
+
+# ------------------------------------------------------------------------------ run
+
+
+def machine_record(out: Path) -> dict:
+    import torch
+
+    record = {"python": platform.python_version(), "torch": torch.__version__,
+              "cuda": torch.version.cuda, "platform": platform.platform(),
+              "cpus": os.cpu_count(), "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        record |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                   "multiprocessors": props.multi_processor_count}
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            record["nvidia_smi"] = subprocess.run(
+                [smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                 "--format=csv,noheader"], capture_output=True, text=True,
+                check=False).stdout.strip()
+    commit = ROOT / ".gpu" / "commit.txt"
+    record["commit"] = (commit.read_text().strip() if commit.is_file()
+                        else os.environ.get("DCCO_SOURCE_COMMIT", "unknown"))
+    from dcco.rundir import code_version
+
+    record["code"] = code_version()
+    _write_json(out / "records" / "machine.json", record)
+    return record
+
+
+def run_phase(name: str, command: list[str], seconds: float, log: Path,
+              session: dict, session_path: Path) -> None:
+    """One phase as a process with ``seconds`` to run (SIGINT past them, SIGKILL 20 s
+    later), its output appended to ``log`` and its outcome to the session record."""
+    _say(f"{name}: {' '.join(command)} ({seconds / 60:.1f} min at most)")
+    start = time.monotonic()
+    entry = {"phase": name, "command": " ".join(command), "minutes_allowed": seconds / 60}
+    if seconds <= 1:
+        entry |= {"outcome": "skipped: no time left"}
+    else:
+        with open(log, "a") as fh:
+            fh.write(f"\n===== {name} ({_now()})\n")
+            fh.flush()
+            # its own process group, so that a phase's children (the precision check's two
+            # runs, the grid's cells) are stopped with it
+            process = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT,
+                                       cwd=ROOT, start_new_session=True)
+            timed_out = False
+            try:
+                process.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _signal_group(process, signal.SIGINT)
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait()
+        entry |= {"returncode": process.returncode, "timed_out": timed_out,
+                  "outcome": "interrupted at its time limit" if timed_out else
+                  "ok" if process.returncode == 0 else f"failed ({process.returncode})"}
+    entry["minutes"] = round((time.monotonic() - start) / 60, 2)
+    session["phases"].append(entry)
+    _write_json(session_path, session)
+    _say(f"{name}: {entry['outcome']} after {entry['minutes']:.1f} min")
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def pack(out: Path, grid_out: Path) -> Path:
+    """``records.tar.gz``: the records, the session files, and the small files of every cell
+    of the grid folder; logs are dropped, largest first, if the archive would pass the
+    limit."""
+    files: list[tuple[Path, str]] = []
+    for path in sorted((out / "records").rglob("*")):
+        if path.is_file():
+            files.append((path, f"records/{path.relative_to(out / 'records')}"))
+    for name in ("session.json", "session.log"):
+        if (out / name).is_file():
+            files.append((out / name, name))
+    if grid_out.is_dir():
+        for cell in sorted(p for p in grid_out.iterdir() if p.is_dir()):
+            keep = CELL_FILES if not cell.name.startswith(".") else ()
+            for name in keep:
+                if (cell / name).is_file():
+                    files.append((cell / name, f"{grid_out.name}/{cell.name}/{name}"))
+        for path in sorted((grid_out / ".logs").glob("*.log")):
+            files.append((path, f"{grid_out.name}/.logs/{path.name}"))
+        if (grid_out / "results.md").is_file():
+            files.append((grid_out / "results.md", f"{grid_out.name}/results.md"))
+    archive = out / "records.tar.gz"
+    logs = sorted((f for f in files if f[1].endswith(".log")),
+                  key=lambda f: f[0].stat().st_size)
+    while True:
+        tmp = archive.with_suffix(".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path, arcname in files:
+                tar.add(path, arcname=arcname)
+        if tmp.stat().st_size <= ARCHIVE_LIMIT or not logs:
+            os.replace(tmp, archive)
+            return archive
+        files.remove(logs.pop())  # the largest log goes first
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.detach:
+        return detach(args)
+    out = args.out
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + 60 * args.minutes
+    session_path, log = out / "session.json", out / "phases.log"
+    session: dict = {"minutes": args.minutes, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                     "phases": []}
+    record = machine_record(out)
+    session["machine"] = record.get("gpu", "cpu")
+    _write_json(session_path, session)
+    on_gpu = record["cuda_available"] and args.device != "cpu"
+    _say(f"machine: {session['machine']}, torch {record['torch']}; budget "
+         f"{args.minutes:g} min")
+    py = sys.executable
+    records = str(out / "records")
+    reserve = max(10.0, 0.02 * 60 * args.minutes)  # for the pack at the end
+
+    def left() -> float:
+        return deadline - time.monotonic() - reserve
+
+    overrides = [x for s in args.set for x in ("--set", s)]
+    steps = ["--steps", *args.ladder_steps] if args.ladder_steps else []
+    phases = [
+        ("ladder", [py, "benchmarks/round_cost.py", "--scale", args.ladder_scale, "--device",
+                    "cuda" if on_gpu else "cpu", "--out", records, *steps],
+         args.ladder_minutes),
+        ("profile", [py, "benchmarks/round_profile.py", "--grid", str(args.grid), "--scale",
+                     args.scale, "--warmup", str(args.profile_warmup), "--out", records,
+                     *overrides], args.profile_minutes),
+        ("precision", [py, "benchmarks/precision_check.py", "--grid", str(args.grid),
+                       "--scale", args.scale, "--rounds", str(args.precision_rounds),
+                       "--knn-every", str(max(1, args.precision_rounds // 4)),
+                       "--fast-precision", "bf16", "--fast-compile",
+                       "on" if on_gpu else "off", "--work", str(out / "precision-work"),
+                       "--out", records, *overrides], args.precision_minutes),
+    ]
+    for name, command, minutes in phases:
+        run_phase(name, command, min(60 * minutes, left()), log, session, session_path)
+    # the grid's own start-up and table come out of its share
+    grid_minutes = (left() - max(5.0, min(30.0, 0.05 * 60 * args.minutes))) / 60
+    grid_command = [py, "-m", "dcco", "reproduce", str(args.grid), "--scale", args.scale,
+                    "--out", str(args.grid_out), "--jobs", args.jobs, "--time-budget",
+                    f"{max(grid_minutes, 0.01):.2f}", "--no-progress"]
+    if grid_minutes > 0.05:
+        # its own budget stops it; the phase limit is a backstop a few minutes later
+        run_phase("grid", grid_command, left() + min(180.0, 0.1 * 60 * args.minutes), log,
+                  session, session_path)
+    else:
+        run_phase("grid", grid_command, 0, log, session, session_path)
+    archive = pack(out, args.grid_out)
+    session["archive"] = {"path": str(archive), "bytes": archive.stat().st_size}
+    session["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    _write_json(session_path, session)
+    archive = pack(out, args.grid_out)  # again, with the final session record in it
+    (out / "DONE").write_text(f"{archive}\n")
+    _say(f"wrote {archive} ({archive.stat().st_size / 2**20:.2f} MiB); session over")
+    return 0
+
+
+def detach(args: argparse.Namespace) -> int:
+    """Start this session in a new process session, output to ``--out``/session.log."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    log = args.out / "session.log"
+    with open(log, "a") as fh:
+        process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv],
+                                   stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   start_new_session=True)
+    print(f"started the session as process {process.pid} in a new process session; follow "
+          f"it with: tail -n 20 {log}; the archive is {args.out / 'records.tar.gz'} once "
+          f"{args.out / 'DONE'} exists")
+    return 0
+
+
+def unpack(args: argparse.Namespace) -> int:
+    """Put an archive's records where the repository keeps them: the phases' records and the
+    session's in ``benchmarks/results/`` (the session and machine records named by GPU and
+    date), the cells' small files in ``experiments/results/<grid folder>/``; logs stay in the
+    archive."""
+    import re
+
+    results = args.into / "benchmarks" / "results"
+    cells_root = args.into / "experiments" / "results"
+    with tarfile.open(args.archive) as tar:
+        members = {m.name: m for m in tar.getmembers() if m.isfile()}
+        session = json.load(tar.extractfile(members["session.json"]))
+        tag = re.sub(r"[^a-z0-9]+", "-", f"{session.get('machine', 'cpu')} "
+                     f"{session.get('started', '')[:10]}".lower()).strip("-")
+        placed = []
+        for name, member in members.items():
+            parts = Path(name).parts
+            if name.endswith(".log") or (len(parts) > 1 and parts[1] == ".logs"):
+                continue
+            if parts[0] == "records":
+                target = results / (f"gpu_session_{tag}_machine.json"
+                                    if parts[-1] == "machine.json" else parts[-1])
+            elif name == "session.json":
+                target = results / f"gpu_session_{tag}.json"
+            elif len(parts) == 3 and parts[2] in CELL_FILES:
+                target = cells_root / parts[0] / parts[1] / parts[2]
+            else:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+            placed.append(target.relative_to(args.into))
+    print("\n".join(str(p) for p in sorted(placed)))
+    print(f"{len(placed)} files placed; rewrite the grid's table with its reproduce "
+          f"command (--table-only) and commit them")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="fill .gpu/ for a lent machine (on this CPU machine)")
+    p.add_argument("--data-dir", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
+    p = sub.add_parser("run", help="the session (on the GPU machine)")
+    p.add_argument("--minutes", type=float, required=True, help="the whole session's budget")
+    p.add_argument("--out", type=Path, required=True, help="records, logs and the archive")
+    p.add_argument("--detach", action="store_true",
+                   help="start in a new process session and return at once")
+    p.add_argument("--device", choices=["auto", "cpu"], default="auto",
+                   help="cpu: run every phase on the CPU (the test of this script)")
+    p.add_argument("--grid", type=Path, default=Path("experiments/table1_fmnist.toml"))
+    p.add_argument("--scale", default="gpu", help="the grid scale the cells and checks use")
+    p.add_argument("--grid-out", type=Path,
+                   default=Path("experiments/results/table1_fmnist-gpu"))
+    p.add_argument("--jobs", default="auto")
+    p.add_argument("--ladder-scale", default="full")
+    p.add_argument("--ladder-steps", nargs="+", default=None, metavar="STEP",
+                   help="only these rungs of the ladder (default: all)")
+    p.add_argument("--profile-warmup", type=int, default=10,
+                   help="rounds before the profiled ones")
+    p.add_argument("--precision-rounds", type=int, default=2000)
+    p.add_argument("--ladder-minutes", type=float, default=None,
+                   help="the ladder's share (default: 22 %% of the budget)")
+    p.add_argument("--profile-minutes", type=float, default=None,
+                   help="the profile's share (default: 5 %%)")
+    p.add_argument("--precision-minutes", type=float, default=None,
+                   help="the precision check's share (default: 18 %%); the grid gets the rest")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a value of the checked cell's config (profile, precision)")
+    p = sub.add_parser("unpack", help="place an archive's records in the repository (here)")
+    p.add_argument("archive", type=Path)
+    p.add_argument("--into", type=Path, default=ROOT, help="the repository (default: this one)")
+    args = ap.parse_args(argv)
+    if args.command == "prepare":
+        return prepare(args)
+    if args.command == "unpack":
+        return unpack(args)
+    for name, share in (("ladder_minutes", 0.22), ("profile_minutes", 0.05),
+                        ("precision_minutes", 0.18)):
+        if getattr(args, name) is None:
+            setattr(args, name, share * args.minutes)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

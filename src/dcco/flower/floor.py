@@ -1,0 +1,66 @@
+"""Flower's own floor: a ServerApp and a ClientApp that only exchange tiny messages.
+
+A deployed round's seconds are Flower's (a SuperNode's poll, a ``flwr-clientapp`` process
+started for every message, the ServerApp's pulls) plus dcco's (imports of torch and dcco in
+that process, data, compute). This app has only the first part: its ClientApp imports Flower
+and nothing of torch, and echoes each message; its ServerApp runs ``rounds`` rounds of
+``exchanges`` exchanges with every connected node, through the same ``push_and_pull`` as
+dcco's rounds, and writes the seconds of each round to ``record`` (JSON). So
+``benchmarks/flower_loopback.py`` can set dcco's seconds per round against this floor,
+measured in the same run on the same machine. Its Flower project is
+``benchmarks/flower_floor/pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from dcco.flower.polling import push_and_pull
+
+client_app = ClientApp()
+server_app = ServerApp()
+
+
+@client_app.train()
+def echo(msg: Message, context: Context) -> Message:
+    """The message's round and exchange, sent back."""
+    return Message(RecordDict({"echo": ConfigRecord(dict(msg.content["ask"]))}), reply_to=msg)
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """``rounds`` rounds of ``exchanges`` exchanges with ``min_nodes`` nodes or more; each
+    round's seconds written to ``record``."""
+    cfg = context.run_config
+    rounds, exchanges = int(cfg["rounds"]), int(cfg["exchanges"])
+    min_nodes, timeout = int(cfg["min_nodes"]), float(cfg["timeout"])
+    deadline = time.monotonic() + timeout
+    while len(nodes := sorted(grid.get_node_ids())) < min_nodes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(nodes)} of {min_nodes} nodes connected within "
+                               f"{timeout:.0f} s")
+        time.sleep(0.1)
+    seconds = []
+    for r in range(rounds):
+        start = time.perf_counter()
+        for e in range(exchanges):
+            asks = [Message(RecordDict({"ask": ConfigRecord({"round": r, "exchange": e})}),
+                            dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+            replies = push_and_pull(grid, asks, timeout)
+            failed = [m for m in replies if m.has_error()]
+            if len(replies) != len(nodes) or failed:
+                raise RuntimeError(f"round {r}, exchange {e}: {len(replies)} of {len(nodes)} "
+                                   f"replies, {len(failed)} failed")
+        seconds.append(time.perf_counter() - start)
+    path = Path(str(cfg["record"]))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"nodes": len(nodes), "exchanges": exchanges,
+                               "seconds_per_round": seconds}) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,101 @@
+"""The grid file: a base run config, the client settings, the methods, the evaluations and
+the scales of an experiment grid (e.g. ``experiments/table1_fmnist.toml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dcco.config import ConfigError, RunConfig, load_config, read_toml
+from dcco.methods.registry import METHODS
+
+SUPERVISED = "supervised"
+PROTOCOLS = ("linear", "finetune", "linear_y", "retrieval", "knn", "case_linear",
+             "case_finetune")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One column of the table: a client structure."""
+
+    name: str
+    alpha: float
+    samples_per_client: int
+    clients_per_round: int
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A parsed grid file at one scale."""
+
+    base: RunConfig
+    settings: tuple[Setting, ...]
+    methods: tuple[str, ...]
+    evaluations: tuple[str, ...]
+    """e.g. ``linear@5000``; supervised runs take the labels of each."""
+    seeds: tuple[int, ...]
+    scale: str
+    global_batch: int | None = None
+    """The scale's images per round (federated) and per step (centralized); None: the base
+    config's and the settings' own."""
+
+
+
+def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) -> Grid:
+    """Read a grid file and apply one scale's overrides, then ``overrides`` (``section.key=
+    value``, e.g. the data folder), with errors naming the key."""
+    path = Path(path)
+    raw = read_toml(path, "grid file")
+    for key in raw:
+        if key not in ("base", "setting", "grid", "scale"):
+            raise ConfigError(f"unknown key '{key}' in {path}; allowed: base, setting, grid, scale")
+    scales = raw.get("scale", {})
+    if scale not in scales:
+        raise ConfigError(f"{path} has no scale {scale!r}; choose one of {', '.join(scales)}")
+    unknown = set(scales[scale]) - {"set", "seeds", "global_batch", "evaluations"}
+    if unknown:
+        raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
+                          f"global_batch, evaluations")
+    base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", []))
+                       + list(overrides or []))
+    try:
+        settings = tuple(Setting(**s) for s in raw.get("setting", []))
+    except TypeError as e:
+        raise ConfigError(f"{path}: a [[setting]] needs exactly name, alpha, samples_per_client "
+                          f"and clients_per_round ({e})") from None
+    batch = scales[scale].get("global_batch")
+    if batch is not None:  # the same client structure at another global batch size
+        for s in settings:
+            if batch % s.samples_per_client:
+                raise ConfigError(f"scale.{scale}.global_batch = {batch} is not a multiple of "
+                                  f"the {s.samples_per_client} samples per client of {s.name!r}")
+        settings = tuple(replace(s, clients_per_round=batch // s.samples_per_client)
+                         for s in settings)
+        if batch % base.data.samples_per_client:  # centralized cells need it (plan_cells)
+            raise ConfigError(f"scale.{scale}.global_batch = {batch} is not a multiple of the "
+                              f"base data.samples_per_client = {base.data.samples_per_client}")
+    g = raw.get("grid", {})
+    methods = tuple(g.get("methods", []))
+    for m in methods:
+        if m not in METHODS and m != SUPERVISED:
+            raise ConfigError(f"grid.methods: unknown method {m!r}; choose from "
+                              f"{', '.join(sorted(METHODS))}, {SUPERVISED}")
+    evaluations = tuple(scales[scale].get("evaluations", g.get("evaluations", [])))
+    for e in evaluations:
+        protocol, _, labels = e.partition("@")
+        if protocol not in PROTOCOLS or not labels.isdigit() or int(labels) < 1:
+            raise ConfigError(f"grid.evaluations: {e!r} must look like linear@5000, "
+                              f"finetune@5000, knn@10000 (the k-NN monitor with a bank of "
+                              f"10000), linear_y@5000 (paired data: the second tower) or "
+                              f"retrieval@1000 (paired data: a gallery of 1000 test pairs)")
+    seeds = tuple(scales[scale].get("seeds", g.get("seeds", [0])))
+    return Grid(base, settings, methods, evaluations, seeds, scale, batch)
+
+
+def _flatten(sections: dict[str, Any]) -> list[str]:
+    """``{"train": {"rounds": 5}}`` → ``["train.rounds=5"]`` (values as TOML literals)."""
+    from dcco.config import to_toml_value
+
+    return [f"{s}.{k}={to_toml_value(v)}" for s, keys in sections.items() for k, v in keys.items()]
+

@@ -1,0 +1,78 @@
+"""The cell plan: every run of a grid (a method on a setting, with a seed), its config and its
+run directory; and the choice of some of them by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dcco.config import ConfigError, RunConfig
+from dcco.data.paired import is_paired
+from dcco.methods.registry import METHODS
+from dcco.reproduce.grid import SUPERVISED, Grid, Setting
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: a method on a setting (None for centralized/supervised) and a seed."""
+
+    method: str
+    setting: Setting | None
+    seed: int
+    cfg: RunConfig
+    path: Path
+    na: str | None = None
+    """Why the cell cannot run ("n/a"), or None."""
+
+
+def select_cells(cells: list[Cell], patterns: list[str]) -> list[Cell]:
+    """The cells whose run-directory name matches any of the shell patterns (all if none),
+    e.g. ``*-s2`` for one seed or ``non-iid-*-dcco-*`` for one method."""
+    from fnmatch import fnmatchcase
+
+    if not patterns:
+        return cells
+    chosen = [c for c in cells if any(fnmatchcase(c.path.name, p) for p in patterns)]
+    if not chosen:
+        raise ConfigError(f"no cell matches {', '.join(patterns)}; cells are named like "
+                          f"{cells[0].path.name}" if cells else "the grid has no cells")
+    return chosen
+
+
+def plan_cells(grid: Grid, out: Path) -> list[Cell]:
+    """Every cell of the grid, with its config and run directory."""
+    cells = []
+    for seed in grid.seeds:
+        for method in grid.methods:
+            federated = method in METHODS and METHODS[method].federated
+            for setting in grid.settings if federated else (None,):
+                cfg = replace(grid.base, train=replace(grid.base.train, seed=seed,
+                                                       method=method if method in METHODS
+                                                       else grid.base.train.method))
+                name = f"{method}-s{seed}"
+                na = None
+                if method in METHODS and not federated and grid.global_batch is not None:
+                    # centralized training pools clients_per_round × samples_per_client
+                    # images a step: the same global batch as every federated round
+                    cfg = replace(cfg, train=replace(
+                        cfg.train, clients_per_round=grid.global_batch // cfg.data.samples_per_client))
+                if method == SUPERVISED and is_paired(cfg.data.dataset):
+                    na = "supervised from scratch trains an image classifier; paired data has none"
+                if setting is not None:
+                    name = f"{_slug(setting.name)}-{name}"
+                    minimum = METHODS[method].min_client_samples
+                    if setting.samples_per_client < minimum:
+                        na = (f"{method} computes its loss within a client and needs "
+                              f"≥ {minimum} samples per client")
+                    else:
+                        cfg = replace(cfg, data=replace(
+                            cfg.data, alpha=setting.alpha,
+                            samples_per_client=setting.samples_per_client),
+                            train=replace(cfg.train, clients_per_round=setting.clients_per_round))
+                cells.append(Cell(method, setting, seed, cfg, out / name, na))
+    return cells
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
