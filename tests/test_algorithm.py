@@ -301,6 +301,38 @@ def test_algorithm__settings_are_checked_by_name():
         Algorithm(build_method("contrastive_fedavg"), local_batch=1)
     with pytest.raises(ValueError, match="train.local_steps"):
         Algorithm(build_method("centralized_cco"), local_steps=2)
+    with pytest.raises(ValueError, match="train.stale_after .* needs train.staleness = 1"):
+        Algorithm(build_method("dcco"), stale_after=3)
+    with pytest.raises(ValueError, match="train.stale_after must be >= 0"):
+        Algorithm(build_method("dcco"), staleness=1, stale_after=-1)
+
+
+def test_stale_after__a_fresh_warm_up_then_one_exchange_and_the_fresh_run_in_its_limit(
+        tiny_config):
+    """``train.stale_after = 2``: rounds 1 and 2 take fresh statistics (two exchanges) and
+    send their statistics with their updates, round 3 on takes the last aggregate (one); with
+    ``stale_after`` at the run's length the run is the fresh one, weight for weight."""
+    from dcco.config import load_config
+    from dcco.experiments import load_splits
+    from dcco.train import Pretraining
+
+    def run(*overrides: str) -> tuple[Pretraining, list[int]]:
+        cfg = load_config(tiny_config(rounds=4), list(overrides))
+        pt = Pretraining(cfg, load_splits(cfg)[0])
+        return pt, [pt.step().exchanges for _ in range(4)]
+
+    warm, exchanges = run("train.staleness=1", "train.stale_after=2")
+    assert exchanges == [2, 2, 1, 1] and warm.aggregate is not None
+    fresh, fresh_exchanges = run()
+    limit, limit_exchanges = run("train.staleness=1", "train.stale_after=4")
+    assert fresh_exchanges == limit_exchanges == [2, 2, 2, 2]
+    for (name, a), (_, b) in zip(fresh.model.state_dict().items(),
+                                 limit.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    stale, stale_exchanges = run("train.staleness=1")
+    assert stale_exchanges == [2, 1, 1, 1]
+    assert not all(torch.equal(a, b) for a, b in zip(stale.model.state_dict().values(),
+                                                     warm.model.state_dict().values()))
 
 
 # ------------------------------------------------------------------------ in a run

@@ -465,11 +465,13 @@ def _reference(cfg):
 @pytest.mark.parametrize("overrides", [
     ('train.method="dvicreg"', "model.projector=[16, 16, 16]"),
     ("train.staleness=1",),
+    ("train.staleness=1", "train.stale_after=2"),
     ("train.local_steps=2", "train.local_batch=1", "train.local_lr=1e-4"),
     ('train.method="cco_fedavg"', "train.local_steps=2", "train.local_lr=1e-4"),
     ("train.local_steps=2", "train.local_batch=2", "train.local_lr=1e-4",
      'train.local_statistics="own"', 'train.pseudo_gradient="mean_gradient"'),
-], ids=["dvicreg", "stale", "local-steps-dcco", "local-steps-fedavg", "local-steps-own"])
+], ids=["dvicreg", "stale", "stale-after-warm-up", "local-steps-dcco", "local-steps-fedavg",
+        "local-steps-own"])
 def test_flower_round_settings_equal_the_reference_backend(make_federation, overrides):
     method = next((o.split('"')[1] for o in overrides if o.startswith("train.method")), "dcco")
     cfg, pt, fed = make_federation(method, overrides=overrides)
@@ -841,3 +843,60 @@ def test_a_stop_file_stops_the_run_at_its_next_logged_round_and_resume_finishes_
     rounds = [json.loads(line)["round"] for line in stop.with_name("metrics.jsonl").open()
               if "loss" in json.loads(line)]
     assert rounds == [2, 4]
+
+
+# ---------------------------------------------------------------------- node workers
+
+
+def test_node_workers__rounds_through_them_equal_the_reference_backend(make_federation,
+                                                                       tmp_path, monkeypatch):
+    """``flower.worker = true``: every node's messages go to a long-lived worker process (one
+    per node, started by the first message), and DCCO's rounds, whose phase 2 needs the model
+    kept in ``context.state`` by phase 1, still equal the reference backend's; a handler's
+    error in a worker comes back as the ClientApp's, naming the problem; and the workers end
+    when told to."""
+    from flwr.app import RecordDict
+
+    from dcco.flower import worker
+
+    monkeypatch.setenv("DCCO_WORKER_DIR", str(tmp_path / "workers"))  # not another run's
+    cfg, pt, fed = make_federation("dcco", FlowerConfig(min_nodes=NODES, worker=True))
+    contexts = list(fed.grid.contexts.values())
+    try:
+        _assert_rounds_equal(cfg, pt, fed, "dcco")
+        assert all(worker.socket_path(c.run_id, c.node_id).exists() for c in contexts)
+        with pytest.raises(worker.WorkerError, match="node worker .*KeyError"):
+            worker.call("train", RecordDict(), contexts[0])  # no instruction in it
+    finally:
+        stopped = [worker.stop(c.run_id, c.node_id) for c in contexts]
+    assert stopped == [True] * NODES
+    assert not any(worker.stop(c.run_id, c.node_id) for c in contexts)
+
+
+def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):
+    """Flower's floor (``dcco.flower.floor``) echoes tiny messages for every round and
+    exchange and records each round's seconds; it, and the dcco ClientApp module that Flower
+    imports in a new process for every message, import Flower but not torch."""
+    import subprocess
+    import sys
+
+    from flwr.app import Context, RecordDict
+
+    from dcco.flower import floor
+
+    grid = InProcessGrid(floor.client_app, [{} for _ in range(NODES)], {})
+    record = tmp_path / "floor.json"
+    floor.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                             run_config={"rounds": 3, "exchanges": 2, "min_nodes": NODES,
+                                         "timeout": 60.0, "payload": 4000,
+                                         "record": str(record)}))
+    written = json.loads(record.read_text())
+    assert written["nodes"] == NODES and written["exchanges"] == 2
+    assert written["payload_bytes"] == 4000
+    assert len(written["seconds_per_round"]) == 3
+    assert all(s > 0 for s in written["seconds_per_round"])
+    for module in ("dcco.flower.floor", "dcco.flower.client_app"):
+        code = f"import sys, {module}; print('torch' in sys.modules, 'flwr' in sys.modules)"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True)
+        assert done.stdout.split() == ["False", "True"], module

@@ -4,6 +4,7 @@ then the case-pooled probe and finetuning."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -145,3 +146,27 @@ def test_cli__pretrain_over_lesions_then_case_pooled_probe_and_finetuning(tmp_pa
     # images without cases cannot be pooled
     assert main(["evaluate", str(run), "--protocol", "linear", "--labels", "30",
                  "--no-progress"]) == 0
+
+
+def test_cli__a_table_of_one_class_pretrains_and_its_probe_is_refused_in_one_line(tmp_path,
+                                                                                   capsys):
+    """Pretraining needs no labels, so one diagnosis is enough for it; a probe needs two
+    classes, and says so in one line naming the data set, before it trains anything."""
+    folder = make_ham10000(tmp_path / "HAM10000", lesions=30)
+    table = folder / "HAM10000_metadata.csv"
+    with open(table, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    with open(table, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "dx": "nv"} for r in rows)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(_config(tmp_path, folder, rounds=2)), "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    for protocol in ("case_linear", "linear"):
+        assert main(["evaluate", str(run), "--protocol", protocol, "--labels", "10",
+                     "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "has 1 class" in err[0] and "at least 2 classes" in err[0]
+    assert "evaluations" not in json.loads((run / "summary.json").read_text())

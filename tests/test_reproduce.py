@@ -321,3 +321,51 @@ def test_table1_grid__gpu_scale_runs_with_paper_label_counts_per_class(tiny_fmni
     assert {"supervised@50", "supervised@20"} <= supervised.keys()
     text = results_markdown(tiny, cells, "dcco reproduce ...", None)
     assert "linear@50" in text and "Paper, CIFAR-100" in text
+
+
+def test_reproduce__a_diverged_cell_is_marked_left_out_and_the_grid_goes_on(
+        grid_file, tmp_path, capsys, monkeypatch):
+    """A cell whose training diverges is recorded as diverged in its metrics, said in one line,
+    and the next cells run; the next command does not train it again (training is
+    deterministic), and the table says how many of a group diverged."""
+    from dcco.train import Diverged, Pretraining
+
+    real = Pretraining.check_finite
+
+    def dcco_diverges(self):
+        if self.cfg.train.method == "dcco" and self.rounds_done >= 1:
+            raise Diverged(1, "round 1: the loss is nan; training diverged")
+        return real(self)
+
+    monkeypatch.setattr(Pretraining, "check_finite", dcco_diverges)
+    out = tmp_path / "out"
+    args = ["reproduce", str(grid_file), "--scale", "tiny", "--out", str(out), "--no-progress",
+            "--cells", "iid-2-*"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "[iid-2-dcco-s0] diverged: round 1: the loss is nan" in text
+    assert "1 cells diverged (iid-2-dcco-s0)" in text
+    assert (out / "iid-2-cco_fedavg-s0" / "summary.json").is_file()
+    last = json.loads((out / "iid-2-dcco-s0" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["round"] == 1 and "the loss is nan" in last["diverged"]
+
+    monkeypatch.setattr(Pretraining, "check_finite", real)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "[iid-2-dcco-s0] diverged before, at round 1; not run again" in text
+    assert "(1 diverged)" in text.split("\n| method", 1)[1]
+
+
+def test_pretrain__a_diverged_run_ends_with_one_line_and_status_3(tiny_config, tmp_path,
+                                                                   capsys, monkeypatch):
+    from dcco.train import Diverged, Pretraining
+
+    def diverges(self):
+        raise Diverged(self.rounds_done, f"round {self.rounds_done}: the loss is nan; training "
+                       f"diverged")
+
+    monkeypatch.setattr(Pretraining, "check_finite", diverges)
+    assert main(["pretrain", str(tiny_config()), "--run-dir", str(tmp_path / "run"),
+                 "--no-progress"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [err[0]] and err[0].startswith("dcco pretrain: training diverged: round ")

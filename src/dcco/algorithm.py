@@ -128,6 +128,12 @@ class Algorithm:
     local_steps: int = 1
     local_batch: int | None = None
     staleness: int = 0
+    stale_after: int = 0
+    """With ``staleness = 1``: the rounds before this one take fresh statistics (two exchanges,
+    as with ``staleness = 0``), a warm-up; the clients still send their statistics with their
+    updates, so the first stale round has its aggregate. 0: stale from the second round on
+    (the first has no aggregate before it). ``stale_after`` ≥ the run's rounds is the fresh
+    run exactly."""
     update_clip: float | None = None
     """C_u: each client's update clipped to this L2 norm (differential privacy), or None."""
     pseudo_gradient: str = "delta"
@@ -144,6 +150,11 @@ class Algorithm:
         if self.staleness and self.method.stats is None:
             raise ValueError(f"train.staleness = 1 needs a method that shares statistics; "
                              f"{self.method.name} has none")
+        if self.stale_after < 0:
+            raise ValueError(f"train.stale_after must be >= 0, got {self.stale_after}")
+        if self.stale_after and not self.staleness:
+            raise ValueError(f"train.stale_after = {self.stale_after} sets when stale "
+                             f"statistics start; it needs train.staleness = 1")
         if self.local_steps < 1:
             raise ValueError(f"train.local_steps must be >= 1, got {self.local_steps}")
         if self.local_batch is not None and self.local_batch < self.method.min_client_samples:
@@ -174,6 +185,13 @@ class Algorithm:
         step on all of each client's samples."""
         return self.update_clip is None and self.local_steps == 1 and (
             self.local_batch is None or self.local_batch >= smallest_client)
+
+    def previous_for(self, round_index: int, aggregate: Moments | None) -> Moments | None:
+        """What round ``round_index`` (from 0) takes as ``run_round``'s ``previous``: the last
+        round's aggregate once stale rounds have started, else None (fresh statistics)."""
+        if not self.staleness or round_index < self.stale_after:
+            return None
+        return aggregate
 
     def exchanges(self, has_previous: bool) -> int:
         """Server–client exchanges of a round: 2 with a fresh statistics exchange, else 1."""

@@ -2,7 +2,8 @@
 
 The only module that parses arguments and prints. Errors in user input (``UserError``: config
 keys, data files, run directories, arguments) end with a one-line message naming the problem
-and exit status 2; any other exception is a bug and keeps its traceback.
+and exit status 2; a run whose loss or weights turn non-finite ends with one line saying so
+and exit status 3; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -556,7 +557,7 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
         return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress,
                                        stop)
 
-    busy, stopped = [], []
+    busy, stopped, diverged = [], [], []
     with _PhaseProgress(not args.no_progress) as progress:
         for i, cell in enumerate(todo, 1):
             reason = reason_not_to_start(cell, grid.evaluations, cells, budget)
@@ -570,6 +571,8 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
                                    stop=budget.stop)
                 if outcome == "stopped":
                     stopped.append(cell.path.name)
+                elif outcome == "diverged":
+                    diverged.append(cell.path.name)
             except RunDirBusy:
                 _say(f"({i}/{len(todo)}) [{cell.path.name}] skipped: another process is "
                      f"working on it")
@@ -580,6 +583,9 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
     if stopped:
         _say(f"{len(stopped)} cells unfinished when the time budget ended; the same command "
              f"resumes them")
+    if diverged:
+        _say(f"{len(diverged)} cells diverged ({', '.join(diverged)}): their metrics.jsonl "
+             f"says at which round; the table leaves them out")
 
 
 def _auto_jobs(grid, todo: list) -> int:
@@ -668,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
         # message. Anything else is a bug and keeps its traceback.
         print(f"dcco {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:  # Pretraining.check_finite: the run diverged
+        print(f"dcco {args.command}: training diverged: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -128,6 +128,9 @@ class TrainConfig:
     staleness: int = 0
     """0: each round's statistics are its own clients' (two exchanges per round); 1: the
     previous round's aggregate (one exchange per round)."""
+    stale_after: int = 0
+    """With staleness = 1: fresh statistics (two exchanges) for the rounds before this one, a
+    warm-up, then the previous round's aggregate; 0: stale from the second round on."""
     backend: Literal["batched", "reference"] = "batched"
     seed: int = 0
     device: str = "auto"
@@ -195,7 +198,7 @@ class RunConfig:
         method = METHODS[self.train.method]
         t = self.train
         Algorithm(method(), t.local_lr, t.local_steps, t.local_batch, t.staleness,
-                  pseudo_gradient=t.pseudo_gradient,
+                  t.stale_after, pseudo_gradient=t.pseudo_gradient,
                   local_statistics=t.local_statistics)  # its checks name the train.* keys
         if self.privacy.enabled and not method.federated:
             raise ValueError(f"privacy is client-level differential privacy for federated "

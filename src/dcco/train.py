@@ -112,7 +112,8 @@ def algorithm_of(cfg: RunConfig) -> Algorithm:
     t = cfg.train
     clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
     return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
-                     t.local_batch, t.staleness, clip, t.pseudo_gradient, t.local_statistics)
+                     t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
+                     t.local_statistics)
 
 
 def build_partition(cfg: RunConfig, train_set: Dataset) -> Partition:
@@ -158,6 +159,14 @@ class RoundMetrics:
     """Why the round was skipped (too few valid replies over Flower), or None."""
     details: Any = None
     """What the backend has to say besides (Flower: the round's reply counters)."""
+
+
+class Diverged(FloatingPointError):
+    """Training diverged: the loss (or the model) of round ``round`` is not finite."""
+
+    def __init__(self, round_index: int, message: str) -> None:
+        super().__init__(message)
+        self.round = round_index
 
 
 class Pretraining:
@@ -243,7 +252,7 @@ class Pretraining:
         x1, x2 = self.views(plan, r)
         result = run_round(self.model, self.algorithm, x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
-                           previous=self.aggregate, noise=self.round_noise(r))
+                           previous=self.previous(r), noise=self.round_noise(r))
         return self.apply(result, lr, start)
 
     def _shared_round(self, plan: RoundPlan, r: int) -> RoundResult:
@@ -260,7 +269,7 @@ class Pretraining:
         inner = EXECUTORS[self.cfg.train.backend](self.model, x1, x2,
                                                   segments.to(self.device))
         executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples)
-        return algorithm.run_round(executor, self.aggregate, self.round_noise(r))
+        return algorithm.run_round(executor, self.previous(r), self.round_noise(r))
 
     def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
         """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
@@ -290,6 +299,11 @@ class Pretraining:
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
                             result.num_samples, time.perf_counter() - start, result.exchanges)
 
+    def previous(self, round_index: int) -> Moments | None:
+        """Round ``round_index``'s stale statistics: the last aggregate once the algorithm's
+        stale rounds have started (``Algorithm.previous_for``), else None."""
+        return self.algorithm.previous_for(round_index, self.aggregate)
+
     def round_noise(self, round_index: int) -> RoundNoise | None:
         """Differential privacy's noise for round ``round_index`` (None without it)."""
         if self.privacy is None:
@@ -313,11 +327,10 @@ class Pretraining:
         if self._first_bad is None or int(self._first_bad) == 0:
             return
         bad, loss = int(self._first_bad), float(self._bad_loss)
-        raise FloatingPointError(
-            f"round {bad}: the loss is {loss}; training diverged (try a lower optim.lr). "
+        raise Diverged(
+            bad, f"round {bad}: the loss is {loss}; training diverged (try a lower optim.lr). "
             f"Rounds {bad}-{self.rounds_done} were applied before the check, so this model is "
-            f"discarded: no checkpoint was written after round {bad - 1}"
-        )
+            f"discarded: no checkpoint was written after round {bad - 1}")
 
     def round_state(self) -> dict[str, Tensor]:
         """What a checkpoint must keep besides model and optimiser: the last aggregate."""

@@ -44,6 +44,10 @@ class FlowerConfig:
     """Connected SuperNodes needed before the first round."""
     wait_nodes: float = 120.0
     """Seconds to wait for ``min_nodes`` SuperNodes before giving up."""
+    worker: bool = False
+    """Each node answers from a long-lived worker process that holds torch, the data and the
+    model (``dcco.flower.worker``), instead of importing them in the process Flower starts
+    for every message."""
     secagg: bool = False
     """Aggregate statistics and updates with SecAgg+: the server sees only sums."""
     secagg_stats_clip: float = 64.0

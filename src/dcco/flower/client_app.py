@@ -1,120 +1,55 @@
-"""The dcco ClientApp: decode the server's message, run the client functions, encode the reply.
+"""The dcco ClientApp: hand each message of the server to the node's handlers.
 
-A SuperNode hosts the clients of its partition (``dcco.flower.nodes``). Messages:
+The handlers (``dcco.flower.handlers``: ``query``, and ``train`` for both phases of a round)
+run here, or, with ``flower.worker = true``, in the node's long-lived worker
+(``dcco.flower.worker``), which holds torch, the data and the model across messages: Flower
+starts this app in a new process for every message, and without a worker each process
+imports torch again. This module imports Flower only; the handlers are imported when a
+message needs them here.
 
-- ``query``: who the node is (partition id, number of partitions, number of clients);
-- ``train`` with ``phase = "stats"``: the summed statistics of the sampled clients (DCCO's
-  phase 1); the node keeps the round's model in ``context.state`` for phase 2;
-- ``train`` with ``phase = "update"``: the local steps of each sampled client, pooled; DCCO
-  uses the model kept from phase 1 and the server's S_A, the FedAvg methods get the model
-  here; with stale statistics the model and the previous round's S_A come together, and the
-  node sends its fresh statistics with its update.
-
-Under SecAgg+ the same handler runs inside Flower's ``secaggplus_mod``, which masks the reply.
+Under SecAgg+ the same handler runs inside Flower's ``secaggplus_mod``, which masks the reply
+(here, in the ClientApp's process, with or without a worker).
 """
 
 from __future__ import annotations
 
-import time
-
-_IMPORT_START = time.time()  # before the heavy imports: their time is measured
-
-import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from torch import Tensor
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-from dcco.flower import codec, secagg, timing
-from dcco.flower.appconfig import parse_run_config
-from dcco.flower.nodes import (
-    NodeIdentity,
-    build_model,
-    check_hosted,
-    load_weights,
-    node_data,
-    node_partition,
-    node_statistics,
-    node_update,
-)
-from dcco.train import algorithm_of
-
-KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"
-_IMPORTED = time.time()
+from dcco.flower import worker
 
 app = ClientApp()
 
 
-def _identity(context: Context) -> NodeIdentity:
-    cfg, _ = parse_run_config(context.run_config)
-    pid, n = node_partition(context.node_config)
-    return NodeIdentity(pid, n, node_data(cfg).partition.num_clients)
+def _handled(kind: str, msg: Message, context: Context) -> Message:
+    if worker.enabled(context.run_config):
+        reply: RecordDict = worker.call(kind, msg.content, context)
+    else:
+        from dcco.flower import handlers
+
+        reply = getattr(handlers, kind)(msg.content, context)
+    return Message(reply, reply_to=msg)
+
+
+def secure_aggregation_mod(msg: Message, context: Context,
+                           call_next: ClientAppCallable) -> Message:
+    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ exchange only, so that one
+    ClientApp serves plain and secure runs."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Who this node is: the server maps partition ids to node ids with it."""
-    return Message(codec.encode_identity(_identity(context)), reply_to=msg)
+    return _handled("query", msg, context)
 
 
-@app.train(mods=[secagg.secure_aggregation_mod])
+@app.train(mods=[secure_aggregation_mod])
 def train(msg: Message, context: Context) -> Message:
     """Phase "stats" or "update" of a round for the node's sampled clients."""
-    started = time.time()
-    cfg, _ = parse_run_config(context.run_config)
-    identity = _identity(context)
-    data = node_data(cfg)
-    loaded = time.time()
-    model = build_model(cfg, data.input_shapes)
-    algorithm = algorithm_of(cfg)
-    spec = algorithm.method.stats
-    params = None
-    if secagg.is_secure(msg.content):
-        ins, params = secagg.decode_secure_instruction(msg.content, list(model.state_dict()),
-                                                       spec)
-    else:
-        ins = codec.decode_instruction(msg.content)
-    check_hosted(ins.clients, identity)
-    if ins.shared is not None:
-        expected = {f"mean_{f.name}" for f in spec.fields} if spec is not None else set()
-        if set(ins.shared) != expected:
-            raise codec.InstructionError(
-                f"malformed instruction from the server: S_A holds {sorted(ins.shared)}, "
-                f"{algorithm.method.name} needs {sorted(expected)}")
-    load_weights(model, ins.model if ins.model is not None else _kept(context.state, ins.round))
-    if (ins.phase == "stats" or ins.with_stats) and spec is None:
-        raise ValueError(f"the server asked for statistics, but {algorithm.method.name} "
-                         f"shares none; do server and nodes run one config?")
-    if ins.phase == "stats":
-        _keep(context.state, ins.round, model.state_dict())
-        stats = node_statistics(cfg, data, model, ins.clients, ins.round, spec)
-        reply = (secagg.secure_stats_reply(stats, params, spec) if params
-                 else codec.encode_stats_reply(stats))
-    else:
-        # fresh statistics for the next round (stale mode) come from the round's model, as
-        # the clients' local steps leave it untouched
-        stats = (node_statistics(cfg, data, model, ins.clients, ins.round, spec)
-                 if ins.with_stats else None)
-        update = node_update(cfg, algorithm, data, model, ins.clients, ins.round, ins.shared)
-        reply = (secagg.secure_update_reply(update, params, stats, spec) if params
-                 else codec.encode_update_reply(update, stats))
-    if timing.enabled():
-        timing.record("message", phase=ins.phase, round=ins.round,
-                      process_start=timing.process_start(), import_start=_IMPORT_START,
-                      imported=_IMPORTED, handler_start=started, handler_end=time.time(),
-                      data_load=loaded - started, compute=time.time() - loaded)
-    return Message(reply, reply_to=msg)
-
-
-def _keep(state: RecordDict, round_index: int, weights: dict[str, Tensor]) -> None:
-    """Keep the round's model on the node for phase 2 (saves a second download)."""
-    state[KEPT_MODEL] = codec.array_record(weights)
-    state[KEPT_ROUND] = ConfigRecord({"round": round_index})
-
-
-def _kept(state: RecordDict, round_index: int) -> dict[str, torch.Tensor]:
-    kept = state.config_records.get(KEPT_ROUND)
-    if kept is None or kept["round"] != round_index:
-        held = None if kept is None else kept["round"]
-        raise ValueError(f"phase 'update' of round {round_index} needs the model of its phase "
-                         f"'stats', but this node holds the model of round {held}")
-    return codec.tensors_of(state.array_records[KEPT_MODEL])
+    return _handled("train", msg, context)

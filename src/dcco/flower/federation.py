@@ -267,7 +267,7 @@ class Federation:
         exchanges = (SecureExchanges if self.fcfg.secagg else PlainExchanges)(
             self, r, targets, weights)
         try:
-            result = self.pt.algorithm.run_round(exchanges, self.pt.aggregate,
+            result = self.pt.algorithm.run_round(exchanges, self.pt.previous(r),
                                                  self.pt.round_noise(r))
         except RoundSkipped as skip:
             LOG.warning("round %d skipped: %s", r + 1, skip.reason)

@@ -5,7 +5,8 @@ started for every message, the ServerApp's pulls) plus dcco's (imports of torch 
 that process, data, compute). This app has only the first part: its ClientApp imports Flower
 and nothing of torch, and echoes each message; its ServerApp runs ``rounds`` rounds of
 ``exchanges`` exchanges with every connected node, through the same ``push_and_pull`` as
-dcco's rounds, and writes the seconds of each round to ``record`` (JSON). So
+dcco's rounds, and writes the seconds of each round to ``record`` (JSON). With ``payload``
+(bytes), each message carries that many bytes each way, as dcco's carry the model. So
 ``benchmarks/flower_loopback.py`` can set dcco's seconds per round against this floor,
 measured in the same run on the same machine. Its Flower project is
 ``benchmarks/flower_floor/pyproject.toml``.
@@ -18,7 +19,16 @@ import os
 import time
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -30,8 +40,11 @@ server_app = ServerApp()
 
 @client_app.train()
 def echo(msg: Message, context: Context) -> Message:
-    """The message's round and exchange, sent back."""
-    return Message(RecordDict({"echo": ConfigRecord(dict(msg.content["ask"]))}), reply_to=msg)
+    """The message's round and exchange, and its payload if it has one, sent back."""
+    reply = RecordDict({"echo": ConfigRecord(dict(msg.content["ask"]))})
+    if "payload" in msg.content.array_records:
+        reply["payload"] = msg.content.array_records["payload"]
+    return Message(reply, reply_to=msg)
 
 
 @server_app.main()
@@ -41,6 +54,9 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     rounds, exchanges = int(cfg["rounds"]), int(cfg["exchanges"])
     min_nodes, timeout = int(cfg["min_nodes"]), float(cfg["timeout"])
+    payload = int(cfg.get("payload", 0))  # bytes each way, as float32 zeros
+    arrays = ArrayRecord({"x": Array(np.zeros(payload // 4, dtype=np.float32))}) \
+        if payload else None
     deadline = time.monotonic() + timeout
     while len(nodes := sorted(grid.get_node_ids())) < min_nodes:
         if time.monotonic() > deadline:
@@ -51,8 +67,8 @@ def main(grid: Grid, context: Context) -> None:
     for r in range(rounds):
         start = time.perf_counter()
         for e in range(exchanges):
-            asks = [Message(RecordDict({"ask": ConfigRecord({"round": r, "exchange": e})}),
-                            dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+            asks = [Message(_ask(r, e, arrays), dst_node_id=n,
+                            message_type=MessageType.TRAIN) for n in nodes]
             replies = push_and_pull(grid, asks, timeout)
             failed = [m for m in replies if m.has_error()]
             if len(replies) != len(nodes) or failed:
@@ -62,5 +78,12 @@ def main(grid: Grid, context: Context) -> None:
     path = Path(str(cfg["record"]))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"nodes": len(nodes), "exchanges": exchanges,
-                               "seconds_per_round": seconds}) + "\n")
+                               "payload_bytes": payload, "seconds_per_round": seconds}) + "\n")
     os.replace(tmp, path)
+
+
+def _ask(round_index: int, exchange: int, arrays: ArrayRecord | None) -> RecordDict:
+    content = RecordDict({"ask": ConfigRecord({"round": round_index, "exchange": exchange})})
+    if arrays is not None:
+        content["payload"] = arrays
+    return content

@@ -73,7 +73,10 @@ class InProcessGrid(Grid):
         ids = []
         for msg in messages:
             msg_id = str(next(self._ids))
-            reply = self._deliver(copy.deepcopy(msg))
+            sent = copy.deepcopy(msg)
+            # as a SuperLink does: the message gets its id, and its reply names it
+            sent.metadata.__dict__["_message_id"] = msg_id
+            reply = self._deliver(sent)
             if reply is not None:
                 self._replies[msg_id] = copy.deepcopy(reply)
             ids.append(msg_id)

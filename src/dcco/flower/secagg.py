@@ -41,9 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.client.mod import secaggplus_mod
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.common import (
     Code,
     FitIns,
@@ -52,7 +50,6 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import LegacyContext
 from flwr.server.workflow import SecAggPlusWorkflow
@@ -374,18 +371,9 @@ def secure_average(grid: Grid, instructions: dict[int, FitIns], round_index: int
 # ------------------------------------------------------------------------- client
 
 
-def secure_aggregation_mod(msg: Message, context: Context,
-                           call_next: ClientAppCallable) -> Message:
-    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ exchange only, so that one
-    ClientApp serves plain and secure runs."""
-    if RECORD_KEY_CONFIGS in msg.content.config_records:
-        return secaggplus_mod(msg, context, call_next)
-    return call_next(msg, context)
-
-
 __all__ = [
     "SecureAverage", "SecureParams", "SecureScales", "calibrate", "decode_secure_instruction",
-    "error_bound", "is_secure", "secure_aggregation_mod", "secure_average",
+    "error_bound", "is_secure", "secure_average",
     "secure_instruction", "secure_stats_reply", "secure_update_reply", "standardise",
     "unstandardise",
 ]

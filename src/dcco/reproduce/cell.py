@@ -36,8 +36,14 @@ def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[Dataset, Da
     ends at a checkpoint (``pretraining_loop``) and no further evaluation starts; the cell is
     left unfinished, and the next call resumes it.
 
+    A cell whose training diverges (``Diverged`` from ``Pretraining.check_finite``)
+    gets a ``{"round", "diverged"}`` record in its metrics and is not run again: training is
+    deterministic, so a rerun would diverge alike (delete the cell's folder to retry it with
+    other settings).
+
     Returns:
-        "finished", "stopped" (the stop's reason is in the cell's metrics) or "n/a".
+        "finished", "stopped" (the stop's reason is in the cell's metrics), "diverged" or
+        "n/a".
     """
     if cell.na is not None:
         return "n/a"
@@ -54,16 +60,25 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
               splits: tuple[Dataset, Dataset], pretrain: Callable[..., dict],
               say: Callable[[str], None], progress: StepCallback | None, stop: Stop) -> str:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
-    from dcco.train import resolve_device
+    from dcco.train import Diverged, resolve_device
 
     train, test = splits
     device = resolve_device(cell.cfg.train.device)
     if cell.method != SUPERVISED and not pretrained(cell):
+        if (record := divergence(run)) is not None:
+            say(f"[{cell.path.name}] diverged before, at round {record['round']}; not run "
+                f"again (delete its folder to retry)")
+            return "diverged"
         if (reason := stop()) is not None:
             say(f"[{cell.path.name}] not resumed: {reason}")
             return "stopped"
         say(f"[{cell.path.name}] pretraining" + (" (resuming)" if existed else ""))
-        record = pretrain(cell.cfg, run, train, test, existed, stop)
+        try:
+            record = pretrain(cell.cfg, run, train, test, existed, stop)
+        except Diverged as e:
+            run.append_metrics({"round": e.round, "diverged": str(e)})
+            say(f"[{cell.path.name}] diverged: {e}")
+            return "diverged"
         if record.get("stopped"):
             say(f"[{cell.path.name}] stopped at round {record['rounds']} of "
                 f"{cell.cfg.train.rounds} ({record['stopped']}); the next run resumes it")
@@ -96,6 +111,11 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
             run.update_summary(evaluations={key: asdict(result)})
         done = _current(run.summary())
     return "finished"
+
+
+def divergence(run: RunDir) -> dict | None:
+    """The cell's ``{"round", "diverged"}`` record, if its training diverged."""
+    return next((r for r in run.metrics() if "diverged" in r), None)
 
 
 def pretrained(cell: Cell) -> bool:

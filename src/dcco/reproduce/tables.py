@@ -7,9 +7,10 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dcco.reproduce.cell import cell_accuracy
+from dcco.reproduce.cell import cell_accuracy, divergence
 from dcco.reproduce.grid import Grid
 from dcco.reproduce.plan import Cell
+from dcco.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,10 @@ def results_table(grid: Grid, cells: list[Cell]) -> str:
             return "n/a"
         entry = table[evaluation][method][name]
         finished = 0 if entry is None else entry.n  # type: ignore[union-attr]
+        diverged = sum(divergence(RunDir(c.path)) is not None for c in group)
         return _show(entry) + (f" ({finished}/{len(group)} seeds)"
-                               if 0 < finished < len(group) else "")
+                               if 0 < finished < len(group) else "") + (
+            f" ({diverged} diverged)" if diverged else "")
 
     text = _layout(grid.evaluations, grid.methods, [s.name for s in grid.settings], cell)
     if notes:
