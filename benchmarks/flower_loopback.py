@@ -59,9 +59,10 @@ def floor(nodes: int, exchanges: int, rounds: int, out: Path, payload: int = 0) 
 
 
 def dcco_round(nodes: int, variant: dict, rounds: int,
-               out: Path) -> tuple[list[float], dict, int]:
-    """Seconds of each round of the dcco app, the mean breakdown of its exchanges, and the
-    exchanges of its round."""
+               out: Path) -> tuple[list[float], dict, int, dict]:
+    """Seconds of each round of the dcco app, the mean breakdown of its exchanges, the
+    exchanges of its round, and per phase the seconds from the last node's work to the
+    server having every reply (``timing.reply_gaps``)."""
     stamps = out / "timing.jsonl"
     out.mkdir(parents=True, exist_ok=True)
     stamps.unlink(missing_ok=True)
@@ -74,7 +75,8 @@ def dcco_round(nodes: int, variant: dict, rounds: int,
     finally:
         del os.environ[timing.ENV]
     summary = json.loads((run_dir / "summary.json").read_text())
-    return seconds_per_round(run_dir), timing.breakdown(stamps), summary["exchanges_per_round"]
+    return (seconds_per_round(run_dir), timing.breakdown(stamps),
+            summary["exchanges_per_round"], timing.reply_gaps(stamps))
 
 
 def typical(seconds: list[float]) -> float:
@@ -118,13 +120,13 @@ def main() -> None:
     for variant in [] if args.floor_only else variants:
         label = "-".join([variant["method"]] + [k for k in ("secagg", "worker", "stale")
                                                 if variant[k]])
-        seconds, parts, exchanges = dcco_round(args.nodes, variant, args.rounds,
-                                               args.out / label)
+        seconds, parts, exchanges, gaps = dcco_round(args.nodes, variant, args.rounds,
+                                                     args.out / label)
         base = typical(floors[min(exchanges, 2)])
         rows.append(variant | {"label": label, "exchanges": exchanges,
                                "s_per_round": typical(seconds), "rounds_s": seconds,
                                "floor_s": base, "ratio_to_floor": typical(seconds) / base,
-                               "breakdown": parts})
+                               "breakdown": parts, "reply_gaps_s": gaps})
         print(f"{label}: {typical(seconds):.2f} s per round, "
               f"{typical(seconds) / base:.2f} × the floor of {exchanges} exchange(s) "
               f"(target {TARGET})", flush=True)

@@ -24,28 +24,19 @@ from pathlib import Path
 
 import torch
 
-import dcco.train
 from dcco.experiments import load_splits
-from dcco.optim import build_optimizer
 from dcco.reproduce import load_grid, plan_cells
 from dcco.rundir import code_version, cpu_name
+from dcco.train import Pretraining
 
 GRID = Path(__file__).resolve().parent / "stale_fmnist.toml"
 
 
 def run(cfg, train, rounds: int, adapt_1d: bool) -> list[dict]:
-    def build(params, ocfg):
-        opt = build_optimizer(params, ocfg)
-        if adapt_1d:
-            for group in opt.param_groups:
-                group["exclude"] = False
-        return opt
-
-    dcco.train.build_optimizer = build
-    try:
-        pt = dcco.train.Pretraining(cfg, train)
-    finally:
-        dcco.train.build_optimizer = build_optimizer
+    pt = Pretraining(cfg, train)
+    if adapt_1d:  # LARS's trust ratio for the 1-D parameters' group too
+        for group in pt.optimizer.param_groups:
+            group["exclude"] = False
     rows = []
     for _ in range(rounds):
         m = pt.step()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -871,6 +872,10 @@ def test_node_workers__rounds_through_them_equal_the_reference_backend(make_fede
         stopped = [worker.stop(c.run_id, c.node_id) for c in contexts]
     assert stopped == [True] * NODES
     assert not any(worker.stop(c.run_id, c.node_id) for c in contexts)
+    deadline = time.monotonic() + 60  # a stopped worker removes its socket as it ends
+    while any(worker.socket_path(c.run_id, c.node_id).exists() for c in contexts):
+        assert time.monotonic() < deadline, "a stopped worker left its socket"
+        time.sleep(0.05)
 
 
 def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):

@@ -336,3 +336,8 @@ def test_timing_breakdown__splits_an_exchange_into_its_parts(tmp_path):
     parts = breakdown(path)
     assert parts == {"exchange": 10.0, "process_start_and_imports": 3.0, "data_load": 0.5,
                      "compute": 1.5, "flower": 5.0, "exchanges": 1}
+    # Flower's part after the nodes' work: the last handler ended at 106, the server had
+    # every reply at 110
+    from dcco.flower.timing import reply_gaps
+
+    assert reply_gaps(path) == {"stats": [4.0]}

@@ -69,4 +69,18 @@ def breakdown(path: Path) -> dict[str, float]:
     return mean
 
 
-__all__ = ["ENV", "breakdown", "enabled", "process_start", "record"]
+def reply_gaps(path: Path) -> dict[str, list[float]]:
+    """Per phase, the seconds from the last node's handler end to the server having every
+    reply, exchange by exchange: what Flower takes to bring the replies back."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    messages = [m for m in lines if m["kind"] == "message" and m.get("phase") != "query"]
+    gaps: dict[str, list[float]] = {}
+    for e in (e for e in lines if e["kind"] == "exchange"):
+        inside = [m for m in messages if e["sent"] <= m["handler_start"] <= e["received"]]
+        if inside:
+            gaps.setdefault(inside[0]["phase"], []).append(
+                e["received"] - max(m["handler_end"] for m in inside))
+    return gaps
+
+
+__all__ = ["ENV", "breakdown", "enabled", "process_start", "record", "reply_gaps"]

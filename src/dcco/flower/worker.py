@@ -203,6 +203,7 @@ def serve(path: Path, owner: int | None, idle: float = IDLE_S) -> None:
     server.bind(str(tmp))
     server.listen()
     os.replace(tmp, path)  # listening before anyone can connect
+    ours = os.stat(path).st_ino  # a worker started after this one may have replaced it
     server.settimeout(CHECK_S)
     last = time.monotonic()
     try:
@@ -219,7 +220,7 @@ def serve(path: Path, owner: int | None, idle: float = IDLE_S) -> None:
     finally:
         server.close()
         with contextlib.suppress(OSError):
-            if path.exists() and os.stat(path).st_ino == os.fstat(server.fileno()).st_ino:
+            if os.stat(path).st_ino == ours:
                 path.unlink()
 
 
@@ -249,7 +250,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, and another user's
     return True
 
 

@@ -94,6 +94,7 @@ def results_table(grid: Grid, cells: list[Cell]) -> str:
     Cells still missing seeds say how many they have; impossible cells say "n/a" and why."""
     table = measured(grid, cells)
     notes: set[str] = set()
+    diverged = {c.path for c in cells if c.na is None and divergence(RunDir(c.path))}
 
     def cell(evaluation: str, method: str, name: str) -> str:
         setting = next(s for s in grid.settings if s.name == name)
@@ -104,10 +105,10 @@ def results_table(grid: Grid, cells: list[Cell]) -> str:
             return "n/a"
         entry = table[evaluation][method][name]
         finished = 0 if entry is None else entry.n  # type: ignore[union-attr]
-        diverged = sum(divergence(RunDir(c.path)) is not None for c in group)
+        lost = sum(c.path in diverged for c in group)
         return _show(entry) + (f" ({finished}/{len(group)} seeds)"
                                if 0 < finished < len(group) else "") + (
-            f" ({diverged} diverged)" if diverged else "")
+            f" ({lost} diverged)" if lost else "")
 
     text = _layout(grid.evaluations, grid.methods, [s.name for s in grid.settings], cell)
     if notes:
