@@ -44,12 +44,15 @@ DCCO_OVERRIDES = {"model.widths": "[16, 32, 64]", "model.projector": "[128, 128,
 """The app's round as the earlier record (flower_loopback_before_cache.json) ran it."""
 
 
-def floor(nodes: int, exchanges: int, rounds: int, out: Path, payload: int = 0) -> list[float]:
-    """Seconds of each round of the floor app (``payload`` bytes each way per message)."""
+def floor(nodes: int, exchanges: int, rounds: int, out: Path, payload: int = 0,
+          payload_arrays: int = 1) -> list[float]:
+    """Seconds of each round of the floor app (``payload`` bytes each way per message, in
+    ``payload_arrays`` arrays)."""
     record = out / "floor.json"
     with Loopback(nodes, out, FLOOR_PROJECT) as deployment:
         run_id = deployment.submit({"rounds": rounds, "exchanges": exchanges,
                                     "min_nodes": nodes, "payload": payload,
+                                    "payload_arrays": payload_arrays,
                                     "record": str(record)})
         status = deployment.wait(run_id, timeout=1800)
         if status != "finished:completed":
@@ -98,6 +101,9 @@ def main() -> None:
     ap.add_argument("--payload", type=int, default=0,
                     help="bytes each floor message carries each way (dcco's carry the model: "
                          "about 1,000,000 for these overrides); 0: tiny messages")
+    ap.add_argument("--payload-arrays", type=int, default=1,
+                    help="split the floor's payload into this many distinct random arrays "
+                         "(dcco's model: 55 tensors); 1: one array of zeros")
     ap.add_argument("--floor-only", action="store_true", help="measure the floors only")
     ap.add_argument("--record", type=Path, default=None, help="write the record here (JSON)")
     args = ap.parse_args()
@@ -107,7 +113,8 @@ def main() -> None:
     floors: dict[int, list[float]] = {}
     for exchanges in (2, 1):
         floors[exchanges] = floor(args.nodes, exchanges, args.rounds,
-                                  args.out / f"floor-{exchanges}", args.payload)
+                                  args.out / f"floor-{exchanges}", args.payload,
+                                  args.payload_arrays)
         print(f"floor, {exchanges} exchange(s): {typical(floors[exchanges]):.2f} s per round",
               flush=True)
     rows = []
@@ -134,7 +141,7 @@ def main() -> None:
         "command": "python benchmarks/flower_loopback.py " + " ".join(sys.argv[1:]),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}",
         "nodes": args.nodes, "rounds": args.rounds, "overrides": DCCO_OVERRIDES,
-        "floor_payload_bytes": args.payload,
+        "floor_payload_bytes": args.payload, "floor_payload_arrays": args.payload_arrays,
         "omp_num_threads": os.environ["OMP_NUM_THREADS"],
         "statistic": "median seconds per round, rounds after the first",
         "target_ratio": TARGET,

@@ -151,6 +151,71 @@ def test_stale_statistics__batched_equals_reference():
         torch.testing.assert_close(a.aggregate[k], v, rtol=1e-10, atol=1e-12)
 
 
+def test_stale_own_statistics__one_client_is_the_fresh_round_and_mix_by_hand():
+    """train.stale_statistics = "own": a stale round's client steps on L(mix)/w with
+    mix = w·S_k + (1 − w)·A, w = N_k/N; with one client holding the aggregate's N samples
+    the mix is its own statistics, so the round is the fresh one; with several clients,
+    each one's gradient is a transcription's, and batched (falling back) equals reference."""
+    dcco = build_method("dcco")
+    model, (x1, x2) = _model(), _views([6])
+    one = Segments.from_counts([6])
+    own = Algorithm(dcco, staleness=1, stale_statistics="own")
+    prev = run_round(model, own, *_views([6], seed=5), one, "reference").aggregate
+    stale = run_round(model, own, x1, x2, one, "reference", previous=prev)
+    fresh = run_round(model, dcco, x1, x2, one, "reference")
+    assert stale.exchanges == 1
+    assert _rel(_flat(stale.pseudo_gradient), _flat(fresh.pseudo_gradient)) <= 1e-12
+    anchored = run_round(model, Algorithm(dcco, staleness=1), x1, x2, one, "reference",
+                         previous=prev)
+    assert _rel(_flat(anchored.pseudo_gradient), _flat(fresh.pseudo_gradient)) > 1e-3
+
+    segments = Segments.from_counts(SIZES)
+    y1, y2 = _views(SIZES)
+    prev = run_round(model, own, *_views(SIZES, seed=4), segments, "reference").aggregate
+    a = run_round(model, own, y1, y2, segments, "batched", previous=prev)
+    b = run_round(model, own, y1, y2, segments, "reference", previous=prev)
+    assert torch.equal(_flat(a.pseudo_gradient), _flat(b.pseudo_gradient))
+    n, total = SIZES[0], float(prev.count)
+    w = n / total
+    f, g = model(y1[:n], y2[:n])
+    local = encoding_stats(f, g).moments()
+    mix = type(local)({k: w * v + (1 - w) * prev[k] for k, v in local.items()},
+                      count=prev.count)
+    named = trainable_parameters(model)
+    grads = torch.autograd.grad(dcco.statistics_loss(mix) / w, [p for _, p in named],
+                                allow_unused=True)
+    by_hand = torch.cat([(torch.zeros_like(p) if gr is None else gr).flatten()
+                         for (_, p), gr in zip(named, grads)])
+    update = Algorithm(dcco, staleness=1, stale_statistics="own", stale_round=True)
+    mine = update.client_update(model, y1[:n], y2[:n], prev)
+    assert _rel(-_flat(mine.delta), by_hand) <= 1e-10
+    assert mine.loss == pytest.approx(float(dcco.statistics_loss(mix).detach()), rel=1e-10)
+    with pytest.raises(ValueError, match="train.stale_statistics"):
+        Algorithm(dcco, staleness=1, stale_statistics="mixed")
+    with pytest.raises(ValueError, match="need train.staleness = 1"):
+        Algorithm(dcco, stale_statistics="own")
+
+
+def test_aggregate_decay__a_moving_average_of_the_aggregates_and_zero_is_the_last():
+    dcco = build_method("dcco")
+    model, segments = _model(), Segments.from_counts(SIZES)
+    plain = Algorithm(dcco, staleness=1)
+    ema = Algorithm(dcco, staleness=1, aggregate_decay=0.75)
+    prev = run_round(model, plain, *_views(SIZES, seed=4), segments, "batched").aggregate
+    x1, x2 = _views(SIZES)
+    a = run_round(model, plain, x1, x2, segments, "batched", previous=prev)
+    b = run_round(model, ema, x1, x2, segments, "batched", previous=prev)
+    assert torch.equal(_flat(a.pseudo_gradient), _flat(b.pseudo_gradient))  # same round
+    for k, v in a.aggregate.items():
+        torch.testing.assert_close(b.aggregate[k], 0.75 * prev[k] + 0.25 * v, rtol=1e-14,
+                                   atol=0)
+    first = run_round(model, ema, x1, x2, segments, "batched")  # no previous: the new one
+    assert all(torch.equal(first.aggregate[k], v) for k, v in
+               run_round(model, plain, x1, x2, segments, "batched").aggregate.items())
+    with pytest.raises(ValueError, match="train.aggregate_decay"):
+        Algorithm(dcco, staleness=1, aggregate_decay=1.0)
+
+
 # ---------------------------------------------------------------------- local steps
 
 
@@ -276,6 +341,55 @@ def test_client_update__two_steps_equal_two_sgd_steps_on_a_copy():
     for name, delta in update.delta.items():
         torch.testing.assert_close(delta, after[name] - before[name], rtol=1e-9, atol=1e-12)
     assert update.num_samples == 5
+
+
+def test_layerwise_local_steps__trust_ratio_steps_reported_in_sgd_units():
+    """train.local_optimizer = "layerwise": each tensor steps by lr·r_e·g_e with
+    r_e = ‖θ₀‖/‖g_e‖ (θ₀ at the round's start), transcribed by hand, so each moves lr of its
+    round-start norm per step; the delta comes back as Δ/r_0. One step is the SGD step bit for bit, and with a
+    tiny lr E steps on all the samples tend to SGD's E steps."""
+    import copy
+
+    model, (x1, x2) = _model(), _views([6])
+    method = build_method("dcco")
+    with torch.no_grad():
+        shared = encoding_stats(*model(*_views([8], seed=3))).moments()
+    update = client_update(model, method, x1, x2, shared, local_lr=0.05, local_steps=2,
+                           local_batch=3, layerwise=True)
+    twin = copy.deepcopy(model)
+    named = dict(twin.named_parameters())
+    start = {n: p.detach().norm() for n, p in named.items()}
+    first, moves = None, []
+    for idx in ([0, 1, 2], [3, 4, 5]):
+        twin.zero_grad()
+        method.client_loss(*twin(x1[idx], x2[idx]), shared).backward()
+        ratios = {n: (start[n] / p.grad.norm()
+                      if p.grad is not None and p.grad.norm() > 0 and start[n] > 0 else 1.0)
+                  for n, p in named.items()}
+        first = first or ratios
+        with torch.no_grad():
+            for n, p in named.items():
+                if p.grad is not None:
+                    p -= 0.05 * ratios[n] * p.grad
+                    if start[n] > 0 and p.grad.norm() > 0:
+                        moves.append(float((0.05 * ratios[n] * p.grad).norm() / start[n]))
+    assert moves and max(abs(m - 0.05) for m in moves) < 1e-9  # lr of the norm, every step
+    before = dict(model.named_parameters())
+    for name, delta in update.delta.items():
+        step = (named[name].detach() - before[name].detach())
+        torch.testing.assert_close(delta, step / first[name], rtol=1e-7, atol=1e-12)
+    one = [client_update(model, method, x1, x2, shared, 0.05, layerwise=lw).delta
+           for lw in (False, True)]
+    assert all(torch.equal(one[0][n], one[1][n]) for n in one[0])
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # off the initialisation's ReLU kinks (as for mean_gradient)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    tiny = [_flat(client_update(model, method, x1, x2, shared, 1e-12, 2,
+                                layerwise=lw).delta) for lw in (False, True)]
+    assert _rel(tiny[1], tiny[0]) <= 1e-6
+    with pytest.raises(ValueError, match="train.local_optimizer"):
+        Algorithm(method, local_optimizer="adam")
 
 
 # ------------------------------------------------------------------------ exchanges, bytes

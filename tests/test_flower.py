@@ -34,7 +34,7 @@ from dcco.experiments import load_splits
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig, parse_run_config, run_config_entries
 from dcco.flower.client_app import app as client_app
-from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE
+from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE, array_record, tensors_of
 from dcco.flower.federation import Federation, run_federated
 from dcco.flower.inprocess import InProcessGrid, Tamper
 from dcco.flower.nodes import client_views, node_data, node_partition, node_update
@@ -266,53 +266,101 @@ def test_too_few_survivors_skip_the_round_and_it_is_logged(make_federation, tmp_
         assert torch.equal(v, initial[k]), k
 
 
+# ---------------------------------------------------------------------- packed arrays
+
+
+def test_array_record__packs_into_few_flower_objects_and_names_bad_layouts():
+    """``codec.array_record`` packs named tensors into one flat array per dtype plus their
+    layout: a model's 55 tensors become 6 Flower objects (records, arrays, chunks), not over 100;
+    the round trip keeps every name, dtype, shape and bit; malformed packings raise."""
+    from flwr.app import ArrayRecord, RecordDict
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    model = build_dual_encoder(replace(load_config(None).model, widths=(16, 32, 64)),
+                               (1, 28, 28), (128, 128, 128), seed=0)
+    weights = dict(model.state_dict()) | {"count": torch.tensor(7.0, dtype=torch.float64),
+                                          "empty": torch.zeros(0, 3), "ints": torch.arange(4)}
+    record = array_record(weights)
+    back = tensors_of(record)
+    assert list(back) == list(weights)
+    for k, v in weights.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape and torch.equal(back[k], v)
+    per_tensor = ArrayRecord({k: Array(v.numpy()) for k, v in model.state_dict().items()})
+    assert len(get_all_nested_objects(RecordDict({"m": per_tensor}))) > 50
+    assert len(get_all_nested_objects(RecordDict({"m": array_record(model.state_dict())}))) <= 8
+    assert list(tensors_of(per_tensor)) == list(model.state_dict())  # the unpacked form too
+
+    def broken(layout: object, packed: np.ndarray) -> ArrayRecord:
+        return ArrayRecord({"layout": Array(np.frombuffer(json.dumps(layout).encode(), np.uint8)),
+                            "packed.<f4": Array(packed)})
+
+    with pytest.raises(ValueError, match="malformed array layout"):
+        tensors_of(broken([["a", "<f4"]], np.zeros(2, np.float32)))
+    with pytest.raises(ValueError, match="'a' .* not in the packed arrays"):
+        tensors_of(broken([["a", "<f4", [3]]], np.zeros(2, np.float32)))
+    with pytest.raises(ValueError, match="do not match their layout"):
+        tensors_of(broken([["a", "<f4", [1]]], np.zeros(2, np.float32)))
+    with pytest.raises(TypeError, match="not numeric"):
+        tensors_of(broken([["a", "|O", [1]]], np.zeros(2, np.float32)))
+
+
 # ---------------------------------------------------------------------- malformed replies
 
 
-def _set_array(reply: Message, record: str, key: str, value: np.ndarray) -> None:
-    reply.content.array_records[record][key] = Array(value)
+def _edit(reply: Message, record: str, edit: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """Change a reply's arrays by name (they travel packed: ``codec.array_record``)."""
+    arrays = {k: v.numpy() for k, v in tensors_of(reply.content.array_records[record]).items()}
+    edit(arrays)
+    reply.content.array_records[record] = array_record(
+        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def _corrupt_stats(kind: str) -> Callable[[Message], None]:
-    def corrupt(reply: Message) -> None:
-        stats = reply.content.array_records[STATS]
-        sum_f = stats["sum_f"].numpy()
+    def edit(stats: dict[str, np.ndarray]) -> None:
+        sum_f = stats["sum_f"]
         if kind == "missing_key":
             del stats["sum_fg"]
         elif kind == "shape":
-            _set_array(reply, STATS, "sum_f", np.zeros(sum_f.shape[0] + 1))
+            stats["sum_f"] = np.zeros(sum_f.shape[0] + 1)
         elif kind == "dtype":
-            _set_array(reply, STATS, "sum_f", sum_f.astype(np.int64))
+            stats["sum_f"] = sum_f.astype(np.int64)
         elif kind == "nonfinite":
-            _set_array(reply, STATS, "sum_ff", np.full_like(sum_f, np.nan))
+            stats["sum_ff"] = np.full_like(sum_f, np.nan)
         elif kind == "magnitude":
-            _set_array(reply, STATS, "sum_f", sum_f * 1e20)
-        elif kind == "count":
+            stats["sum_f"] = sum_f * 1e20
+
+    def corrupt(reply: Message) -> None:
+        if kind == "count":
             reply.content.metric_records[STATS + ".meta"]["count"] = 0
         elif kind == "count-fraction":
             reply.content.metric_records[STATS + ".meta"]["count"] = 2.5
+        else:
+            _edit(reply, STATS, edit)
     return corrupt
 
 
 def _corrupt_update(kind: str) -> Callable[[Message], None]:
-    def corrupt(reply: Message) -> None:
-        delta = reply.content.array_records[DELTA]
+    def edit(delta: dict[str, np.ndarray]) -> None:
         name = next(iter(delta))
-        value = delta[name].numpy()
+        value = delta[name]
         if kind == "missing_key":
             del delta[name]
         elif kind == "shape":
-            _set_array(reply, DELTA, name, value.reshape(-1)[:-1].copy())
+            delta[name] = value.reshape(-1)[:-1].copy()
         elif kind == "dtype":
-            _set_array(reply, DELTA, name, value.astype(np.int32))
+            delta[name] = value.astype(np.int32)
         elif kind == "nonfinite":
-            _set_array(reply, DELTA, name, np.full_like(value, np.inf))
+            delta[name] = np.full_like(value, np.inf)
         elif kind == "magnitude":
-            _set_array(reply, DELTA, name, np.full_like(value, 1e30))
-        elif kind == "count":
+            delta[name] = np.full_like(value, 1e30)
+
+    def corrupt(reply: Message) -> None:
+        if kind == "count":
             reply.content.metric_records[UPDATE]["count"] = -3
         elif kind == "count-fraction":
             reply.content.metric_records[UPDATE]["count"] = 1.5
+        else:
+            _edit(reply, DELTA, edit)
     return corrupt
 
 
@@ -467,11 +515,12 @@ def _reference(cfg):
     ('train.method="dvicreg"', "model.projector=[16, 16, 16]"),
     ("train.staleness=1",),
     ("train.staleness=1", "train.stale_after=2"),
+    ("train.staleness=1", 'train.stale_statistics="own"', "train.aggregate_decay=0.5"),
     ("train.local_steps=2", "train.local_batch=1", "train.local_lr=1e-4"),
     ('train.method="cco_fedavg"', "train.local_steps=2", "train.local_lr=1e-4"),
     ("train.local_steps=2", "train.local_batch=2", "train.local_lr=1e-4",
      'train.local_statistics="own"', 'train.pseudo_gradient="mean_gradient"'),
-], ids=["dvicreg", "stale", "stale-after-warm-up", "local-steps-dcco", "local-steps-fedavg",
+], ids=["dvicreg", "stale", "stale-after-warm-up", "stale-own-ema", "local-steps-dcco", "local-steps-fedavg",
         "local-steps-own"])
 def test_flower_round_settings_equal_the_reference_backend(make_federation, overrides):
     method = next((o.split('"')[1] for o in overrides if o.startswith("train.method")), "dcco")
@@ -900,6 +949,17 @@ def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):
     assert written["payload_bytes"] == 4000
     assert len(written["seconds_per_round"]) == 3
     assert all(s > 0 for s in written["seconds_per_round"])
+    floor.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                             run_config={"rounds": 1, "exchanges": 1, "min_nodes": NODES,
+                                         "timeout": 60.0, "payload": 4000,
+                                         "payload_arrays": 5, "record": str(record)}))
+    assert json.loads(record.read_text())["payload_arrays"] == 5
+    rng = np.random.default_rng(0)
+    first, second = floor._payload(4000, 5, rng), floor._payload(4000, 5, rng)
+    assert len(first) == 5 and sum(a.numpy().nbytes for a in first.values()) == 4000
+    values = [a.numpy() for a in first.values()] + [a.numpy() for a in second.values()]
+    assert len({v.tobytes() for v in values}) == 10  # all distinct: no shared objects
+    assert floor._payload(0, 5, rng) is None
     for module in ("dcco.flower.floor", "dcco.flower.client_app"):
         code = f"import sys, {module}; print('torch' in sys.modules, 'flwr' in sys.modules)"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -3,7 +3,7 @@
 The server's side: statistics replies and update replies (with or without the statistics of
 stale mode), built valid and then broken in generated ways (missing records and keys, wrong
 dtypes and shapes, truncated and oversized arrays, NaN, Inf and huge values, bad counts and
-losses, foreign records). Each one goes through the checks the federation applies
+losses, foreign records, a garbled packing layout or a packed array cut short). Each one goes through the checks the federation applies
 (``accept_valid`` with the codec and ``dcco.server``): the server never crashes, a valid
 reply is accepted, and a broken one is rejected and counted under a known kind. The client's
 side: instructions broken the same ways are either read or refused with ``InstructionError``,
@@ -39,7 +39,13 @@ def _stats(spec, seed: int):
 
 
 def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: np.array(v.numpy(), copy=True) for k, v in record.items()}
+    """A reply's arrays by name (they travel packed: ``codec.array_record``)."""
+    return {k: np.array(v.numpy(), copy=True) for k, v in codec.tensors_of(record).items()}
+
+
+def _packed(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return codec.array_record({k: torch.from_numpy(np.ascontiguousarray(v))
+                               for k, v in arrays.items()})
 
 
 @st.composite
@@ -48,7 +54,7 @@ def mutation(draw, keys: list[str]):
     what = draw(st.sampled_from([
         "none", "drop_key", "drop_record", "int_dtype", "bool_dtype", "truncate", "extend",
         "reshape", "bad_value", "bad_count", "bad_loss", "foreign_record", "empty",
-        "object_count", "scalar_array"]))
+        "object_count", "scalar_array", "garbled_layout", "short_packed"]))
     key = draw(st.sampled_from(keys))
     value = draw(st.sampled_from(BAD_VALUES))
     # (Flower's MetricRecord itself refuses booleans and integers beyond 64 bits)
@@ -93,7 +99,13 @@ def _mutate(content: RecordDict, array_record: str, meta_record: str, m) -> Reco
         arrays["unexpected"] = np.zeros(3)
     elif what == "object_count":
         meta["count"] = "three"
-    out[array_record] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    packed = _packed(arrays)
+    if what == "garbled_layout":  # the packing itself broken: its layout, or its arrays
+        packed[codec.LAYOUT] = Array(np.frombuffer(b"\xff[not json", dtype=np.uint8))
+    elif what == "short_packed":
+        name = next(k for k in packed if k.startswith(codec.PACKED))
+        packed[name] = Array(packed[name].numpy()[:-1].copy())
+    out[array_record] = packed
     out[meta_record] = MetricRecord(meta) if what != "object_count" else ConfigRecord(meta)
     return out
 

@@ -21,7 +21,7 @@ steps, ``statistics`` and ``updates``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from torch import Tensor
@@ -30,7 +30,7 @@ from torch.nn import Module
 from dcco.client import ClientUpdate, client_update
 from dcco.methods.base import Method
 from dcco.privacy import RoundNoise
-from dcco.stats import EncodingStats, Moments, StatsSpec
+from dcco.stats import EncodingStats, Moments, StatsSpec, moving_average
 
 STATS_BYTES = 8
 """Bytes per shared statistic: sums travel in float64."""
@@ -143,6 +143,23 @@ class Algorithm:
     """With several local steps: "fixed", every step on the anchored loss (its value stays
     L(S_A)); "own", each step on L(S_A + (N_k/N)(S_k − S_k⁰)), the client's own statistics
     followed (``dcco.client.client_update``)."""
+    stale_statistics: str = "anchored"
+    """In a stale round: "anchored", each client's loss at the previous aggregate A,
+    L(S_k + sg(A − S_k)); "own", at the mix (N_k/N)·S_k + (1 − N_k/N)·A (``stats.refreshed``
+    with S_k⁰ = A), the client's own fresh statistics in their share and only the other
+    clients' stale. Fresh rounds are unchanged. Exact in its limit: a round of one client
+    (N_k = N) is the fresh round."""
+    aggregate_decay: float = 0.0
+    """β: in stale mode the next round's statistics are β·A_prev + (1 − β)·A_new, an
+    exponential moving average of the aggregates (0: the last round's, as before)."""
+    stale_round: bool = False
+    """Set by ``run_round`` (and a Flower node) for the update exchange of a stale round, so
+    the clients take ``stale_statistics``; not a setting."""
+    local_optimizer: str = "sgd"
+    """With several local steps: "sgd", raw steps of local_lr × the gradient; "layerwise",
+    each parameter tensor's step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start), so local_lr
+    is the relative step of every tensor (``dcco.client.client_update``). One local step is
+    the same either way."""
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1):
@@ -166,6 +183,18 @@ class Algorithm:
         if self.local_statistics == "own" and self.method.stats is None:
             raise ValueError(f"train.local_statistics = 'own' follows a client's shared "
                              f"statistics; {self.method.name} shares none")
+        if self.stale_statistics not in ("anchored", "own"):
+            raise ValueError(f"train.stale_statistics must be 'anchored' or 'own', got "
+                             f"{self.stale_statistics!r}")
+        if not 0.0 <= self.aggregate_decay < 1.0:
+            raise ValueError(f"train.aggregate_decay must be in [0, 1), got "
+                             f"{self.aggregate_decay}")
+        if (self.stale_statistics != "anchored" or self.aggregate_decay) and not self.staleness:
+            raise ValueError("train.stale_statistics and train.aggregate_decay shape stale "
+                             "rounds; they need train.staleness = 1")
+        if self.local_optimizer not in ("sgd", "layerwise"):
+            raise ValueError(f"train.local_optimizer must be 'sgd' or 'layerwise', got "
+                             f"{self.local_optimizer!r}")
         if self.pseudo_gradient not in ("delta", "mean_gradient"):
             raise ValueError(f"train.pseudo_gradient must be 'delta' or 'mean_gradient', got "
                              f"{self.pseudo_gradient!r}")
@@ -178,13 +207,24 @@ class Algorithm:
         """One client's local steps with this algorithm's settings (``dcco.client``)."""
         return client_update(model, self.method, x1, x2, shared, self.local_lr,
                              self.local_steps, self.local_batch, self.update_clip,
-                             self.local_statistics == "own")
+                             self.local_statistics == "own",
+                             self.local_optimizer == "layerwise",
+                             self.stale_round and self.stale_statistics == "own")
 
     def batched_exact(self, smallest_client: int) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
         step on all of each client's samples."""
-        return self.update_clip is None and self.local_steps == 1 and (
+        return self.update_clip is None and self.local_steps == 1 and not self.mixes and (
             self.local_batch is None or self.local_batch >= smallest_client)
+
+    @property
+    def mixes(self) -> bool:
+        """Whether this round's clients take the own-statistics mix (a stale round)."""
+        return self.stale_round and self.stale_statistics == "own"
+
+    def for_update(self, stale: bool) -> Algorithm:
+        """The algorithm for a round's update exchange: ``stale`` marks a stale round."""
+        return replace(self, stale_round=stale) if stale != self.stale_round else self
 
     def previous_for(self, round_index: int, aggregate: Moments | None) -> Moments | None:
         """What round ``round_index`` (from 0) takes as ``run_round``'s ``previous``: the last
@@ -212,7 +252,8 @@ class Algorithm:
             if noise is not None:  # stale mode's first round: its one extra exchange
                 stats = noise.statistics(stats, spec, "first" if self.staleness else "stats")
             shared = stats.moments()
-        out = executor.updates(self, shared, spec if self.staleness else None)
+        out = executor.updates(self.for_update(exchanges == 1 and self.staleness == 1),
+                               shared, spec if self.staleness else None)
         pseudo = noise.update(out.pseudo_gradient) if noise else out.pseudo_gradient
         if self.pseudo_gradient == "mean_gradient":
             scale = 1.0 / (self.local_lr * self.local_steps)
@@ -220,6 +261,8 @@ class Algorithm:
         aggregate = None
         if out.stats is not None:
             aggregate = (noise.statistics(out.stats, spec) if noise else out.stats).moments()
+            if self.aggregate_decay and previous is not None:
+                aggregate = moving_average(previous, aggregate, self.aggregate_decay)
         return RoundResult(pseudo, out.loss, out.num_clients, out.num_samples,
                            shared, aggregate, exchanges)
 

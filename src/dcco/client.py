@@ -50,6 +50,12 @@ def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor,
     return encoding_stats(f, g, spec)
 
 
+def trust_ratio(weight: Tensor, grad: Tensor) -> Tensor | float:
+    """‖weight‖/‖grad‖, a 0-d tensor, or 1.0 where either norm is 0 (LARS's convention)."""
+    w, g = weight.norm(), grad.norm()
+    return w / g if bool(w > 0) and bool(g > 0) else 1.0
+
+
 def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tensor]:
     """The sample positions of each of a client's E local steps: consecutive slices of size
     ``batch`` (all samples when None or larger), wrapping around, so every sample is used
@@ -61,7 +67,8 @@ def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tenso
 def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                   shared: Moments | None, local_lr: float, local_steps: int = 1,
                   local_batch: int | None = None, clip: float | None = None,
-                  own_statistics: bool = False) -> ClientUpdate:
+                  own_statistics: bool = False, layerwise: bool = False,
+                  mix: bool = False) -> ClientUpdate:
     """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
     One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
@@ -83,6 +90,19 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
             S_k⁰ from a no-grad forward of the step's samples at the round's model), instead
             of the anchored L(S_k + sg(S_A − S_k)), whose value never moves. The same first
             step; methods without statistics ignore it.
+        layerwise: with several steps, each parameter tensor steps by local_lr × r_e × its
+            gradient, r_e = ‖θ₀‖/‖g_e‖ (θ₀ the tensor at the round's start; 1 where either
+            norm is 0, so a zero tensor takes SGD steps), so every tensor moves by local_lr
+            of its norm per step, as LARS does on the server (``local_lr`` is then a relative
+            step). The delta comes back in the first step's SGD units, Δ/r_0, so
+            ``pseudo_gradient = "mean_gradient"`` reads a mean gradient. One step is the SGD
+            step exactly (the same code). As local_lr → 0 with every step on all the samples
+            (r_e → r_0) both tend to the same limit; with minibatches the steps are weighted
+            by 1/‖g_e‖, so the limits differ.
+        mix: ``shared`` is a stale aggregate A, and the loss is taken at the mix
+            (N_k/N)·S_k + (1 − N_k/N)·A (``AnchoredMethod.refreshed_loss`` with S_k⁰ = A),
+            N = A's count: the client's own statistics fresh, the others' stale
+            (``train.stale_statistics = "own"``).
 
     Returns:
         The delta, the client's sample count (its FedAvg weight) and its loss before the
@@ -90,9 +110,15 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
     """
     named = trainable_parameters(model)
     n = int(x1.shape[0])
+    if mix and (shared is None or shared.count is None or method.stats is None):
+        raise ValueError("the own-statistics mix needs a statistics method and the "
+                         "aggregate's sample count N")
     if local_steps == 1 and (local_batch is None or local_batch >= n):
         f, g = model(x1, x2)
-        loss = method.client_loss(f, g, shared)
+        w = min(1.0, n / float(shared.count)) if mix else 1.0
+        # the mix's loss / w: its gradient ∇L(mix)·∂S_k, on the anchored loss's scale
+        loss = (method.refreshed_loss(f, g, shared, shared, w) if mix
+                else method.client_loss(f, g, shared))
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
         delta = {
             name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
@@ -100,28 +126,37 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         }
         if clip is not None:
             delta = clip_update(delta, clip)
-        return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()))
+        return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()) * w)
     delta = {name: torch.zeros_like(p) for name, p in named}
     first_loss = None
-    refresh = own_statistics and shared is not None and method.stats is not None
+    refresh = (own_statistics or mix) and shared is not None and method.stats is not None
     if refresh and shared.count is None:
         raise ValueError("own_statistics needs the aggregate's sample count N")
-    weight = n / float(shared.count) if refresh else 1.0  # N_k / N
+    weight = min(1.0, n / float(shared.count)) if refresh else 1.0  # N_k / N
+    ratios: dict[str, Tensor | float] | None = None
     for idx in local_batches(n, local_steps, local_batch):
         current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
         f, g = functional_call(model, current, (x1[idx], x2[idx]))
         if refresh:
-            with torch.no_grad():
-                start = encoding_stats(*model(x1[idx], x2[idx]), method.stats).moments()
+            if mix:  # the client's share moves from A (its fresh statistics, then its steps)
+                start = shared
+            else:
+                with torch.no_grad():
+                    start = encoding_stats(*model(x1[idx], x2[idx]), method.stats).moments()
             loss = method.refreshed_loss(f, g, shared, start, weight)
         else:
             loss = method.client_loss(f, g, shared)
         if first_loss is None:  # the round's loss at its start: L(S_A) (unscaled)
             first_loss = float(loss.detach()) * weight
         grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
+        step = {name: (trust_ratio(p.detach(), gr) if layerwise and gr is not None else 1.0)
+                for (name, p), gr in zip(named, grads)}  # ‖θ₀‖/‖g_e‖
+        ratios = step if ratios is None else ratios
         for (name, _), gr in zip(named, grads):
             if gr is not None:
-                delta[name] = delta[name] - local_lr * gr
+                delta[name] = delta[name] - (local_lr * step[name]) * gr
+    if layerwise:  # in the first step's SGD units
+        delta = {name: d / ratios[name] for name, d in delta.items()}
     if clip is not None:
         delta = clip_update(delta, clip)
     return ClientUpdate(delta=delta, num_samples=n, loss=float(first_loss))

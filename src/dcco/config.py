@@ -119,6 +119,11 @@ class TrainConfig:
     that keeps stepping); "own", each step on L(S_A + (N_k/N)(S_k − S_k⁰))·N/N_k: the other
     clients' statistics held at S_A, the client's own followed as it moves. The first step is
     the same; methods that share statistics only."""
+    local_optimizer: Literal["sgd", "layerwise"] = "sgd"
+    """With E > 1: "sgd", raw SGD steps of local_lr; "layerwise", each parameter tensor's
+    step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start; as LARS on the server), so local_lr
+    is a relative step size: every tensor moves by local_lr of its norm per step. One step
+    (E = 1) is the same either way."""
     pseudo_gradient: Literal["delta", "mean_gradient"] = "delta"
     """What the server optimiser steps on: "delta", −Σ_k (N_k/N) Δ_k (FedOpt; the paper's,
     with one local step of lr 1.0 this is the pooled gradient); "mean_gradient", that divided
@@ -131,6 +136,12 @@ class TrainConfig:
     stale_after: int = 0
     """With staleness = 1: fresh statistics (two exchanges) for the rounds before this one, a
     warm-up, then the previous round's aggregate; 0: stale from the second round on."""
+    stale_statistics: Literal["anchored", "own"] = "anchored"
+    """With staleness = 1, a stale round's client loss: "anchored", at the previous aggregate
+    A; "own", at the mix (N_k/N)·S_k + (1 − N_k/N)·A, the client's own statistics fresh."""
+    aggregate_decay: float = 0.0
+    """With staleness = 1: the statistics a stale round uses are an exponential moving
+    average of the aggregates, β·A_prev + (1 − β)·A_new (0: the last round's)."""
     backend: Literal["batched", "reference"] = "batched"
     seed: int = 0
     device: str = "auto"
@@ -199,7 +210,9 @@ class RunConfig:
         t = self.train
         Algorithm(method(), t.local_lr, t.local_steps, t.local_batch, t.staleness,
                   t.stale_after, pseudo_gradient=t.pseudo_gradient,
-                  local_statistics=t.local_statistics)  # its checks name the train.* keys
+                  local_statistics=t.local_statistics,
+                  local_optimizer=t.local_optimizer, stale_statistics=t.stale_statistics,
+                  aggregate_decay=t.aggregate_decay)  # its checks name the train.* keys
         if self.privacy.enabled and not method.federated:
             raise ValueError(f"privacy is client-level differential privacy for federated "
                              f"methods; {method.name} is centralized (set "

@@ -251,3 +251,9 @@ def refreshed(local: Moments, start: Moments, aggregate: Moments, weight: float)
     return Moments({k: aggregate[k] + weight * (lo - start[k].detach())
                     for k, lo in local.items()}, count=aggregate.count)
 
+
+def moving_average(previous: Moments, new: Moments, decay: float) -> Moments:
+    """β·previous + (1 − β)·new, average by average; the count is the new one's (the batch
+    the statistics stand for)."""
+    return Moments({k: decay * previous[k] + (1.0 - decay) * v for k, v in new.items()},
+                   count=new.count)

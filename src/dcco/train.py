@@ -113,7 +113,8 @@ def algorithm_of(cfg: RunConfig) -> Algorithm:
     clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
     return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
-                     t.local_statistics)
+                     t.local_statistics, t.stale_statistics, t.aggregate_decay,
+                     local_optimizer=t.local_optimizer)
 
 
 def build_partition(cfg: RunConfig, train_set: Dataset) -> Partition:

@@ -13,24 +13,29 @@ Under SecAgg+ the same handler runs inside Flower's ``secaggplus_mod``, which ma
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import Context, Message, RecordDict
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-from dcco.flower import worker
+from dcco.flower import timing, worker
 
 app = ClientApp()
 
 
 def _handled(kind: str, msg: Message, context: Context) -> Message:
+    started = time.time()
     if worker.enabled(context.run_config):
         reply: RecordDict = worker.call(kind, msg.content, context)
     else:
         from dcco.flower import handlers
 
         reply = getattr(handlers, kind)(msg.content, context)
+    if timing.enabled():  # when the reply goes back to Flower, for the reply gaps
+        timing.record("app", message=kind, app_start=started, app_return=time.time())
     return Message(reply, reply_to=msg)
 
 

@@ -20,6 +20,9 @@ Both phases are plain ``train`` messages told apart by ``phase``: Flower's SecAg
 only the ``train`` message type. Under SecAgg+ the payloads travel in Flower's legacy
 ``FitIns``/``FitRes`` layout that ``secaggplus_mod`` reads (see ``dcco.flower.secagg``).
 
+Every ArrayRecord holds one flat array per dtype and its layout (``array_record``): Flower
+moves each array as an object with its own round trips, so a model's tensors travel as one.
+
 Decoding never trusts a reply: a missing record raises ``KeyError``, an array that is not a
 numeric NumPy array ``TypeError``/``ValueError``; ``dcco.server.accept_valid`` counts both as
 malformed replies.
@@ -27,6 +30,8 @@ malformed replies.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +47,7 @@ from dcco.stats import EncodingStats, Moments
 Phase = Literal["stats", "update"]
 CONFIG = "dcco"
 MODEL, SHARED, STATS, DELTA, UPDATE, NODE = "model", "shared", "stats", "delta", "update", "node"
+LAYOUT, PACKED = "layout", "packed."
 
 
 def tensor_of(array: Array) -> Tensor:
@@ -50,12 +56,50 @@ def tensor_of(array: Array) -> Tensor:
 
 
 def array_record(tensors: dict[str, Tensor]) -> ArrayRecord:
-    """Named tensors → ``ArrayRecord`` (on the CPU, dtypes kept)."""
-    return ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
+    """Named tensors → ``ArrayRecord`` of one flat array per dtype (``packed.<dtype>``) and
+    their ``layout`` (name, dtype, shape of each, in order, as UTF-8 JSON bytes).
+
+    Flower moves every ``Array`` of a message as an object of its own, with a round trip
+    each from SuperNode to SuperLink and again from SuperLink to ServerApp (flwr 1.41/1.42):
+    a model's 55 tensors as 55 arrays added seconds to every exchange on loopback."""
+    layout, groups = [], {}
+    for name, tensor in tensors.items():
+        a = tensor.detach().cpu().numpy()
+        layout.append([name, a.dtype.str, list(a.shape)])
+        groups.setdefault(a.dtype.str, []).append(a.reshape(-1))
+    record = {LAYOUT: Array(np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8))}
+    for dtype, parts in groups.items():
+        record[PACKED + dtype] = Array(np.concatenate(parts))
+    return ArrayRecord(record)
 
 
 def tensors_of(record: ArrayRecord) -> dict[str, Tensor]:
-    return {k: tensor_of(v) for k, v in record.items()}
+    """The named tensors of ``array_record`` (or of a record of one array per tensor).
+
+    Raises:
+        ValueError: a layout that is not a list of [name, dtype, shape], or packed arrays
+            whose sizes do not match it; TypeError: a dtype that is not numeric."""
+    if LAYOUT not in record:
+        return {k: tensor_of(v) for k, v in record.items()}
+    try:
+        layout = json.loads(bytes(record[LAYOUT].numpy()).decode())
+        entries = [(str(n), np.dtype(d), tuple(int(x) for x in shape)) for n, d, shape in layout]
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"malformed array layout: {e}") from None
+    flat = {k[len(PACKED):]: tensor_of(v) for k, v in record.items() if k.startswith(PACKED)}
+    offsets = dict.fromkeys(flat, 0)
+    out = {}
+    for name, dtype, shape in entries:
+        if dtype.kind not in "biuf":
+            raise TypeError(f"array {name!r}: dtype {dtype} is not numeric")
+        key, size = dtype.str, math.prod(shape)
+        if key not in flat or offsets[key] + size > flat[key].numel() or min(shape, default=1) < 0:
+            raise ValueError(f"array {name!r} {shape} of {dtype} is not in the packed arrays")
+        out[name] = flat[key][offsets[key]:offsets[key] + size].reshape(shape)
+        offsets[key] += size
+    if any(offsets[k] != flat[k].numel() for k in flat) or len(out) != len(entries):
+        raise ValueError("the packed arrays do not match their layout (sizes or names)")
+    return out
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ that process, data, compute). This app has only the first part: its ClientApp im
 and nothing of torch, and echoes each message; its ServerApp runs ``rounds`` rounds of
 ``exchanges`` exchanges with every connected node, through the same ``push_and_pull`` as
 dcco's rounds, and writes the seconds of each round to ``record`` (JSON). With ``payload``
-(bytes), each message carries that many bytes each way, as dcco's carry the model. So
+(bytes), each message carries that many bytes each way, as dcco's carry the model, in one
+array of zeros or, with ``payload_arrays`` = k, in k distinct random arrays (a model's
+tensors sent one array each: Flower moves every array as an object of its own). So
 ``benchmarks/flower_loopback.py`` can set dcco's seconds per round against this floor,
 measured in the same run on the same machine. Its Flower project is
 ``benchmarks/flower_floor/pyproject.toml``.
@@ -54,9 +56,9 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     rounds, exchanges = int(cfg["rounds"]), int(cfg["exchanges"])
     min_nodes, timeout = int(cfg["min_nodes"]), float(cfg["timeout"])
-    payload = int(cfg.get("payload", 0))  # bytes each way, as float32 zeros
-    arrays = ArrayRecord({"x": Array(np.zeros(payload // 4, dtype=np.float32))}) \
-        if payload else None
+    payload = int(cfg.get("payload", 0))  # bytes each way
+    pieces = int(cfg.get("payload_arrays", 1))
+    rng = np.random.default_rng(0)
     deadline = time.monotonic() + timeout
     while len(nodes := sorted(grid.get_node_ids())) < min_nodes:
         if time.monotonic() > deadline:
@@ -67,6 +69,7 @@ def main(grid: Grid, context: Context) -> None:
     for r in range(rounds):
         start = time.perf_counter()
         for e in range(exchanges):
+            arrays = _payload(payload, pieces, rng)
             asks = [Message(_ask(r, e, arrays), dst_node_id=n,
                             message_type=MessageType.TRAIN) for n in nodes]
             replies = push_and_pull(grid, asks, timeout)
@@ -78,8 +81,22 @@ def main(grid: Grid, context: Context) -> None:
     path = Path(str(cfg["record"]))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"nodes": len(nodes), "exchanges": exchanges,
-                               "payload_bytes": payload, "seconds_per_round": seconds}) + "\n")
+                               "payload_bytes": payload, "payload_arrays": pieces,
+                               "seconds_per_round": seconds}) + "\n")
     os.replace(tmp, path)
+
+
+def _payload(size: int, pieces: int, rng: np.random.Generator) -> ArrayRecord | None:
+    """``size`` bytes of float32: one array of zeros, or ``pieces`` > 1 distinct random
+    arrays, new for every exchange (Flower stores arrays by their content's hash, so equal
+    arrays would travel as one)."""
+    if not size:
+        return None
+    if pieces <= 1:
+        return ArrayRecord({"x": Array(np.zeros(size // 4, dtype=np.float32))})
+    n = max(1, size // 4 // pieces)
+    return ArrayRecord({f"x{i}": Array(rng.standard_normal(n).astype(np.float32))
+                        for i in range(pieces)})
 
 
 def _ask(round_index: int, exchange: int, arrays: ArrayRecord | None) -> RecordDict:

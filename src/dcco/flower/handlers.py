@@ -89,7 +89,10 @@ def train(content: RecordDict, context: Context) -> RecordDict:
         # the clients' local steps leave it untouched
         stats = (node_statistics(cfg, data, model, ins.clients, ins.round, spec)
                  if ins.with_stats else None)
-        update = node_update(cfg, algorithm, data, model, ins.clients, ins.round, ins.shared)
+        # a stale round's update carries its model (no statistics exchange came before it)
+        stale = algorithm.staleness == 1 and ins.with_stats and ins.model is not None
+        update = node_update(cfg, algorithm.for_update(stale), data, model, ins.clients,
+                             ins.round, ins.shared)
         reply = (secagg.secure_update_reply(update, params, stats, spec) if params
                  else codec.encode_update_reply(update, stats))
     if timing.enabled():
