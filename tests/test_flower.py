@@ -302,6 +302,22 @@ def test_array_record__packs_into_few_flower_objects_and_names_bad_layouts():
         tensors_of(broken([["a", "<f4", [1]]], np.zeros(2, np.float32)))
     with pytest.raises(TypeError, match="not numeric"):
         tensors_of(broken([["a", "|O", [1]]], np.zeros(2, np.float32)))
+    # what a hostile client could send: each is a ValueError the server counts as malformed
+    hostile = [
+        broken([["a", "<f4", [float("inf")]]], np.zeros(2, np.float32)),  # int(inf)
+        broken([["a", {"names": ["x"], "formats": ["<f4"], "itemsize": 2 ** 62}, [1]]],
+               np.zeros(2, np.float32)),  # a dtype that is not a string
+        broken([["a", "<f4", [True]]], np.zeros(1, np.float32)),
+        broken([["a", "<f4", [3]], ["b", "<f4", [3]]], np.zeros((2, 3), np.float32)),  # 2-D
+        broken([["a", "<f4", [1]]], np.array(1.0, np.float32)),  # 0-d
+        ArrayRecord({"layout": Array(np.frombuffer(b"[" * 100_000, np.uint8)),  # recursion
+                     "packed.<f4": Array(np.zeros(2, np.float32))}),
+        ArrayRecord({"layout": Array(np.array(2 ** 33)),  # not bytes: no 8 GB of zeros
+                     "packed.<f4": Array(np.zeros(2, np.float32))}),
+    ]
+    for record in hostile:
+        with pytest.raises(ValueError, match="malformed"):
+            tensors_of(record)
 
 
 # ---------------------------------------------------------------------- malformed replies
@@ -920,11 +936,13 @@ def test_node_workers__rounds_through_them_equal_the_reference_backend(make_fede
     finally:
         stopped = [worker.stop(c.run_id, c.node_id) for c in contexts]
     assert stopped == [True] * NODES
-    assert not any(worker.stop(c.run_id, c.node_id) for c in contexts)
     deadline = time.monotonic() + 60  # a stopped worker removes its socket as it ends
     while any(worker.socket_path(c.run_id, c.node_id).exists() for c in contexts):
         assert time.monotonic() < deadline, "a stopped worker left its socket"
         time.sleep(0.05)
+    # once gone, there is nothing left to stop (asked before that, on a busy machine, a
+    # worker still finishing its stop can answer a second one)
+    assert not any(worker.stop(c.run_id, c.node_id) for c in contexts)
 
 
 def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):

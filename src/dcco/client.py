@@ -50,10 +50,12 @@ def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor,
     return encoding_stats(f, g, spec)
 
 
-def trust_ratio(weight: Tensor, grad: Tensor) -> Tensor | float:
-    """‖weight‖/‖grad‖, a 0-d tensor, or 1.0 where either norm is 0 (LARS's convention)."""
+def trust_ratio(weight: Tensor, grad: Tensor) -> Tensor:
+    """‖weight‖/‖grad‖, or 1 where either norm is 0 (LARS's convention): a 0-d tensor on
+    their device, chosen without reading it back (no host synchronisation)."""
     w, g = weight.norm(), grad.norm()
-    return w / g if bool(w > 0) and bool(g > 0) else 1.0
+    ok = (w > 0) & (g > 0)
+    return torch.where(ok, w / torch.where(ok, g, torch.ones_like(g)), torch.ones_like(w))
 
 
 def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tensor]:
@@ -110,6 +112,7 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
     """
     named = trainable_parameters(model)
     n = int(x1.shape[0])
+    layerwise = layerwise and local_steps > 1  # one step: the SGD step, bit for bit
     if mix and (shared is None or shared.count is None or method.stats is None):
         raise ValueError("the own-statistics mix needs a statistics method and the "
                          "aggregate's sample count N")

@@ -48,6 +48,8 @@ Phase = Literal["stats", "update"]
 CONFIG = "dcco"
 MODEL, SHARED, STATS, DELTA, UPDATE, NODE = "model", "shared", "stats", "delta", "update", "node"
 LAYOUT, PACKED = "layout", "packed."
+LAYOUT_MAX_BYTES = 1 << 22
+"""The largest packed layout read (4 MiB: a model of 10,000 tensors needs about 1 MiB)."""
 
 
 def tensor_of(array: Array) -> Tensor:
@@ -76,30 +78,51 @@ def array_record(tensors: dict[str, Tensor]) -> ArrayRecord:
 def tensors_of(record: ArrayRecord) -> dict[str, Tensor]:
     """The named tensors of ``array_record`` (or of a record of one array per tensor).
 
+    Nothing in the record is trusted: the layout must be UTF-8 JSON in a 1-D uint8 array of
+    at most ``LAYOUT_MAX_BYTES``, a list of [name, dtype string, shape of non-negative
+    ints], and the packed arrays 1-D and exactly as long as it says.
+
     Raises:
-        ValueError: a layout that is not a list of [name, dtype, shape], or packed arrays
-            whose sizes do not match it; TypeError: a dtype that is not numeric."""
+        ValueError: a malformed layout, or packed arrays that do not match it; TypeError: a
+            dtype that is not numeric."""
     if LAYOUT not in record:
         return {k: tensor_of(v) for k, v in record.items()}
-    try:
-        layout = json.loads(bytes(record[LAYOUT].numpy()).decode())
-        entries = [(str(n), np.dtype(d), tuple(int(x) for x in shape)) for n, d, shape in layout]
-    except (ValueError, TypeError, UnicodeDecodeError) as e:
-        raise ValueError(f"malformed array layout: {e}") from None
+    entries = _layout(record[LAYOUT])
     flat = {k[len(PACKED):]: tensor_of(v) for k, v in record.items() if k.startswith(PACKED)}
+    if any(t.dim() != 1 for t in flat.values()):
+        raise ValueError("malformed packed arrays: each must be 1-D")
     offsets = dict.fromkeys(flat, 0)
     out = {}
     for name, dtype, shape in entries:
         if dtype.kind not in "biuf":
             raise TypeError(f"array {name!r}: dtype {dtype} is not numeric")
         key, size = dtype.str, math.prod(shape)
-        if key not in flat or offsets[key] + size > flat[key].numel() or min(shape, default=1) < 0:
+        if key not in flat or offsets[key] + size > flat[key].numel():
             raise ValueError(f"array {name!r} {shape} of {dtype} is not in the packed arrays")
         out[name] = flat[key][offsets[key]:offsets[key] + size].reshape(shape)
         offsets[key] += size
     if any(offsets[k] != flat[k].numel() for k in flat) or len(out) != len(entries):
         raise ValueError("the packed arrays do not match their layout (sizes or names)")
     return out
+
+
+def _layout(array: Array) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """The (name, dtype, shape) entries of a packed record's layout (``tensors_of``)."""
+    raw = array.numpy()
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > LAYOUT_MAX_BYTES:
+        raise ValueError(f"malformed array layout: a {raw.dtype} array of shape {raw.shape}, "
+                         f"not 1-D uint8 of at most {LAYOUT_MAX_BYTES} bytes")
+    try:
+        layout = json.loads(raw.tobytes().decode())
+        entries = []
+        for name, dtype, shape in layout:
+            if not (isinstance(name, str) and isinstance(dtype, str) and isinstance(shape, list)
+                    and all(type(x) is int and x >= 0 for x in shape)):
+                raise ValueError(f"entry {[name, dtype, shape]!r} is not [name, dtype, shape]")
+            entries.append((name, np.dtype(dtype), tuple(shape)))
+    except (ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError) as e:
+        raise ValueError(f"malformed array layout: {e}") from None
+    return entries
 
 
 @dataclass(frozen=True)
