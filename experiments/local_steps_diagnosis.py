@@ -25,10 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from grid_cells import cell_config
 
 from dcco.client import client_update, trainable_parameters
 from dcco.experiments import load_splits
-from dcco.reproduce import load_grid, plan_cells
 from dcco.rundir import code_version, cpu_name
 from dcco.simulator import run_round
 from dcco.train import Pretraining, plan_round
@@ -46,10 +46,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    grid = load_grid(GRID, "small")
-    cell = next(c for c in plan_cells(grid, Path("/nonexistent"))
-                if c.path.name == "non-iid-16-dcco-s0")
-    cfg = replace(cell.cfg, data=replace(cell.cfg.data, data_dir=args.data_dir))
+    cfg = cell_config(GRID, "small", "non-iid-16-dcco-s0", args.data_dir)
     train, _ = load_splits(cfg)
     torch.manual_seed(0)
     pt = Pretraining(cfg, train)

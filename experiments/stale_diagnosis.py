@@ -19,13 +19,12 @@ import argparse
 import json
 import math
 import platform
-from dataclasses import replace
 from pathlib import Path
 
 import torch
+from grid_cells import cell_config
 
 from dcco.experiments import load_splits
-from dcco.reproduce import load_grid, plan_cells
 from dcco.rundir import code_version, cpu_name
 from dcco.train import Pretraining
 
@@ -58,10 +57,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.manual_seed(0)
-    grid = load_grid(GRID, "small-stale")
-    cell = next(c for c in plan_cells(grid, Path("/nonexistent"))
-                if c.path.name == "non-iid-4-dcco-s0")
-    cfg = replace(cell.cfg, data=replace(cell.cfg.data, data_dir=args.data_dir))
+    cfg = cell_config(GRID, "small-stale", "non-iid-4-dcco-s0", args.data_dir)
     train, _ = load_splits(cfg)
     record = {"command": "python experiments/stale_diagnosis.py --rounds "
                          f"{args.rounds} --out {args.out}",

@@ -50,11 +50,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from grid_cells import cell_config
 
 from dcco.algorithm import Algorithm
 from dcco.client import client_update
 from dcco.experiments import evaluate_model, load_splits
-from dcco.reproduce import load_grid, plan_cells
 from dcco.rundir import code_version, cpu_name
 from dcco.simulator import run_round
 from dcco.train import Pretraining, plan_round
@@ -217,19 +217,15 @@ def main() -> None:
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    grid = load_grid(GRID, "small-stale")
     record = json.loads(args.out.read_text()) if args.out.exists() else {}
     record |= {"command": "python experiments/stale_variants.py --out " + str(args.out),
                "machine": f"{cpu_name()}, {platform.system()}", "code": code_version(),
                "grid": "experiments/stale_fmnist.toml scale small-stale, seed 0"}
     for setting in args.settings:
-        cell = next(c for c in plan_cells(grid, Path("/nonexistent"))
-                    if c.path.name == SETTINGS[setting])
-        cfg = cell.cfg
+        cfg = cell_config(GRID, "small-stale", SETTINGS[setting], args.data_dir)
         if setting == "non-iid-1":  # 128 one-sample clients a round
             cfg = replace(cfg, data=replace(cfg.data, samples_per_client=1),
                           train=replace(cfg.train, clients_per_round=128))
-        cfg = replace(cfg, data=replace(cfg.data, data_dir=args.data_dir))
         train, test = load_splits(cfg)
         if args.gradient_error:
             print(f"{setting}: gradient error after {args.gradient_error} fresh rounds")

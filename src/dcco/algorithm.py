@@ -208,8 +208,7 @@ class Algorithm:
         return client_update(model, self.method, x1, x2, shared, self.local_lr,
                              self.local_steps, self.local_batch, self.update_clip,
                              self.local_statistics == "own",
-                             self.local_optimizer == "layerwise",
-                             self.stale_round and self.stale_statistics == "own")
+                             self.local_optimizer == "layerwise", self.mixes)
 
     def batched_exact(self, smallest_client: int) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from dcco.methods.base import Method
+from dcco.optim import trust_ratio
 from dcco.privacy import clip_update
 from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, encoding_stats
 
@@ -48,14 +49,6 @@ def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor,
     """
     f, g = model(x1, x2)
     return encoding_stats(f, g, spec)
-
-
-def trust_ratio(weight: Tensor, grad: Tensor) -> Tensor:
-    """‖weight‖/‖grad‖, or 1 where either norm is 0 (LARS's convention): a 0-d tensor on
-    their device, chosen without reading it back (no host synchronisation)."""
-    w, g = weight.norm(), grad.norm()
-    ok = (w > 0) & (g > 0)
-    return torch.where(ok, w / torch.where(ok, g, torch.ones_like(g)), torch.ones_like(w))
 
 
 def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tensor]:
@@ -152,7 +145,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         if first_loss is None:  # the round's loss at its start: L(S_A) (unscaled)
             first_loss = float(loss.detach()) * weight
         grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
-        step = {name: (trust_ratio(p.detach(), gr) if layerwise and gr is not None else 1.0)
+        step = {name: (trust_ratio(p.detach().norm(), gr.norm()) if layerwise and gr is not None
+                       else 1.0)
                 for (name, p), gr in zip(named, grads)}  # ‖θ₀‖/‖g_e‖
         ratios = step if ratios is None else ratios
         for (name, _), gr in zip(named, grads):

@@ -55,6 +55,13 @@ class OptimConfig:
             raise ValueError(f"optim.eps must be > 0, got {self.eps}")
 
 
+def trust_ratio(w_norm: Tensor, g_norm: Tensor, coefficient: float = 1.0) -> Tensor:
+    """LARS's trust ratio η‖w‖/‖g‖ from the norms (0-d, or stacked element by element), 1
+    where either norm is 0; chosen on the device, without reading it back."""
+    return torch.where((w_norm > 0) & (g_norm > 0), coefficient * w_norm / g_norm,
+                       torch.ones_like(w_norm))
+
+
 def scheduled_lr(step: int, total_steps: int, base_lr: float, warmup_steps: int = 0,
                  schedule: str = "cosine") -> float:
     """Learning rate at ``step`` (0-based): linear warm-up, then cosine decay to zero.
@@ -115,13 +122,9 @@ class LARS(torch.optim.Optimizer):
                 if not group["exclude"]:
                     if group["weight_decay"] > 0:
                         grad = grad.add(p, alpha=group["weight_decay"])
-                    w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(grad)
-                    ratio = torch.where(
-                        (w_norm > 0) & (g_norm > 0),
-                        group["trust_coefficient"] * w_norm / g_norm,
-                        torch.ones_like(w_norm),
-                    )
-                    grad = grad * ratio
+                    grad = grad * trust_ratio(torch.linalg.vector_norm(p),
+                                              torch.linalg.vector_norm(grad),
+                                              group["trust_coefficient"])
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
@@ -141,9 +144,8 @@ class LARS(torch.optim.Optimizer):
                 grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
             w = torch.stack(torch._foreach_norm(params))
             g = torch.stack(torch._foreach_norm(grads))
-            ratios = torch.where((w > 0) & (g > 0), group["trust_coefficient"] * w / g,
-                                 torch.ones_like(w))
-            grads = torch._foreach_mul(grads, ratios.unbind())
+            grads = torch._foreach_mul(grads, trust_ratio(w, g, group["trust_coefficient"])
+                                       .unbind())
         bufs = []
         for p in params:
             state = self.state[p]

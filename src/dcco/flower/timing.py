@@ -43,18 +43,25 @@ def record(kind: str, **fields: object) -> None:
         fh.write(line + "\n")
 
 
+def exchanges(path: Path) -> list[tuple[dict, list[dict]]]:
+    """The stamps' exchanges, each with the node messages handled within it (queries
+    aside); exchanges that handled none are left out."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    messages = [m for m in lines if m["kind"] == "message" and m.get("phase") != "query"]
+    out = []
+    for e in (e for e in lines if e["kind"] == "exchange"):
+        inside = [m for m in messages if e["sent"] <= m["handler_start"] <= e["received"]]
+        if inside:
+            out.append((e, inside))
+    return out
+
+
 def breakdown(path: Path) -> dict[str, float]:
     """Mean seconds per exchange: the server's wall time, and within it the slowest node's
     process start and imports, data load and computation; "flower" is the rest (Flower's
     polling waits, message transfer, process management)."""
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    exchanges = [e for e in lines if e["kind"] == "exchange"]
-    messages = [m for m in lines if m["kind"] == "message" and m.get("phase") != "query"]
     rows = []
-    for e in exchanges:
-        inside = [m for m in messages if e["sent"] <= m["handler_start"] <= e["received"]]
-        if not inside:
-            continue
+    for e, inside in exchanges(path):
         slow = max(inside, key=lambda m: m["handler_end"] - e["sent"])
         start = max(slow["process_start"], e["sent"])
         rows.append({"exchange": e["received"] - e["sent"],
@@ -72,15 +79,12 @@ def breakdown(path: Path) -> dict[str, float]:
 def reply_gaps(path: Path) -> dict[str, list[float]]:
     """Per phase, the seconds from the last node's handler end to the server having every
     reply, exchange by exchange: what Flower takes to bring the replies back."""
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    messages = [m for m in lines if m["kind"] == "message" and m.get("phase") != "query"]
     gaps: dict[str, list[float]] = {}
-    for e in (e for e in lines if e["kind"] == "exchange"):
-        inside = [m for m in messages if e["sent"] <= m["handler_start"] <= e["received"]]
-        if inside:
-            gaps.setdefault(inside[0]["phase"], []).append(
-                e["received"] - max(m["handler_end"] for m in inside))
+    for e, inside in exchanges(path):
+        gaps.setdefault(inside[0]["phase"], []).append(
+            e["received"] - max(m["handler_end"] for m in inside))
     return gaps
 
 
-__all__ = ["ENV", "breakdown", "enabled", "process_start", "record", "reply_gaps"]
+__all__ = ["ENV", "breakdown", "enabled", "exchanges", "process_start", "record",
+           "reply_gaps"]
