@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.client_tables import ham_histogram, make_ham10000
+from helpers.client_tables import ham_histogram, make_ham10000, make_tff
 
 from dcco.cli import main
 from dcco.config import load_config
@@ -170,3 +170,65 @@ def test_cli__a_table_of_one_class_pretrains_and_its_probe_is_refused_in_one_lin
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "has 1 class" in err[0] and "at least 2 classes" in err[0]
     assert "evaluations" not in json.loads((run / "summary.json").read_text())
+
+
+def test_cli__case_probe_on_clients_of_several_labels_is_refused_naming_the_client(tmp_path,
+                                                                                   capsys):
+    """Clients that are users (a writer of many digits) are not cases: the case protocols
+    say which client breaks the rule, in one line with exit 2, before any training."""
+    folder = make_ham10000(tmp_path / "HAM10000", lesions=60)
+    table = folder / "HAM10000_metadata.csv"
+    with open(table, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    counts = {}
+    for r in rows:
+        counts[r["lesion_id"]] = counts.get(r["lesion_id"], 0) + 1
+    lesion = next(k for k, n in counts.items() if n >= 2)
+    mine = [r for r in rows if r["lesion_id"] == lesion]
+    mine[-1]["dx"] = "mel" if mine[0]["dx"] != "mel" else "nv"
+    with open(table, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    run = tmp_path / "run"
+    cfg = _config(tmp_path, folder, rounds=2)
+    assert main(["pretrain", str(cfg), "--run-dir", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--protocol", "case_linear", "--labels", "10",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and repr(lesion) in err[0] and "2 labels" in err[0], err
+    assert "evaluations" not in json.loads((run / "summary.json").read_text())
+
+
+def test_cli__more_clients_a_round_than_the_data_has_is_refused_before_a_run_folder(
+        tmp_path, capsys):
+    folder = make_ham10000(tmp_path / "HAM10000", lesions=30)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(_config(tmp_path, folder)), "--run-dir", str(run),
+                 "--no-progress", "--set", "train.clients_per_round=500"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.clients_per_round = 500" in err[0], err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("name", ["fed_emnist", "fed_cifar100"])
+def test_tff_presets__pretrain_in_natural_clients_then_probe_and_no_case_protocol(
+        tmp_path, capsys, name):
+    """The presets' own commands, on generated files of TFF's layout: their clients are users
+    of several labels, so the image probe runs and the case probe is refused in one line."""
+    for split, clients in (("train", 6), ("test", 3)):
+        make_tff(tmp_path / "tff", name, split, clients=clients, per_client=10)
+    preset = Path(__file__).parents[1] / "configs" / f"{name}_small.toml"
+    run = tmp_path / "run"
+    assert main(["pretrain", str(preset), "--data-dir", str(tmp_path / "tff"), "--run-dir",
+                 str(run), "--no-progress", "--set", "train.rounds=2", "--set",
+                 "train.clients_per_round=2", "--set", "train.knn_every=0", "--set",
+                 "model.widths=[4, 8, 8]", "--set", "model.projector=[16, 16, 16]"]) == 0
+    assert main(["evaluate", str(run), "--protocol", "linear", "--labels", "10",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--protocol", "case_linear", "--labels", "10",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "use linear or finetune" in err[0], err

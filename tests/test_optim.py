@@ -47,3 +47,24 @@ def test_optim_config__rejects_bad_values_naming_the_field():
     with pytest.raises(ValueError, match="optim.momentum"):
         OptimConfig(momentum=1.5)
     assert math.isclose(OptimConfig().lr, 5e-3)
+
+
+@pytest.mark.parametrize("name", ["lars", "adam"])
+def test_vector_lr_scale__one_dimensional_parameters_step_at_a_fraction_of_the_rate(name):
+    from dcco.optim import set_lr
+
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3)
+    opt = build_optimizer(layer.named_parameters(),
+                          OptimConfig(name=name, lr=0.5, vector_lr_scale=0.024))
+    set_lr(opt, 0.2)  # a schedule keeps the ratio
+    by_dim = {g["params"][0].ndim: g["lr"] for g in opt.param_groups}
+    assert by_dim == {2: 0.2, 1: pytest.approx(0.2 * 0.024)}
+    if name == "lars":  # an excluded vector moves by lr × scale × its gradient
+        layer.bias.grad = torch.ones(3)
+        layer.weight.grad = torch.zeros(3, 4)
+        before = layer.bias.detach().clone()
+        opt.step()
+        assert torch.allclose(layer.bias, before - 0.2 * 0.024)
+    with pytest.raises(ValueError, match="optim.vector_lr_scale"):
+        OptimConfig(vector_lr_scale=0.0)

@@ -181,11 +181,11 @@ GOOD = [{"image": f"{i}.jpg", "label": "ab"[i % 2], "client": f"c{i // 2}",
     (lambda rows, f: rows[1].update(image="nowhere.jpg"),
      r"t\.csv, line 3, column 'image': image 'nowhere\.jpg' not found"),
     (lambda rows, f: (f / "5.jpg").write_bytes(b"not a jpeg"),
-     r"5\.jpg: not a readable image"),
+     r"5\.jpg \(from .*t\.csv, line 7\): not a readable image"),
     (lambda rows, f: rows[4].update(split="val"),
      r"t\.csv, line 6: column 'split' is 'val'; it must be 'train' or 'test'"),
     (lambda rows, f: rows[0].update(split="test"),
-     r"client 'c0' has images in both the train and the test split"),
+     r"^/.*/t\.csv: client 'c0' has images in both the train and the test split"),
 ])
 def test_client_table__every_bad_row_is_named(tmp_path, change, message):
     rows = [dict(r) for r in GOOD]
@@ -201,8 +201,7 @@ def test_client_table__every_bad_row_is_named(tmp_path, change, message):
         return
     with pytest.raises(DataError, match=message):
         load_split("client_table", "train", None, table=cfg)
-    if "both" not in message:  # a row that cannot be decoded leaves no cache at all
-        assert not list(folder.glob(".dcco-cache-*"))
+    assert not list(folder.glob(".dcco-cache-*"))  # a table that fails leaves no cache
 
 
 def test_client_table__missing_and_misnamed_columns_and_files(tmp_path):
@@ -239,3 +238,15 @@ def test_config__table_keys_and_natural_partitions_checked(tmp_path):
                              "data.samples_per_client=1"])
     assert cfg.table.image_size == (16, 16)
     json.dumps(cfg.table.__dict__)
+
+
+def test_client_table__a_client_on_both_sides_is_named_with_the_tables_full_path(tmp_path,
+                                                                                 monkeypatch):
+    rows = [dict(r) for r in GOOD]
+    rows[0]["split"] = "test"
+    _csv_table(tmp_path / "t", rows)
+    monkeypatch.chdir(tmp_path)
+    cfg = replace(SMALL, file="t.csv", split_column="split")
+    with pytest.raises(DataError, match=f"^{tmp_path}/t/t\\.csv: client 'c0'"):
+        load_split("client_table", "train", "t", table=cfg)  # a relative data folder
+    assert not list((tmp_path / "t").glob(".dcco-cache-*"))

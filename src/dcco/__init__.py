@@ -8,7 +8,10 @@ Layers, dependencies flowing one way:
 → ``algorithm`` (the round) → ``simulator``/``flower`` (executors) → ``train`` → ``cli``.
 
 ``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as a plain ``torch.nn.Module``
-(``dcco.encoders``).
+(``dcco.encoders``). DCCO in your own code (``dcco.api``, docs/own_code.md): ``dcco.fit``
+trains your encoder over your clients in the simulator; ``statistics``, ``merge_statistics``,
+``local_update``, ``aggregate_updates`` and ``apply_update`` are a round's parts, for your own
+loop or deployment.
 """
 
 from __future__ import annotations
@@ -18,13 +21,24 @@ from typing import Any
 __version__ = "0.1.0"
 
 
+_API = ("Aggregated", "FitResult", "Merged", "aggregate_updates", "apply_update",
+        "dual_encoder", "fit", "local_update", "merge_statistics", "server_optimizer",
+        "statistics")
+
+
 def __getattr__(name: str) -> Any:
     # imported on first use, so that `import dcco` stays light (no torch)
     if name in ("load_encoder", "export_encoder", "Encoder"):
         from dcco import encoders
 
         return getattr(encoders, name)
+    if name in _API:
+        from dcco import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'dcco' has no attribute {name!r}")
 
 
-__all__ = ["Encoder", "__version__", "export_encoder", "load_encoder"]
+__all__ = ["Aggregated", "Encoder", "FitResult", "Merged", "__version__", "aggregate_updates",
+           "apply_update", "dual_encoder", "export_encoder", "fit", "load_encoder",
+           "local_update", "merge_statistics", "server_optimizer", "statistics"]

@@ -49,8 +49,8 @@ class ConfigError(UserError):
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "fashion_mnist_halves",
                       "paired_npz", "pairs", "client_table", "ham10000", "fed_cifar100",
-                      "fed_emnist"]
-CLIENT_DATASETS = ("client_table", "ham10000", "fed_cifar100", "fed_emnist")
+                      "fed_emnist", "samples"]
+CLIENT_DATASETS = ("client_table", "ham10000", "fed_cifar100", "fed_emnist", "samples")
 """Data sets whose images come in natural clients (a client id per image)."""
 
 
@@ -65,7 +65,8 @@ class DataConfig:
     that the user's code passes to ``dcco.train.Pretraining``); or images in natural
     clients (``CLIENT_DATASETS``, docs/data.md): client_table (a CSV or Parquet table,
     section ``[table]``), ham10000 (HAM10000 by lesion), fed_cifar100 and fed_emnist (TFF's
-    h5 files)."""
+    h5 files), or samples (tensors and their clients that the user's code passes to
+    ``dcco.fit``: ``dcco.data.samples``)."""
     data_dir: str | None = None
     """Searched first; then $DCCO_DATA, ~/.cache/dcco and the Debian dataset folder."""
     alpha: float = 0.0

@@ -134,7 +134,37 @@ def _build(arch: dict[str, Any]) -> DualEncoder:
                               seed=0, head=head, y_shape=tuple(y_shape) if y_shape else None)
 
 
-def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False) -> Encoder:
+def user_model(run: RunDir) -> dict[str, Any] | None:
+    """What ``dcco.fit`` recorded of a run that trained the user's own encoder (its class,
+    feature width and projector), or None for a run of dcco's own towers."""
+    return run.summary().get("user_model")
+
+
+def _load_user_encoder(run: RunDir, record: dict[str, Any], module: nn.Module,
+                       with_projector: bool) -> Encoder:
+    from dcco.api import dual_encoder
+
+    if not hasattr(module, "feature_dim"):
+        module.feature_dim = int(record["feature_dim"])
+    model = dual_encoder(module, record["projector"])
+    try:
+        load_checkpoint(run.checkpoint_path, model)
+    except CheckpointError as e:
+        raise UserError(f"{e} (is {type(module).__name__} the encoder {run.path} trained, "
+                        f"{record['class']}?)") from None
+    meta = checkpoint_meta(run.checkpoint_path)
+    cfg = run.config()
+    info = {"method": cfg.train.method, "dataset": cfg.data.dataset, "run": str(run.path),
+            "rounds": run.summary().get("rounds"), "seed": cfg.train.seed, "tower": 0}
+    encoder = Encoder(module, model.projector if with_projector else None,
+                      tuple(meta.get("input_shape", ())),
+                      model.projection_dim if with_projector else int(record["feature_dim"]),
+                      info, _normalisation(meta.get("input_kind", "features")))
+    return encoder.eval()
+
+
+def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False,
+                 model: nn.Module | None = None) -> Encoder:
     """A trained encoder as a plain module in eval mode (float32, on the CPU).
 
     Args:
@@ -144,6 +174,9 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False)
             encoder has one.
         with_projector: also apply the projector (the encodings F the loss saw); by default
             the backbone's features, which the evaluations use.
+        model: for a run of your own encoder (``dcco.fit``), a fresh instance of it, into
+            which the trained weights are loaded (it becomes the returned encoder's
+            ``backbone``); runs of dcco's towers rebuild them and take none.
 
     Raises:
         UserError: no run directory or exported encoder at ``path``, a corrupt file, or a
@@ -152,6 +185,18 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False)
     path = Path(path)
     if path.is_dir():
         run = RunDir.open(path)
+        record = user_model(run)
+        if record is not None:
+            if model is None:
+                raise UserError(f"{path} trained your own encoder ({record['class']}); pass a "
+                                f"fresh one to load its weights into: dcco.load_encoder(path, "
+                                f"model=YourEncoder())")
+            if tower != 0:
+                raise UserError(f"{path} has tower 0 only (one shared encoder); tower {tower} "
+                                f"was asked for")
+            if not run.checkpoint_path.is_file():
+                raise UserError(f"{path} has no checkpoint yet; nothing to load")
+            return _load_user_encoder(run, record, model, with_projector)
         arch, weights = _run_architecture(run), run.checkpoint_path
     else:
         meta = path.with_suffix(".json")
@@ -166,6 +211,9 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False)
             raise UserError(f"{meta} is not a dcco encoder description "
                             f"(format {arch.get('format')!r})")
         weights = path
+    if model is not None:
+        raise UserError(f"{path} holds dcco's own towers, which load_encoder rebuilds; "
+                        f"model= is for runs of your own encoder (dcco.fit)")
     model = _build(arch)
     try:
         load_checkpoint(weights, model)
@@ -194,6 +242,10 @@ def export_encoder(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
     run = RunDir.open(run_dir)
     if not run.checkpoint_path.is_file():
         raise UserError(f"{run.path} has no checkpoint yet; nothing to export")
+    if (record := user_model(run)) is not None:
+        raise UserError(f"{run.path} trained your own encoder ({record['class']}), which only "
+                        f"your code can rebuild: load it with dcco.load_encoder(RUN_DIR, "
+                        f"model=YourEncoder()) and save its state_dict")
     out = Path(out)
     if out.suffix != ".safetensors":
         out = out.with_name(out.name + ".safetensors")
@@ -210,4 +262,4 @@ def export_encoder(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
     return out, meta
 
 
-__all__ = ["NORMALISATION", "Encoder", "export_encoder", "load_encoder"]
+__all__ = ["NORMALISATION", "Encoder", "export_encoder", "load_encoder", "user_model"]

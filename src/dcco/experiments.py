@@ -154,6 +154,8 @@ def case_evaluation(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, se
         raise UserError(f"{protocol} pools each case's images, and {train.name!r} has no case "
                         f"(client) id per image; use a data set with natural clients "
                         f"(client_table, ham10000, fed_cifar100, fed_emnist)")
+    for split, what in ((train, "training"), (test, "test")):
+        check_one_label_per_case(split, protocol, what)
     ids = labelled_cases(train.labels, train.clients, ecfg.labels, train.num_classes, seed)
     labelled = train.subset(ids)
     if protocol == "case_linear":
@@ -162,6 +164,25 @@ def case_evaluation(model: DualEncoder, protocol: Protocol, ecfg: EvalConfig, se
         return replace(result, num_labels=int(labelled.clients.unique().numel()),
                        num_test=int(test.clients.unique().numel()))
     return finetune_cases(model, train, ids, test, ecfg, seed, device, progress)
+
+
+def check_one_label_per_case(data: Dataset, protocol: str, split: str = "training") -> None:
+    """``UserError`` naming the first client whose images carry more than one label: a
+    case-level protocol gives each case (client) one label, as a lesion's diagnosis."""
+    keys, slot = torch.unique(data.clients, return_inverse=True)
+    first = torch.full((keys.numel(),), -1, dtype=torch.int64).scatter_(0, slot, data.labels)
+    clash = (first[slot] != data.labels).nonzero()
+    if clash.numel():
+        client = int(data.clients[clash[0, 0]])
+        labels = sorted(set(data.labels[data.clients == client].tolist()))
+        names = [data.class_names[i] if i < len(data.class_names) else str(i) for i in labels]
+        raise UserError(
+            f"{protocol} gives each case (client) one label, but client "
+            f"{data.client_names[client]!r} of the {split} split holds images of "
+            f"{len(labels)} labels ({', '.join(names[:5])}{', …' if len(names) > 5 else ''}); "
+            f"the case protocols suit data whose clients are cases, as HAM10000's lesions; "
+            f"for clients that are users or writers (fed_emnist, fed_cifar100) use linear or "
+            f"finetune")
 
 
 def knn_evaluation(model: DualEncoder, ecfg: EvalConfig, seed: int, train: Dataset,

@@ -88,12 +88,14 @@ for hours) records the code it loaded, not the checkout's later state."""
 
 
 def code_version() -> dict[str, str]:
-    """dcco's version, the machine, and the code: the git commit of the checkout when dcco was
+    """dcco's version, the machine (with torch's intra-op thread count, which changes the
+    order of floating-point sums and so a run's numbers), and the code: the git commit of the checkout when dcco was
     imported (with '+dirty' if src/ differed from it) and a digest of the source files."""
     return {"dcco": dcco.__version__, "torch": torch.__version__,
             "python": platform.python_version(), "host": platform.node(),
             "machine": f"{platform.machine()} {platform.system()}",
             "cpu": f"{cpu_name()} ({os.cpu_count()} cores)",
+            "threads": str(torch.get_num_threads()),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
             **_SOURCE}
 

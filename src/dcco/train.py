@@ -142,6 +142,40 @@ def build_partition(cfg: RunConfig, train_set: Dataset) -> Partition:
     )
 
 
+def user_views(augment: Callable[[Tensor], Tensor], samples: Tensor, seed: int,
+               round_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Two views of ``samples`` by the user's ``augment``, with torch's random state seeded
+    from ``(seed, round_index)`` (``seed``: the run's augmentation seed) and restored after;
+    floating views cast to ``dtype``."""
+    devices = [samples.device] if samples.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(derive_seed(seed, "user", round_index))
+        views = augment(samples), augment(samples)
+    for v in views:
+        if not isinstance(v, Tensor) or v.ndim < 1 or v.shape[0] != samples.shape[0]:
+            raise ValueError(f"augment must return one view per sample, a tensor of "
+                             f"{samples.shape[0]} rows; got "
+                             f"{tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}")
+    return tuple(v.to(dtype) if v.is_floating_point() else v for v in views)
+
+
+def check_partition(cfg: RunConfig, partition: Partition) -> None:
+    """``ConfigError`` when a round asks for more clients than the partition has."""
+    if METHODS[cfg.train.method].federated and cfg.train.clients_per_round > \
+            partition.num_clients:
+        raise ConfigError(
+            f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
+            f"only {partition.num_clients} clients"
+            + (" large enough for the method" if cfg.data.partition == "natural" else ""))
+
+
+def check_run(cfg: RunConfig, train_set: Dataset) -> None:
+    """What ``Pretraining`` refuses about a config's clients, checked before a run directory
+    is created (``load_splits`` has checked the data against the config): the partition's
+    clients against a round's (``check_partition``)."""
+    check_partition(cfg, build_partition(cfg, train_set))
+
+
 @dataclass(frozen=True)
 class RoundMetrics:
     """What one round reports."""
@@ -180,11 +214,19 @@ class Pretraining:
         partition: the clients; by default ``build_partition(cfg, train_set)``.
         model: the dual encoder to train (e.g. with the user's own tower for a modality that
             is not images, docs/multimodal.md); by default ``cfg.build_model``.
+        augment: the user's own augmentation instead of ``cfg.augment``: a function from a
+            batch of stored samples (on the device) to one view of each, called twice a
+            round for the two views, each sample's view its own (no mixing across samples).
+            It may draw from torch's global random state: the round seeds it from
+            ``(seed, "augment", round)`` and restores it after, so runs are reproducible
+            and resume exactly. Its views are cast to the run's dtype when floating.
     """
 
     def __init__(self, cfg: RunConfig, train_set: Dataset,
-                 partition: Partition | None = None, model: DualEncoder | None = None) -> None:
+                 partition: Partition | None = None, model: DualEncoder | None = None,
+                 augment: Callable[[Tensor], Tensor] | None = None) -> None:
         self.cfg = cfg
+        self.augment = augment
         self.device = resolve_device(cfg.train.device)
         self.speed = cfg.speed
         self.dtype = self.speed.param_dtype
@@ -194,11 +236,7 @@ class Pretraining:
         """The last round's aggregated statistics, which the next round uses when
         ``train.staleness = 1`` (saved in checkpoints)."""
         self.partition = partition if partition is not None else build_partition(cfg, train_set)
-        if self.method.federated and cfg.train.clients_per_round > self.partition.num_clients:
-            raise ConfigError(
-                f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
-                f"only {self.partition.num_clients} clients"
-            )
+        check_partition(cfg, self.partition)
         cfg.check_data(train_set, towers=model is None)
         self.images = train_set.inputs(0).to(self.device)
         """The training samples (the first modality's, for pairs)."""
@@ -239,6 +277,9 @@ class Pretraining:
         """The two inputs of the round's samples: two augmented views of each image (N, C, H,
         W), or each pair's X and Y (``dcco.augment.training_views``)."""
         ids = to_device(plan.sample_ids, self.device)
+        if self.augment is not None:
+            return user_views(self.augment, self.images[ids], self._augment_seed, round_index,
+                              self.dtype)
         return training_views(self.images, self.second, ids, self._augment_seed, round_index,
                               self.cfg.augment, self.cfg.augment_y, self.dtype)
 
@@ -576,7 +617,8 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
                     test_set: Dataset | None = None, resume: bool = False,
                     on_round: RoundCallback | None = None,
                     model: DualEncoder | None = None,
-                    stop: Callable[[], str | None] | None = None) -> dict[str, Any]:
+                    stop: Callable[[], str | None] | None = None,
+                    augment: Callable[[Tensor], Tensor] | None = None) -> dict[str, Any]:
     """Pretrain in this process into a run directory (``pretraining_loop``).
 
     Args:
@@ -586,17 +628,46 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
         test_set: used by the k-NN monitor; None disables it.
         resume: continue from ``run``'s checkpoint (from round 0 if none was written yet).
         on_round: see ``pretraining_loop``.
-        model: see ``Pretraining``.
+        model, augment: see ``Pretraining``.
         stop: see ``pretraining_loop``.
 
     Returns:
         The summary written to ``summary.json`` (``pretraining_loop``'s partial record for a
         run that was told to stop).
     """
-    pt = Pretraining(cfg, train_set, model=model)
+    pt = Pretraining(cfg, train_set, model=model, augment=augment)
     if resume:
         resume_from_checkpoint(pt, run)
     return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round, stop=stop)
+
+
+def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
+                      test_set: Dataset | None, resume: bool, progress: bool,
+                      stop: Callable[[], str | None] | None = None,
+                      model: DualEncoder | None = None,
+                      augment: Callable[[Tensor], Tensor] | None = None) -> dict[str, Any]:
+    """``run_pretraining`` with a progress bar (``progress``: None on a terminal, plain lines
+    in a log; False: none) and the run's loss and k-NN plots at the end."""
+    from dcco.progress import Progress
+    from dcco.report import plot_run_curves
+
+    bar = Progress(cfg.train.rounds, label="round", enabled=None if progress else False)
+
+    def on_round(m: RoundMetrics, latest: dict[str, Any]) -> None:
+        # The loss shown is the mean over the last logging window: the "final loss" of the
+        # summary, not one round's value.
+        extra = {"loss": latest["loss"]} if "loss" in latest else {}
+        if "knn" in latest:
+            extra["k-NN"] = f"{100 * latest['knn']:.1f}%"
+        if "epsilon" in latest:
+            extra["ε"] = f"{latest['epsilon']:.3g}"
+        bar.update(m.round, **extra)
+
+    with bar:
+        summary = run_pretraining(cfg, run, train_set, test_set, resume=resume,
+                                  on_round=on_round, model=model, stop=stop, augment=augment)
+    plot_run_curves(run)
+    return summary
 
 
 def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:

@@ -1,5 +1,5 @@
 """Data: loaders of images (``datasets``), pairs (``paired``), images in natural clients
-(``tables``, ``tff``), one entry point for all of them (``sources.load_split``), and client
+(``tables``, ``tff``), the user's own samples (``samples``), one entry point for all of them (``sources.load_split``), and client
 partitioning (``partition``).
 
 The only layer that reads data files; it imports nothing of ``dcco`` but ``dcco.seeding``.
@@ -13,6 +13,7 @@ from dcco.data.partition import (
     dirichlet_partition,
     natural_partition,
 )
+from dcco.data.samples import Samples, samples_of_clients
 from dcco.data.sources import load_split
 from dcco.data.tables import TableConfig
 
@@ -25,10 +26,12 @@ __all__ = [
     "PairedDataset",
     "Partition",
     "PartitionSummary",
+    "Samples",
     "TableConfig",
     "dirichlet_partition",
     "is_paired",
     "load_dataset",
     "load_split",
     "natural_partition",
+    "samples_of_clients",
 ]

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from dcco.data.datasets import DataError, ImageDataset, Split
+from dcco.data.samples import Samples
 
 PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz", "pairs")
 """The data sets whose samples are pairs of two modalities (``load_split`` returns a
@@ -121,8 +122,9 @@ class PairedDataset:
                              self.num_classes, self.class_names)
 
 
-Dataset = ImageDataset | PairedDataset
-"""What pretraining and evaluation take: images (two augmented views of each) or pairs."""
+Dataset = ImageDataset | PairedDataset | Samples
+"""What pretraining and evaluation take: images (two augmented views of each), pairs, or the
+user's own samples (``dcco.data.samples``)."""
 
 
 def is_paired(name: str) -> bool:

@@ -40,6 +40,11 @@ def load_split(name: str, split: Split, data_dir: str | Path | None = None,
                         "passes to dcco.train.Pretraining; nothing is loaded from files. To "
                         "train from files (the CLI, Flower) write train.npz and test.npz and "
                         "use data.dataset = 'paired_npz' (docs/multimodal.md)")
+    if name == "samples":
+        raise DataError("data.dataset = 'samples' trains on samples that your code passes to "
+                        "dcco.fit (a mapping from client id to samples); nothing is loaded "
+                        "from files, so continue such a run with dcco.fit(..., run_dir=RUN_DIR) "
+                        "(docs/own_code.md)")
     return load_dataset(name, split, data_dir, download)  # type: ignore[arg-type]
 
 

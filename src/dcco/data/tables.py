@@ -267,7 +267,7 @@ def _image_bytes(t: _Rows, i: int, cfg: TableConfig) -> tuple[bytes, str]:
         path = (t.path.parent / folder / name)
         if path.is_file():
             try:
-                return path.read_bytes(), str(path)
+                return path.read_bytes(), f"{path} (from {t.path}, {_row(t, i)})"
             except OSError as e:
                 raise DataError(f"{path} (from {t.path}, {_row(t, i)}) cannot be read: {e}"
                                 ) from None
@@ -397,9 +397,13 @@ def decoded_table(cfg: TableConfig, data_dir: str | Path | None) -> tuple[np.nda
                         "not both")
     tables: list[_Rows] = []
 
+    where = " and ".join(str(p.resolve()) for p in paths)
+
     def decode() -> tuple[np.ndarray, ...]:
         rows = tables or [read_rows(p, cfg) for p in paths]
-        return _decode(rows, cfg)
+        arrays = _decode(rows, cfg)
+        _check_given_split(arrays, where)  # before the cache keeps a table that fails it
+        return arrays
 
     # the cache is keyed by the tables and the image files they name, so an edited table or a
     # replaced image rebuilds it; a missing image is the decoder's to report, by row
@@ -408,7 +412,15 @@ def decoded_table(cfg: TableConfig, data_dir: str | Path | None) -> tuple[np.nda
     digest = hashlib.sha256(json.dumps(_settings(cfg), sort_keys=True).encode()).hexdigest()
     arrays = cached_arrays(f"table-{paths[0].stem}-{digest[:12]}", sources,
                            [paths[0].parent], decode, TABLE_ARRAYS, _settings(cfg))
+    _check_given_split(arrays, where)
     return arrays
+
+
+def _check_given_split(arrays: tuple[np.ndarray, ...], where: str) -> None:
+    """``_check_split`` for a table with a given split (a split column or a test table)."""
+    _, _, owners, splits, _, client_names = arrays
+    if (splits != 0).any():
+        _check_split(splits, owners, client_names, where)
 
 
 def load_table(name: str, cfg: TableConfig, split: Split,
@@ -430,9 +442,7 @@ def load_table(name: str, cfg: TableConfig, split: Split,
                             f"{HAM10000_SOURCE}, and put them in one folder (data.data_dir, "
                             f"--data-dir or $DCCO_DATA)") from None
     images, labels, owners, splits, class_names, client_names = decoded_table(cfg, data_dir)
-    where = cfg.file if cfg.test_file is None else f"{cfg.file} and {cfg.test_file}"
-    if (splits != 0).any():
-        _check_split(splits, owners, client_names, where)
+    if (splits != 0).any():  # checked by decoded_table
         side = splits == SPLITS[split]
     else:
         test_clients = client_split(client_names, cfg.test_fraction, cfg.split_seed)

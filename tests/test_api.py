@@ -1,0 +1,275 @@
+"""DCCO in the user's own code (``dcco.api``, docs/own_code.md): a round's public parts over a
+model that is not dcco's equal dcco's reference round and the centralized step; the server's
+functions keep malformed replies out; ``dcco.fit`` trains, resumes and is read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import dcco
+from dcco.errors import UserError
+from dcco.methods import Segments, build_method
+from dcco.simulator import run_round
+
+SIZES = [1, 3, 2, 5]
+ROOT = Path(__file__).parents[1]
+
+
+class UserCNN(nn.Module):
+    """A user's encoder: its own layers and forward, no cross-sample terms, no feature_dim."""
+
+    def __init__(self, width: int = 6, out: int = 10) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, width, 3, padding=1)
+        self.norm = nn.GroupNorm(2, width)
+        self.head = nn.Linear(width, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.norm(self.conv(x)))
+        return self.head(h.mean((2, 3)))
+
+
+def _views(sizes, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    x = torch.rand(n, 1, 8, 8, generator=gen, dtype=torch.float64)
+    return x, x + 0.1 * torch.rand(n, 1, 8, 8, generator=gen, dtype=torch.float64)
+
+
+def _split(t, sizes):
+    return list(t.split(sizes))
+
+
+def _public_round(model, x1, x2, sizes, method):
+    """The round as a user's code runs it: each client alone, then the server."""
+    replies = [dcco.statistics(model, a, b, method)
+               for a, b in zip(_split(x1, sizes), _split(x2, sizes), strict=True)]
+    shared = dcco.merge_statistics(replies, 16, method)
+    assert shared.tally.accepted == len(sizes) and not shared.tally.rejected
+    updates = [dcco.local_update(model, a, b, shared.aggregate, method)
+               for a, b in zip(_split(x1, sizes), _split(x2, sizes), strict=True)]
+    step = dcco.aggregate_updates(updates, model)
+    assert step.num_samples == sum(sizes) and step.tally.accepted == len(sizes)
+    return step
+
+
+def _rel(a: dict, b: dict) -> float:
+    fa = torch.cat([a[k].flatten() for k in sorted(b)])
+    fb = torch.cat([b[k].flatten() for k in sorted(b)])
+    return float((fa - fb).norm() / fb.norm())
+
+
+@pytest.mark.parametrize("method", ["dcco", "dvicreg"])
+def test_public_round__equals_the_reference_round_and_the_centralized_step(method):
+    torch.manual_seed(0)
+    model = dcco.dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8)).double()
+    x1, x2 = _views(SIZES)
+    step = _public_round(model, x1, x2, SIZES, method)
+    reference = run_round(model, build_method(method), x1, x2, Segments.from_counts(SIZES),
+                          "reference")
+    central = run_round(model, build_method(method), x1, x2,
+                        Segments.from_counts([sum(SIZES)]), "reference")
+    assert set(step.pseudo_gradient) == set(reference.pseudo_gradient)
+    assert _rel(step.pseudo_gradient, reference.pseudo_gradient) <= 1e-12
+    assert _rel(step.pseudo_gradient, central.pseudo_gradient) <= 1e-9
+    assert abs(step.loss - reference.loss) <= 1e-12 * abs(reference.loss)
+
+
+def test_public_round__a_plain_encoder_is_shared_and_keeps_its_own_names():
+    torch.manual_seed(1)
+    encoder = UserCNN(out=16).double()
+    x1, x2 = _views(SIZES, seed=2)
+    step = _public_round(encoder, x1, x2, SIZES, "dcco")
+    assert set(step.pseudo_gradient) == {n for n, _ in encoder.named_parameters()}
+    wrapped = dcco.dual_encoder(encoder, None, sample=x1[0])  # the same network, no projector
+    reference = run_round(wrapped, build_method("dcco"), x1, x2, Segments.from_counts(SIZES),
+                          "reference")
+    renamed = {k.removeprefix("backbone."): v for k, v in reference.pseudo_gradient.items()}
+    assert _rel(step.pseudo_gradient, renamed) <= 1e-12
+    before = [p.detach().clone() for p in encoder.parameters()]
+    optimizer = dcco.server_optimizer(encoder, "adam", lr=1e-3)
+    dcco.apply_update(encoder, optimizer, step.pseudo_gradient)
+    assert all(not torch.equal(a, p) for a, p in zip(before, encoder.parameters(),
+                                                     strict=True))
+
+
+def _good_reply(model, seed=0):
+    x1, x2 = _views([3], seed)
+    return dcco.statistics(model, x1, x2)
+
+
+def test_merge_statistics__malformed_replies_are_left_out_and_counted():
+    model = dcco.dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8)).double()
+    good = [_good_reply(model, s) for s in range(3)]
+    plain = dict(good[1].items())
+    bad = [
+        {k: v for k, v in plain.items() if k != "sum_fg"},                  # missing_key
+        plain | {"sum_ff": torch.zeros(15)},                                 # shape
+        plain | {"sum_f": torch.full((16,), float("nan"), dtype=torch.float64)},  # nonfinite
+        plain | {"count": -2},                                               # count
+        plain | {"sum_ff": -plain["sum_ff"] - 1},                            # magnitude
+        plain | {"sum_g": "zeros"},                                          # dtype
+    ]
+    merged = dcco.merge_statistics([good[0], *bad, good[2], plain], model)
+    assert merged.accepted == (0, 7, 8)
+    assert merged.tally.rejected == {"count": 1, "dtype": 1, "magnitude": 1,
+                                     "missing_key": 1, "nonfinite": 1, "shape": 1}
+    only_good = dcco.merge_statistics([good[0], good[2], plain], 16)
+    for k, v in only_good.aggregate.items():
+        assert torch.equal(v, merged.aggregate[k]), k
+    assert dcco.merge_statistics(bad, model).aggregate is None
+
+
+def test_aggregate_updates__wrong_shapes_and_missing_parameters_are_left_out():
+    torch.manual_seed(3)
+    encoder = UserCNN(out=16).double()
+    x1, x2 = _views([4], seed=4)
+    shared = dcco.merge_statistics([dcco.statistics(encoder, x1, x2)], 16).aggregate
+    good = dcco.local_update(encoder, x1, x2, shared)
+    from dataclasses import replace
+
+    wrong = replace(good, delta=good.delta | {"head.weight": torch.zeros(3, 3)})
+    lacking = replace(good, delta={k: v for k, v in good.delta.items() if k != "conv.bias"})
+    infinite = replace(good, delta=good.delta | {"conv.bias": torch.full((6,), float("inf"))})
+    out = dcco.aggregate_updates([wrong, good, lacking, infinite, "garbage"], encoder)
+    assert out.accepted == (1,)
+    assert out.tally.rejected == {"dtype": 1, "missing_key": 1, "nonfinite": 1, "shape": 1}
+    for k, v in good.delta.items():
+        assert torch.equal(out.pseudo_gradient[k], -v)
+    assert dcco.aggregate_updates([wrong], encoder).pseudo_gradient is None
+
+
+def test_bad_models_and_clients_are_refused_in_one_clear_error():
+    x1, x2 = _views([3])
+
+    class Flat(nn.Module):  # an encoder whose output is not (N, d)
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    with pytest.raises(ValueError, match=r"must map a batch of 3 inputs to \(3, d\) encodings"):
+        dcco.statistics(Flat().double(), x1, x2)
+    with pytest.raises(ValueError, match="must map a batch to \\(N, d\\) encodings"):
+        dcco.dual_encoder(Flat(), sample=torch.zeros(1, 8, 8))
+    with pytest.raises(ValueError, match="no samples"):
+        dcco.statistics(UserCNN().double(), x1[:0], x2[:0])
+    with pytest.raises(ValueError, match="contrastive_fedavg shares no statistics"):
+        dcco.statistics(UserCNN().double(), x1, x2, "contrastive_fedavg")
+    with pytest.raises(ValueError, match="needs at least 2 samples"):
+        dcco.local_update(UserCNN().double(), x1[:1], x2[:1], None, "contrastive_fedavg")
+    with pytest.raises(ValueError, match="needs the round's aggregate"):
+        dcco.local_update(UserCNN().double(), x1, x2, None)
+
+
+# ------------------------------------------------------------------------------ dcco.fit
+
+
+def _clients(n_clients=24, per=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.rand(n_clients, 1, 8, 8, generator=gen)
+    return {f"phone-{k}": (255 * (0.7 * base[k] + 0.3 * torch.rand(per, 1, 8, 8, generator=gen))
+                           ).to(torch.uint8) for k in range(n_clients)}
+
+
+def _augment(images):
+    x = images.double() / 255
+    return x + 0.05 * torch.randn(x.shape, dtype=x.dtype)
+
+
+FIT = {"rounds": 6, "clients_per_round": 6, "projector": (12, 16), "augment": _augment,
+       "progress": False}
+SETTINGS = ["train.log_every=1", "train.checkpoint_every=2", 'train.precision="float64"']
+
+
+def test_fit__batched_equals_reference_and_the_run_directory_reads_back(tmp_path):
+    torch.manual_seed(5)
+    first = UserCNN()
+    second = UserCNN()
+    second.load_state_dict(first.state_dict())
+    a = dcco.fit(first, _clients(), run_dir=tmp_path / "a", settings=SETTINGS, **FIT)
+    b = dcco.fit(second, _clients(), run_dir=tmp_path / "b",
+                 settings=[*SETTINGS, 'train.backend="reference"'], **FIT)
+    assert a.model.backbone is first
+    assert a.summary["rounds"] == 6
+    flat_a = torch.cat([p.detach().flatten() for p in a.model.parameters()])
+    flat_b = torch.cat([p.detach().flatten() for p in b.model.parameters()])
+    assert float((flat_a - flat_b).norm()) <= 1e-9 * float(flat_a.norm())
+    losses = [json.loads(x)["loss"] for x in (a.run_dir / "metrics.jsonl").read_text()
+              .splitlines() if "loss" in json.loads(x)]
+    assert len(losses) == 6
+    summary = json.loads((a.run_dir / "summary.json").read_text())
+    assert summary["user_model"]["class"].endswith("UserCNN")
+    encoder = dcco.load_encoder(a.run_dir, model=UserCNN())
+    x = _augment(_clients()["phone-0"]).float()
+    with torch.no_grad():
+        assert torch.allclose(encoder(x), first.float()(x), atol=1e-5)
+    with pytest.raises(UserError, match=r"pass a fresh one .*model=YourEncoder\(\)"):
+        dcco.load_encoder(a.run_dir)
+    with pytest.raises(UserError, match="only your code can rebuild"):
+        dcco.export_encoder(a.run_dir, tmp_path / "enc")
+
+
+def test_fit__interrupted_then_called_again_continues_to_the_same_weights(tmp_path):
+    torch.manual_seed(6)
+    start = UserCNN().state_dict()
+    whole = UserCNN()
+    whole.load_state_dict(start)
+    reference = dcco.fit(whole, _clients(), run_dir=tmp_path / "whole", settings=SETTINGS, **FIT)
+
+    calls = {"n": 0}
+
+    def dies_in_round_4(images):
+        calls["n"] += 1
+        if calls["n"] > 1 + 2 * 3:  # the width probe, then two views a round
+            raise KeyboardInterrupt
+        return _augment(images)
+
+    cut = UserCNN()
+    cut.load_state_dict(start)
+    with pytest.raises(KeyboardInterrupt):
+        dcco.fit(cut, _clients(), run_dir=tmp_path / "cut", settings=SETTINGS,
+                 **(FIT | {"augment": dies_in_round_4}))
+    assert not (tmp_path / "cut" / "summary.json").read_text().count('"final_loss"')
+    again = UserCNN()
+    again.load_state_dict(start)
+    resumed = dcco.fit(again, _clients(), run_dir=tmp_path / "cut", settings=SETTINGS, **FIT)
+    for p, q in zip(reference.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    with pytest.raises(UserError, match="holds a run with other settings"):
+        dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "cut", settings=SETTINGS,
+                 **(FIT | {"rounds": 7}))
+
+
+def test_fit__bad_data_is_named_before_a_run_directory_exists(tmp_path):
+    with pytest.raises(UserError, match="client 'b' has no samples"):
+        dcco.fit(UserCNN(), {"a": torch.zeros(2, 1, 8, 8), "b": torch.zeros(0, 1, 8, 8)},
+                 rounds=1, run_dir=tmp_path / "r", augment=_augment)
+    with pytest.raises(UserError, match="pass augment=your_function"):
+        dcco.fit(UserCNN(), {"a": torch.zeros(2, 1, 8, 8)}, rounds=1, run_dir=tmp_path / "r")
+    with pytest.raises(UserError, match="clients_per_round = 32 but the partition has only 2"):
+        dcco.fit(UserCNN(), {"a": torch.zeros(2, 1, 8, 8, dtype=torch.uint8),
+                             "b": torch.zeros(3, 1, 8, 8, dtype=torch.uint8)},
+                 rounds=1, run_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_example__own_model_trains_and_loads_back(tmp_path):
+    """examples/own_model.py as written, for 3 rounds (on the real Fashion-MNIST)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "own_model.py"),
+                           str(tmp_path / "run"), "3"], capture_output=True, text=True,
+                          env=env, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "final loss" in done.stdout and "features: (8, 64)" in done.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3
