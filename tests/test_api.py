@@ -273,3 +273,17 @@ def test_example__own_model_trains_and_loads_back(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "final loss" in done.stdout and "features: (8, 64)" in done.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3
+
+
+def test_docs__the_round_in_your_own_loop_runs_as_written(tmp_path):
+    guide = (ROOT / "docs" / "own_code.md").read_text()
+    code = guide.split("## A round in your own loop")[1].split("```python\n")[1].split("```")[0]
+    script = tmp_path / "my_loop.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [x.split(":")[0] for x in lines] == [f"round {r}" for r in range(1, 6)]
+    assert all(x.endswith(", 11 samples") for x in lines)

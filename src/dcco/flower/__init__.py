@@ -6,4 +6,26 @@ and server functions (``nodes``, ``federation``, ``dcco.client``, ``dcco.server`
 the replies. ``secagg`` runs both exchanges through Flower's SecAgg+; ``inprocess`` runs the
 apps in one process for tests. This package imports Flower; the rest of dcco never does.
 See ``docs/flower.md``.
+
+For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
+starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``, what
+your ClientApp's ``train`` handler returns (``userapp``). They are imported on first use, so
+that the ClientApp's module stays free of torch.
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DCCO":
+        from dcco.flower.strategy import DCCO
+
+        return DCCO
+    if name == "answer":
+        from dcco.flower.userapp import answer
+
+        return answer
+    raise AttributeError(f"module 'dcco.flower' has no attribute {name!r}")
+
+
+__all__ = ["DCCO", "answer"]

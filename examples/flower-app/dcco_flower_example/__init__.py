@@ -1,0 +1,1 @@
+"""DCCO in a Flower app of your own: see ../README.md."""

@@ -1,0 +1,108 @@
+"""Your ClientApp's side of the ``dcco.flower.DCCO`` strategy: ``answer`` turns a ``train``
+message into the node's reply, for both exchanges of a round.
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return dcco.flower.answer(msg, context, MyEncoder(), my_samples, augment=my_augment)
+
+Phase ``stats``: the node loads the global model, makes two views of its samples and replies
+with its count and the method's sums of their encodings (``dcco.statistics``); it keeps the
+model in ``context.state`` for phase 2. Phase ``update``: it takes S_A, makes the same two
+views again (the round's seed, which the server sends, fixes them) and replies with its update
+(``dcco.local_update``: a delta per trained parameter, its count and its loss). A FedAvg
+method's ``update`` message brings the model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from torch import Tensor, nn
+
+from dcco.api import local_update, statistics
+from dcco.flower import codec
+from dcco.flower.strategy import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
+from dcco.seeding import derive_seed
+
+KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
+
+
+def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
+           augment: Callable[[Tensor], Tensor] | None = None) -> Message:
+    """The node's reply to one of the strategy's ``train`` messages.
+
+    Args:
+        msg, context: what your ``@app.train()`` handler received.
+        model: a fresh instance of the model the server trains (your encoder, or a
+            ``dcco.dual_encoder``); its weights come from the message.
+        samples: this node's samples, (n, ...), one row each.
+        augment: one view of a batch of samples (called twice, for the two views, with
+            torch's random state seeded by the round); None: the samples as they are for both
+            views (only for inputs that are already two views' worth of difference, e.g.
+            features of two modalities; images want an augmentation).
+
+    Raises:
+        ValueError: a message without the strategy's config, or a phase ``update`` whose
+            model this node did not receive in phase ``stats`` (Flower reports the error to
+            the server, which counts the node as failed).
+    """
+    config = msg.content.config_records.get("config")
+    if config is None or PHASE not in config:
+        raise ValueError("not a message of the dcco.flower.DCCO strategy (no config record "
+                         "with a phase)")
+    phase, r = str(config[PHASE]), int(config[ROUND])
+    method, lr = str(config[METHOD]), float(config.get(LOCAL_LR, 1.0))
+    if "arrays" in msg.content.array_records:
+        weights = codec.tensors_of(msg.content.array_records["arrays"])
+        if phase == "stats":
+            context.state[KEPT_MODEL] = codec.array_record(weights)
+            context.state[KEPT_ROUND] = ConfigRecord({"round": r})
+    else:
+        kept = context.state.config_records.get(KEPT_ROUND)
+        if kept is None or int(kept["round"]) != r:
+            raise ValueError(f"phase 'update' of round {r} needs the model of its phase "
+                             f"'stats', but this node holds "
+                             f"{'none' if kept is None else 'round ' + str(kept['round'])}")
+        weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
+    _load(model, weights)
+    x1, x2 = _views(samples, augment, int(config[VIEWS_SEED]), context.node_id,
+                    next(model.parameters()).dtype)
+    if phase == "stats":
+        stats = statistics(model, x1, x2, method)
+        sums = {k: v for k, v in stats.items() if k != "count"}
+        return Message(RecordDict({"statistics": codec.array_record(sums),
+                                   "metrics": MetricRecord({"num-examples": int(stats.count)})}),
+                       reply_to=msg)
+    shared = (moments_of(msg.content.array_records["statistics"])
+              if "statistics" in msg.content.array_records else None)
+    update = local_update(model, x1, x2, shared, method, lr=lr)
+    return Message(RecordDict({"arrays": codec.array_record(update.delta),
+                               "metrics": MetricRecord({"num-examples": update.num_samples,
+                                                        "loss": float(update.loss)})}),
+                   reply_to=msg)
+
+
+def _load(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """The server's weights into ``model``, each in the model's own dtype."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    if missing:
+        raise ValueError(f"the server's model lacks {missing[0]} of this node's model; do "
+                         f"server and nodes build one model?")
+    model.load_state_dict({k: weights[k].to(own[k].dtype) for k in own})
+
+
+def _views(samples: Tensor, augment: Callable[[Tensor], Tensor] | None, seed: int, node: int,
+           dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The round's two views of this node's samples: the same in both phases of a round."""
+    from dcco.train import user_views
+
+    if augment is None:
+        x = samples.to(dtype) if samples.is_floating_point() else samples
+        return x, x
+    return user_views(augment, samples, derive_seed(seed, "node", node), 0, dtype)
+
+
+__all__ = ["answer"]

@@ -1,0 +1,251 @@
+"""``dcco.flower.DCCO`` in a Flower app of the user's own (docs/own_code.md, "Flower"): its
+rounds equal dcco's reference round with a model that is not dcco's; a node lost between the
+phases, malformed and failed replies, bad models and empty nodes give a completed or a
+skipped round, counted; and the example app trains in Flower's simulation."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from dcco.flower import DCCO, answer, codec
+from dcco.flower.inprocess import InProcessGrid
+from dcco.flower.userapp import _views
+from dcco.methods import Segments, build_method
+from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
+from dcco.simulator import run_round
+
+ROOT = Path(__file__).parents[1]
+SIZES = [1, 3, 2, 5]
+
+
+class UserCNN(nn.Module):
+    def __init__(self, out: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 6, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 6)
+        self.head = nn.Linear(6, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+def _samples(node: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(100 + node)
+    n = SIZES[(node - 1) % len(SIZES)]
+    return torch.rand(n, 1, 8, 8, generator=gen, dtype=torch.float64)
+
+
+def _augment(x: torch.Tensor) -> torch.Tensor:
+    return x + 0.1 * torch.randn(x.shape, dtype=x.dtype)
+
+
+def _client_app(model=lambda: UserCNN().double(), samples=_samples) -> ClientApp:
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return answer(msg, context, model(), samples(context.node_id), augment=_augment)
+
+    return app
+
+
+def _grid(nodes: int = 4, tamper=None, **kw) -> InProcessGrid:
+    return InProcessGrid(_client_app(**kw), [{}] * nodes, {}, tamper)
+
+
+def _initial() -> tuple[nn.Module, ArrayRecord]:
+    torch.manual_seed(0)
+    model = UserCNN().double()
+    return model, ArrayRecord(model.state_dict())
+
+
+def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
+               nodes: list[int]) -> dict[str, torch.Tensor]:
+    """The same rounds with dcco's reference round on the nodes' views, and the same server
+    optimiser."""
+    from dcco.api import dual_encoder
+
+    dual = dual_encoder(model, None, sample=_samples(1)[0])
+    named = list(model.named_parameters())
+    opt = build_optimizer(named, strategy.optim)
+    for r in range(1, rounds + 1):
+        config = strategy._config("stats", r, {})
+        views = [_views(_samples(n), _augment, int(config["views-seed"]), n, torch.float64)
+                 for n in nodes]
+        x1 = torch.cat([v[0] for v in views])
+        x2 = torch.cat([v[1] for v in views])
+        sizes = [len(_samples(n)) for n in nodes]
+        out = run_round(dual, build_method(method), x1, x2, Segments.from_counts(sizes),
+                        "reference")
+        set_lr(opt, scheduled_lr(r - 1, rounds, strategy.optim.lr, strategy.optim.warmup_steps,
+                                 strategy.optim.schedule))
+        apply_pseudo_gradient(opt, [p for _, p in named],
+                              [out.pseudo_gradient["backbone." + n] for n, _ in named])
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _rel(a: dict, b: dict) -> float:
+    fa = torch.cat([torch.as_tensor(a[k]).flatten() for k in sorted(b)])
+    fb = torch.cat([b[k].flatten() for k in sorted(b)])
+    return float((fa - fb).norm() / fb.norm())
+
+
+@pytest.mark.parametrize("method", ["dcco", "dvicreg"])
+def test_strategy_rounds__equal_the_reference_round_with_the_users_model(method):
+    model, initial = _initial()
+    strategy = DCCO(method=method, optimizer="lars", lr=0.5, warmup_rounds=1,
+                    min_available_nodes=4)
+    result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
+    expected = _reference(model, DCCO(method=method, optimizer="lars", lr=0.5,
+                                      warmup_rounds=1), method, 2, [1, 2, 3, 4])
+    got = {k: v for k, v in result.arrays.to_torch_state_dict().items()}
+    assert _rel(got, expected) <= 1e-12
+    assert _rel(got, {k: v.detach() for k, v in _initial()[0].state_dict().items()}) > 1e-4
+    for r in (1, 2):
+        m = result.train_metrics_clientapp[r]
+        assert m["stats-accepted"] == 4 and m["update-accepted"] == 4 and m["skipped"] == 0
+        assert m["num-examples"] == sum(SIZES) and math.isfinite(m["loss"])
+
+
+def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():
+    _, initial = _initial()
+    grid = _grid()
+    sent = []
+    original = grid.send_and_receive
+    grid.send_and_receive = lambda msgs, timeout=None: sent.append(len(list(msgs) or [])) \
+        or original(msgs, timeout=timeout)
+    strategy = DCCO(method="contrastive_fedavg", optimizer="adam", lr=1e-3,
+                    min_available_nodes=4)
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    # the 1-sample node cannot take a within-client loss: it fails, and is counted
+    assert m["update-accepted"] == 3 and m["update-failed"] == 1 and "stats-sent" not in m
+    assert len(sent) == 1
+
+
+def _lose(node: int, phase: str):
+    def tamper(n: int, msg: Message, reply: Message) -> Message | None:
+        return None if n == node and msg.content["config"]["phase"] == phase else reply
+    return tamper
+
+
+def test_strategy__a_node_lost_between_the_phases_counts_in_S_A_not_in_the_update():
+    model, initial = _initial()
+    strategy = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4)
+    result = strategy.start(grid=_grid(tamper=_lose(2, "update")), initial_arrays=initial,
+                            num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    assert (m["stats-accepted"], m["update-accepted"], m["update-missing"]) == (4, 3, 1)
+    assert m["num-examples"] == sum(SIZES) - SIZES[1]
+    # what it should be: S_A of all four, the survivors' updates averaged
+    from dcco.api import aggregate_updates, local_update, merge_statistics, statistics
+
+    seed = int(strategy._config("stats", 1, {})["views-seed"])
+    views = {n: _views(_samples(n), _augment, seed, n, torch.float64) for n in (1, 2, 3, 4)}
+    shared = merge_statistics([statistics(model, *views[n]) for n in views], 16).aggregate
+    step = aggregate_updates([local_update(model, *views[n], shared) for n in (1, 3, 4)], model)
+    assert step.loss == pytest.approx(m["loss"], rel=1e-12)
+
+
+def test_strategy__malformed_and_failed_replies_are_counted_and_the_round_goes_on():
+    def tamper(n: int, msg: Message, reply: Message) -> Message | None:
+        phase = msg.content["config"]["phase"]
+        if n == 1 and phase == "stats":  # statistics of the wrong width
+            sums = codec.tensors_of(reply.content.array_records["statistics"])
+            sums["sum_fg"] = torch.zeros(3, 3, dtype=torch.float64)
+            return Message(RecordDict({"statistics": codec.array_record(sums),
+                                       "metrics": reply.content["metrics"]}), reply_to=msg)
+        if n == 3 and phase == "update":  # garbage instead of an update
+            return Message(RecordDict({"metrics": MetricRecord({"num-examples": 2})}),
+                           reply_to=msg)
+        return reply
+
+    _, initial = _initial()
+    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+        grid=_grid(tamper=tamper), initial_arrays=initial, num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    assert m["stats-accepted"] == 3 and m["stats-rejected-shape"] == 1
+    assert m["update-accepted"] == 2 and m["update-rejected-missing_key"] == 1
+    assert m["skipped"] == 0 and m["num-examples"] == SIZES[1] + SIZES[3]
+
+
+def test_strategy__too_few_valid_replies_skip_the_round_and_leave_the_model():
+    _, initial = _initial()
+    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, min_survivors=4).start(
+        grid=_grid(tamper=_lose(4, "stats")), initial_arrays=initial, num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    assert m["skipped"] == 1 and m["stats-accepted"] == 3 and m["stats-missing"] == 1
+    assert "update-sent" not in m
+    for k, v in result.arrays.to_torch_state_dict().items():
+        assert torch.equal(v, initial.to_torch_state_dict()[k])
+
+
+def test_strategy__a_bad_model_or_an_empty_node_is_a_failed_reply_that_is_counted():
+    class Flat(nn.Module):  # its output is not (N, d)
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    flat = Flat().double()
+    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=2).start(
+        grid=_grid(2, model=lambda: Flat().double()), initial_arrays=ArrayRecord(
+            flat.state_dict()), num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    assert m["skipped"] == 1 and m["stats-failed"] == 2
+    _, initial = _initial()
+    empty = {3: torch.zeros(0, 1, 8, 8, dtype=torch.float64)}
+    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+        grid=_grid(samples=lambda n: empty.get(n, _samples(n))), initial_arrays=initial,
+        num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    assert m["stats-failed"] == 1 and m["update-accepted"] == 3 and m["skipped"] == 0
+
+
+def test_answer__refuses_a_message_that_is_not_the_strategys_and_an_update_without_its_model():
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="not a message of the dcco.flower.DCCO strategy"):
+        answer(Message(RecordDict(), dst_node_id=1, message_type="train"), context, UserCNN(),
+               _samples(1))
+    strategy = DCCO()
+    msg = Message(RecordDict({"config": strategy._config("update", 3, {})}), dst_node_id=1,
+                  message_type="train")
+    with pytest.raises(ValueError, match="phase 'update' of round 3 needs the model"):
+        answer(msg, context, UserCNN(), _samples(1))
+
+
+@pytest.mark.slow
+def test_example_flower_app__trains_three_rounds_in_flowers_simulation(tmp_path):
+    """examples/flower-app as a user runs it (`flwr run`), on Flower's local simulation with 4
+    virtual nodes: three DCCO rounds whose loss falls, and the final model written."""
+    from dcco.flower.loopback import LocalSimulation
+
+    project = ROOT / "examples" / "flower-app"
+    out = tmp_path / "out"
+    sim = LocalSimulation(4, tmp_path / "sim", project=project)
+    with sim:
+        run_id = sim.submit({"num-server-rounds": 3, "fraction-train": 1.0, "out": str(out)})
+        assert sim.wait(run_id, timeout=900) == "finished:completed", sim.details
+    assert sim.alive() == []
+    rounds = json.loads((out / "rounds.json").read_text())
+    losses = [rounds[str(r)]["loss"] for r in (1, 2, 3)]
+    assert all(rounds[str(r)]["update-accepted"] == 4 for r in (1, 2, 3))
+    assert losses[-1] < losses[0], losses
+    state = torch.load(out / "model.pt")
+    sys.path.insert(0, str(project))
+    try:
+        from dcco_flower_example.task import SmallCNN
+    finally:
+        sys.path.remove(str(project))
+    SmallCNN().load_state_dict(state)
