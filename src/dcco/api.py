@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dcco.client import ClientUpdate, client_statistics, client_update, trainable_parameters
+from dcco.client import ClientUpdate, client_update, trainable_parameters
 from dcco.config import ConfigError, RunConfig, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
@@ -47,7 +47,7 @@ from dcco.server import (
     validate_statistics,
     validate_update,
 )
-from dcco.stats import EncodingStats, Moments, merge
+from dcco.stats import EncodingStats, Moments, encoding_stats, merge
 
 Model = nn.Module
 """A ``DualEncoder`` or a plain encoder module shared by both views."""
@@ -187,7 +187,7 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
     with torch.no_grad():
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
-    return client_statistics(dual, x1, x2, m.stats)
+    return encoding_stats(f, g, m.stats)
 
 
 def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None,

@@ -6,13 +6,25 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from dcco.flower import answer
-from dcco_flower_example.task import SmallCNN, augment, node_photos
+from dcco_flower_example.task import (
+    SmallCNN,
+    augment,
+    dirichlet_photos,
+    fedavg_reply,
+    node_photos,
+)
 
 app = ClientApp()
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    photos = node_photos(int(context.node_config["partition-id"]),
-                         int(context.run_config["photos-per-node"]))
+    pid, cfg = int(context.node_config["partition-id"]), context.run_config
+    if cfg["partitioner"] == "dirichlet":  # a flwr-datasets partitioner
+        photos = dirichlet_photos(pid, int(context.node_config["num-partitions"]),
+                                  float(cfg["alpha"]))
+    else:
+        photos = node_photos(pid, int(cfg["photos-per-node"]))
+    if "phase" not in msg.content["config"]:  # Flower's FedAvg, for the speed comparison
+        return fedavg_reply(msg, SmallCNN(), photos)
     return answer(msg, context, SmallCNN(), photos, augment=augment)

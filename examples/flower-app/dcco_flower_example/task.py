@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import kornia.augmentation as K
 import torch
 from torch import nn
@@ -32,11 +34,57 @@ def augment(images: torch.Tensor) -> torch.Tensor:
     return (_VIEWS(images.float() / 255) - 0.5) / 0.5
 
 
+@functools.lru_cache(maxsize=1)  # a simulation's nodes share a process: load once
+def _train_split():
+    return load_dataset("fashion_mnist", "train")
+
+
+@functools.lru_cache(maxsize=1)
+def _dirichlet(num_partitions: int, alpha: float):
+    """flwr-datasets' DirichletPartitioner over Fashion-MNIST as a Hugging Face dataset."""
+    import datasets
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    train = _train_split()
+    features = datasets.Features({"image": datasets.Array2D((28, 28), "uint8"),
+                                  "label": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict({"image": train.images[:, 0].numpy(),
+                                     "label": train.labels.numpy()}, features=features)
+    partitioner = DirichletPartitioner(num_partitions=num_partitions, partition_by="label",
+                                       alpha=alpha, min_partition_size=2, seed=0)
+    partitioner.dataset = ds
+    return partitioner
+
+
+def dirichlet_photos(partition_id: int, num_partitions: int, alpha: float) -> torch.Tensor:
+    """This node's photos under a Dirichlet split by label (``partitioner = "dirichlet"``)."""
+    from dcco.data.hf import column_tensor
+
+    part = _dirichlet(num_partitions, alpha).load_partition(partition_id)
+    return column_tensor(part, "image")
+
+
 def node_photos(partition_id: int, per_node: int) -> torch.Tensor:
     """This node's photos: ``per_node`` Fashion-MNIST images of one class (the class of the
     partition id), different for every node."""
-    train = load_dataset("fashion_mnist", "train")
+    train = _train_split()
     cls = partition_id % 10
     ids = (train.labels == cls).nonzero().flatten()
     start = (partition_id // 10) * per_node
     return train.images[ids[start:start + per_node]]
+
+def fedavg_reply(msg, model: nn.Module, photos: torch.Tensor):
+    """For the speed comparison with Flower's FedAvg (``compare-fedavg``): one local step of
+    contrastive FedAvg (NT-Xent within the node) on the same model and photos, replied as
+    Flower's FedAvg expects: the new weights and the sample count."""
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    import dcco
+
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    update = dcco.local_update(model, augment(photos), augment(photos), None,
+                               "contrastive_fedavg", lr=0.05)
+    new = {k: v + update.delta[k] if k in update.delta else v
+           for k, v in model.state_dict().items()}
+    return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": MetricRecord(
+        {"num-examples": update.num_samples, "loss": float(update.loss)})}), reply_to=msg)

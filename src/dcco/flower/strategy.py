@@ -39,6 +39,7 @@ from torch import Tensor
 from dcco.api import merge_statistics
 from dcco.client import ClientUpdate
 from dcco.flower import codec
+from dcco.flower.polling import push_and_pull
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
 from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
@@ -211,7 +212,7 @@ class DCCO(Strategy):
         first = list(self.configure_train(r, codec.array_record(self._weights), config, grid))
         if self.method.stats is None:
             self._asked = len(first)
-            return self.aggregate_train(r, grid.send_and_receive(first, timeout=timeout))
+            return self.aggregate_train(r, _send_and_receive(grid, first, timeout))
         tally = ReplyTally()
         got = self._replies(grid, first, timeout, tally)
         merged = self._merge(list(got.values()), tally)
@@ -225,8 +226,7 @@ class DCCO(Strategy):
                           dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(r))
                   for n in survivors]
         self._asked = len(second)
-        arrays, metrics = self.aggregate_train(r, grid.send_and_receive(second,
-                                                                        timeout=timeout))
+        arrays, metrics = self.aggregate_train(r, _send_and_receive(grid, second, timeout))
         if metrics is None:
             self._skipped = stats | self._skipped
             return None, None
@@ -240,7 +240,7 @@ class DCCO(Strategy):
         asked = {m.metadata.dst_node_id for m in messages}
         tally.sent += len(messages)
         got, failed = {}, set()
-        for reply in grid.send_and_receive(messages, timeout=timeout):
+        for reply in _send_and_receive(grid, messages, timeout):
             node = reply.metadata.src_node_id
             if node not in asked or node in got or node in failed:
                 continue
@@ -328,6 +328,15 @@ class DCCO(Strategy):
                               [pseudo[k] for k in params])
         for k, p in params.items():
             weights[k] = p.detach().clone()
+
+
+def _send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """The replies to ``messages``: pulled every 0.1 s (``dcco.flower.polling``) instead of
+    Flower's ``Grid.send_and_receive``, which sleeps 3 s between pulls on a deployment's
+    grid; a grid that answers at once (``dcco.flower.inprocess``) is asked directly."""
+    if getattr(grid, "replies_at_once", False):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    return push_and_pull(grid, messages, timeout)
 
 
 def _tally(phase: str, tally: ReplyTally) -> dict:

@@ -7,8 +7,9 @@ message into the node's reply, for both exchanges of a round.
 
 Phase ``stats``: the node loads the global model, makes two views of its samples and replies
 with its count and the method's sums of their encodings (``dcco.statistics``); it keeps the
-model in ``context.state`` for phase 2. Phase ``update``: it takes S_A, makes the same two
-views again (the round's seed, which the server sends, fixes them) and replies with its update
+model and the views in ``context.state`` for phase 2. Phase ``update``: it takes S_A and the
+same two views (kept, or made again from the round's seed, which the server sends) and
+replies with its update
 (``dcco.local_update``: a delta per trained parameter, its count and its loss). A FedAvg
 method's ``update`` message brings the model itself.
 """
@@ -27,6 +28,10 @@ from dcco.flower.strategy import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, mom
 from dcco.seeding import derive_seed
 
 KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
+KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"
+"""What a node keeps in ``context.state`` from phase ``stats`` to phase ``update``: the
+round's model, and its two views (the same the round's seed would make again, without the
+augmentation's cost)."""
 
 
 def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
@@ -67,9 +72,16 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
                              f"{'none' if kept is None else 'round ' + str(kept['round'])}")
         weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
     _load(model, weights)
-    x1, x2 = _views(samples, augment, int(config[VIEWS_SEED]), context.node_id,
-                    next(model.parameters()).dtype)
+    kept_views = context.state.config_records.get(KEPT_VIEWS_ROUND)
+    if phase == "update" and kept_views is not None and int(kept_views["round"]) == r:
+        views = codec.tensors_of(context.state.array_records[KEPT_VIEWS])  # phase 1's
+        x1, x2 = views["x1"], views["x2"]
+    else:
+        x1, x2 = _views(samples, augment, int(config[VIEWS_SEED]), context.node_id,
+                        next(model.parameters()).dtype)
     if phase == "stats":
+        context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
+        context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r})
         stats = statistics(model, x1, x2, method)
         sums = {k: v for k, v in stats.items() if k != "count"}
         return Message(RecordDict({"statistics": codec.array_record(sums),
