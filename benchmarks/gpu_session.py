@@ -1,20 +1,26 @@
-"""One GPU session, start to end: the measurements that wait for a GPU, within a time budget.
+"""One GPU session, start to end: the measurements that wait for a GPU, within a time budget
+sized for a lent machine's 15 minutes of device time (``--minutes 9``: docs/performance.md,
+"A GPU session").
 
 On a lent GPU machine (bare, no network, minutes counted) or a researcher's own, with dcco
 importable and a budget in minutes, ``run``:
 
 1. records the machine (``machine.json``: GPU, driver, torch, CPU, the code's commit);
-2. runs the `full`-scale round-cost ladder (``benchmarks/round_cost.py``) for dcco,
-   cco_fedavg, contrastive_fedavg and centralized_cco, eager float32 to CUDA graphs; it
-   writes after every rung;
-3. profiles one round of the grid's non-IID 4 DCCO cell (``benchmarks/round_profile.py``);
+2. runs the `full`-scale round-cost ladder (``benchmarks/round_cost.py``), cut to the rungs
+   that decide ``auto`` on CUDA (eager float32, + bf16, + compile, + CUDA graphs) for DCCO
+   and contrastive FedAvg (a third of the budget, at most 3 minutes); it writes after every
+   rung;
+3. profiles one round of the grid's non-IID 4 DCCO cell (``benchmarks/round_profile.py``),
+   only when ``--profile-minutes`` gives it time;
 4. runs the precision check (``benchmarks/precision_check.py``): eager float32 against bf16 +
-   compile, the same seed, the k-NN monitor within 1 point;
+   compile, the same seed, the k-NN monitor within 1 point (a ninth, at most 1 minute);
 5. gives the rest of the budget to ``dcco reproduce GRID --scale gpu --jobs auto
-   --time-budget M``, whose cells stop at a checkpoint when it ends and resume in the next
-   session;
+   --time-budget M``, the cells in ``CELL_ORDER`` (non-IID 4 seed 0's three federated
+   methods side by side first); cells stop at a checkpoint when it ends;
 6. packs every small record (the phases' records, the cells' config, metrics, summary and
-   version files, the logs) into one ``records.tar.gz`` of at most 16 MiB.
+   version files, the logs) into one ``records.tar.gz`` of at most 16 MiB, and the unfinished
+   cells' checkpoints that the next lease can carry into ``checkpoints.tar.part<k>`` files of
+   at most 16 MiB each (``unpack`` joins them and puts them back in the grid's folder).
 
 Each phase is a process with its share of the budget (``--ladder-minutes``, ...); one that
 overruns is interrupted and recorded as such in ``session.json``, which is rewritten after
@@ -46,6 +52,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE_LIMIT = 16 << 20
 """The most one file may hold to come back from a lent machine."""
+CHECKPOINT_BUDGET = 56 << 20
+"""The most the unfinished cells' checkpoints may take: the next lease carries them, and a
+lease carries 64 MiB of ignored files in all (``.gpu/`` holds the rest's wheels)."""
+CELL_ORDER = ("non-iid-4-*-s0", "centralized_cco-s0", "non-iid-16-*-s0", "*-s0", "*")
+"""The order the cells start in (``dcco reproduce --cells``): the decisive setting first (DCCO,
+CCO + FedAvg and contrastive FedAvg at non-IID 4, seed 0, side by side), then centralized
+CCO, non-IID 16, the rest of seed 0, then the other seeds."""
+GPU_RUNGS = ("eager float32", "+ bf16", "+ compile", "+ CUDA graphs")
+"""The ladder's rungs that decide ``auto`` on CUDA (precision and compilation)."""
 CELL_FILES = ("config.toml", "metrics.jsonl", "summary.json", "version.json")
 """What a grid cell keeps in the repository (the checkpoints stay behind)."""
 WHEELS = ("kornia==0.9.0", "kornia_rs==0.2.0")
@@ -202,8 +217,57 @@ def pack(out: Path, grid_out: Path) -> Path:
                 tar.add(path, arcname=arcname)
         if tmp.stat().st_size <= ARCHIVE_LIMIT or not logs:
             os.replace(tmp, archive)
-            return archive
+            break
         files.remove(logs.pop())  # the largest log goes first
+    pack_checkpoints(out, grid_out)
+    return archive
+
+
+def unfinished_checkpoints(grid_out: Path) -> list[Path]:
+    """The checkpoints of the cells whose pretraining stopped before its last round (no
+    ``final_loss`` in their summary), the most advanced first: what the next session needs to
+    resume them."""
+    found = []
+    for cell in sorted(p for p in grid_out.glob("*") if p.is_dir() and p.name[0] != "."):
+        checkpoint = cell / "checkpoint.safetensors"
+        summary = cell / "summary.json"
+        done = summary.is_file() and "final_loss" in json.loads(summary.read_text() or "{}")
+        if checkpoint.is_file() and not done:
+            rounds = [json.loads(line).get("round", 0) for line in
+                      (cell / "metrics.jsonl").read_text().splitlines()] if (
+                cell / "metrics.jsonl").is_file() else [0]
+            found.append((max(rounds, default=0), checkpoint))
+    return [c for _, c in sorted(found, key=lambda x: -x[0])]
+
+
+def pack_checkpoints(out: Path, grid_out: Path) -> list[Path]:
+    """``checkpoints.tar.part<k>``: the unfinished cells' checkpoints (most advanced first), as
+    many as fit in ``CHECKPOINT_BUDGET`` (what the next lease can carry), cut in parts of at
+    most ``ARCHIVE_LIMIT`` (a returned file's limit); ``unpack`` joins them again."""
+    for old in out.glob("checkpoints.tar.part*"):
+        old.unlink()
+    chosen, total = [], 0
+    for checkpoint in unfinished_checkpoints(grid_out):
+        size = checkpoint.stat().st_size
+        if total + size > CHECKPOINT_BUDGET:
+            continue
+        chosen.append(checkpoint)
+        total += size
+    if not chosen:
+        return []
+    whole = out / "checkpoints.tar"
+    with tarfile.open(whole, "w") as tar:  # weights hardly compress; plain tar
+        for checkpoint in chosen:
+            tar.add(checkpoint, arcname=f"{grid_out.name}/{checkpoint.parent.name}/"
+                                        f"{checkpoint.name}")
+    parts = []
+    with open(whole, "rb") as fh:
+        while chunk := fh.read(ARCHIVE_LIMIT):
+            part = out / f"checkpoints.tar.part{len(parts)}"
+            part.write_bytes(chunk)
+            parts.append(part)
+    whole.unlink()
+    return parts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,10 +293,12 @@ def run(args: argparse.Namespace) -> int:
         return deadline - time.monotonic() - reserve
 
     overrides = [x for s in args.set for x in ("--set", s)]
-    steps = ["--steps", *args.ladder_steps] if args.ladder_steps else []
+    rungs = args.ladder_steps or (list(GPU_RUNGS) if on_gpu else ["eager float32"])
+    steps = ["--steps", *rungs]
+    methods = ["--methods", *args.ladder_methods] if args.ladder_methods else []
     phases = [
         ("ladder", [py, "benchmarks/round_cost.py", "--scale", args.ladder_scale, "--device",
-                    "cuda" if on_gpu else "cpu", "--out", records, *steps],
+                    "cuda" if on_gpu else "cpu", "--out", records, *steps, *methods],
          args.ladder_minutes),
         ("profile", [py, "benchmarks/round_profile.py", "--grid", str(args.grid), "--scale",
                      args.scale, "--warmup", str(args.profile_warmup), "--out", records,
@@ -245,12 +311,19 @@ def run(args: argparse.Namespace) -> int:
                        "--out", records, *overrides], args.precision_minutes),
     ]
     for name, command, minutes in phases:
+        if minutes <= 0:
+            session["phases"].append({"phase": name, "command": " ".join(command),
+                                      "minutes_allowed": 0, "minutes": 0,
+                                      "outcome": "skipped: not asked for (0 minutes)"})
+            _write_json(session_path, session)
+            continue
         run_phase(name, command, min(60 * minutes, left()), log, session, session_path)
     # the grid's own start-up and table come out of its share
     grid_minutes = (left() - max(5.0, min(30.0, 0.05 * 60 * args.minutes))) / 60
     grid_command = [py, "-m", "dcco", "reproduce", str(args.grid), "--scale", args.scale,
                     "--out", str(args.grid_out), "--jobs", args.jobs, "--time-budget",
-                    f"{max(grid_minutes, 0.01):.2f}", "--no-progress"]
+                    f"{max(grid_minutes, 0.01):.2f}", "--no-progress",
+                    *[x for p in args.cells for x in ("--cells", p)]]
     if grid_minutes > 0.05:
         # its own budget stops it; the phase limit is a backstop a few minutes later
         run_phase("grid", grid_command, left() + min(180.0, 0.1 * 60 * args.minutes), log,
@@ -313,9 +386,29 @@ def unpack(args: argparse.Namespace) -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(tar.extractfile(member).read())
             placed.append(target.relative_to(args.into))
+    parts = sorted(args.archive.parent.glob("checkpoints.tar.part*"),
+                   key=lambda p: int(p.name.rsplit("part", 1)[1]))
+    carried = []
+    if parts:
+        joined = args.archive.parent / "checkpoints.tar.joined"
+        with open(joined, "wb") as fh:
+            fh.writelines(part.read_bytes() for part in parts)
+        with tarfile.open(joined) as tar:
+            for member in tar.getmembers():
+                parts_ = Path(member.name).parts
+                if not member.isfile() or len(parts_) != 3 or parts_[2] != "checkpoint.safetensors":
+                    continue
+                target = cells_root / parts_[0] / parts_[1] / parts_[2]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
+                carried.append(target.relative_to(args.into))
+        joined.unlink()
     print("\n".join(str(p) for p in sorted(placed)))
     print(f"{len(placed)} files placed; rewrite the grid's table with its reproduce "
           f"command (--table-only) and commit them")
+    if carried:
+        print("unfinished cells' checkpoints (not committed: carry them to the next lease, "
+              "with .gpu): " + " ".join(f'"{p}"' for p in carried))
     return 0
 
 
@@ -338,16 +431,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", default="auto")
     p.add_argument("--ladder-scale", default="full")
     p.add_argument("--ladder-steps", nargs="+", default=None, metavar="STEP",
-                   help="only these rungs of the ladder (default: all)")
+                   help="only these rungs of the ladder (default: those that decide auto: "
+                        "eager float32, + bf16, + compile, + CUDA graphs on CUDA; eager "
+                        "float32 on the CPU)")
+    p.add_argument("--ladder-methods", nargs="+", default=["dcco", "contrastive_fedavg"],
+                   help="the ladder's methods (default: one of each loss family)")
+    p.add_argument("--cells", nargs="+", default=list(CELL_ORDER), metavar="PATTERN",
+                   help="the cells, in the order they start (default: the decisive ones "
+                        "first, CELL_ORDER)")
     p.add_argument("--profile-warmup", type=int, default=10,
                    help="rounds before the profiled ones")
-    p.add_argument("--precision-rounds", type=int, default=2000)
+    p.add_argument("--precision-rounds", type=int, default=600)
     p.add_argument("--ladder-minutes", type=float, default=None,
-                   help="the ladder's share (default: 22 %% of the budget)")
-    p.add_argument("--profile-minutes", type=float, default=None,
-                   help="the profile's share (default: 5 %%)")
+                   help="the ladder's share (default: a third of the budget, at most 3 min)")
+    p.add_argument("--profile-minutes", type=float, default=0.0,
+                   help="the profile's share (default: none; the ladder decides auto)")
     p.add_argument("--precision-minutes", type=float, default=None,
-                   help="the precision check's share (default: 18 %%); the grid gets the rest")
+                   help="the precision check's share (default: a ninth of the budget, at most "
+                        "1 min); the grid gets the rest")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a value of the checked cell's config (profile, precision)")
     p = sub.add_parser("unpack", help="place an archive's records in the repository (here)")
@@ -358,10 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(args)
     if args.command == "unpack":
         return unpack(args)
-    for name, share in (("ladder_minutes", 0.22), ("profile_minutes", 0.05),
-                        ("precision_minutes", 0.18)):
+    for name, share, most in (("ladder_minutes", 1 / 3, 3.0),
+                              ("precision_minutes", 1 / 9, 1.0)):
         if getattr(args, name) is None:
-            setattr(args, name, share * args.minutes)
+            setattr(args, name, min(most, share * args.minutes))
     return run(args)
 
 

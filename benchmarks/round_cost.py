@@ -274,6 +274,8 @@ def ladder_main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed blocks per variant")
     ap.add_argument("--steps", nargs="+", default=None, metavar="STEP",
                     help="only these rungs, by name (e.g. 'eager float32' '+ compile')")
+    ap.add_argument("--methods", nargs="+", default=None, choices=sorted(METHOD_FEDERATED),
+                    help="only these methods (default: all four)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the device's dense bf16 peak (default: NVIDIA's figure by name)")
     ap.add_argument("--out", type=Path, default=None,
@@ -304,8 +306,9 @@ def ladder_main() -> None:
     ids = torch.arange(samples)
     segments = {True: Segments.from_counts([per] * clients),
                 False: Segments.from_counts([samples])}
-    methods = [("dcco", True), ("cco_fedavg", True), ("contrastive_fedavg", False),
-               ("centralized_cco", True)]
+    methods = [(m, cco) for m, cco in [("dcco", True), ("cco_fedavg", True),
+                                        ("contrastive_fedavg", False), ("centralized_cco", True)]
+               if args.methods is None or m in args.methods]
     print(f"# {name}; torch {torch.__version__}; ResNet14 widths {widths}, projector "
           f"{projector} (contrastive {contrastive_projector}); {samples} samples of 1×{side}² "
           f"per round, {clients} clients of {per}; {block} rounds per timed block, median of "

@@ -128,9 +128,9 @@ TWO_TOWERS = ('data.dataset="fashion_mnist_halves"', "model.shared=false",
 
 @pytest.mark.parametrize("method,overrides", [
     ("dcco", ()), ("cco_fedavg", ()), ("contrastive_fedavg", ()), ("byol_fedavg", ()),
-    ("dcco", TWO_TOWERS), ("clip_fedavg", TWO_TOWERS)],
+    ("dcco", TWO_TOWERS), ("clip_fedavg", TWO_TOWERS), ("fedsc", ())],
     ids=["dcco", "cco_fedavg", "contrastive_fedavg", "byol_fedavg", "dcco-two-towers",
-         "clip_fedavg-two-towers"])
+         "clip_fedavg-two-towers", "fedsc"])
 def test_flower_rounds_equal_the_reference_backend(make_federation, method, overrides):
     """Same clients, same seed: the Flower handlers give the simulator's aggregated statistics,
     pseudo-gradient and new model (server optimiser LARS), round after round. BYOL's second
@@ -163,14 +163,17 @@ def _assert_rounds_equal(cfg, pt: Pretraining, fed: Federation, method: str) -> 
         sizes = plan.segments.counts.tolist()
         expected = run_round(ref.model, ref.method, x1, x2, plan.segments, "reference", 1.0)
         views = zip(torch.split(x1, sizes), torch.split(x2, sizes))
-        pooled = merge([client_statistics(ref.model, a, b) for a, b in views]).moments()
+        spec = ref.method.stats
+        pooled = (merge([client_statistics(ref.model, a, b, spec) for a, b in views]).moments()
+                  if spec is not None else None)
         agg = fed.step()
         ref.step()
         assert agg.skipped is None
         assert (agg.clients, agg.samples) == (expected.num_clients, expected.num_samples)
         assert agg.loss == pytest.approx(expected.loss, rel=1e-9)
-        if method == "dcco":
-            for name in ("mean_f", "mean_g", "mean_ff", "mean_gg", "mean_fg"):
+        if pooled is not None:
+            assert set(agg.shared) == set(pooled)
+            for name in pooled:
                 assert rel_err(getattr(agg.shared, name), getattr(pooled, name)) < 1e-12, name
         else:
             assert agg.shared is None

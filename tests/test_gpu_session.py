@@ -1,6 +1,8 @@
-"""The GPU session's entry point, run on the CPU with a tiny scale and a one-minute budget,
-detached: it returns at once, every phase is recorded with its outcome, the grid's cells stop
-within the budget, and one small archive holds every record."""
+"""The GPU session's entry point, the 15-minute lease's plan run on the CPU with a tiny scale
+and a two-minute budget, detached, through the same commands: it returns at once, every phase
+is recorded with its outcome, the decisive cell starts first and stops at a checkpoint when the
+budget ends, one small archive holds every record, and the unfinished cell's checkpoint comes
+back in parts that ``unpack`` puts where the next lease resumes it."""
 
 from __future__ import annotations
 
@@ -36,10 +38,11 @@ widths = [4, 8, 8]
 projector = [16, 16, 16]
 
 [base.train]
-rounds = 6
+rounds = 100000
 clients_per_round = 4
 knn_every = 0
 log_every = 2
+checkpoint_every = 2
 
 [base.eval]
 probe_steps = 10
@@ -56,21 +59,19 @@ RECORDS = {"ladder": "records/round_cost_cpu.json", "profile": "records/round_pr
 
 
 @pytest.mark.slow
-def test_gpu_session__one_minute_detached_on_the_cpu(tmp_path, tiny_fmnist):
+def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path, tiny_fmnist):
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(data_dir=tiny_fmnist))
     out, cells = tmp_path / "session", tmp_path / "cells"
     started = subprocess.run(
-        [sys.executable, "benchmarks/gpu_session.py", "run", "--minutes", "1", "--device",
+        [sys.executable, "benchmarks/gpu_session.py", "run", "--minutes", "2", "--device",
          "cpu", "--detach", "--grid", str(grid), "--scale", "gpu", "--grid-out", str(cells),
-         "--ladder-scale", "tiny", "--ladder-steps", "eager float32", "--profile-warmup", "1",
-         "--precision-rounds", "4", "--ladder-minutes", "0.15", "--profile-minutes", "0.15",
-         "--precision-minutes", "0.2", "--out", str(out)],
+         "--ladder-scale", "tiny", "--precision-rounds", "4", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
     assert "in a new process session" in started.stdout
     # the session runs on after the command returned; its budget and each phase's grace
     # bound it, however busy the machine
-    end = time.monotonic() + 600
+    end = time.monotonic() + 900
     while not (out / "DONE").is_file() and time.monotonic() < end:
         time.sleep(1)
     assert (out / "DONE").is_file(), (out / "session.log").read_text()
@@ -81,31 +82,39 @@ def test_gpu_session__one_minute_detached_on_the_cpu(tmp_path, tiny_fmnist):
         session = json.load(tar.extractfile("session.json"))
         machine = json.load(tar.extractfile("records/machine.json"))
     assert machine["cuda_available"] is False and machine["code"]["source_sha256"]
-    assert [p["phase"] for p in session["phases"]] == ["ladder", "profile", "precision",
-                                                       "grid"]
+    phases = {p["phase"]: p for p in session["phases"]}
+    assert list(phases) == ["ladder", "profile", "precision", "grid"]
+    assert phases["profile"]["outcome"] == "skipped: not asked for (0 minutes)"
+    assert phases["ladder"]["minutes_allowed"] == pytest.approx(2 / 3)
+    assert "--steps eager float32 --methods dcco contrastive_fedavg" in \
+        phases["ladder"]["command"]
+    assert "--cells non-iid-4-*-s0 --cells centralized_cco-s0" in phases["grid"]["command"]
     for phase in session["phases"]:
         assert phase["outcome"] in ("ok", "interrupted at its time limit",
-                                    "skipped: no time left"), phase
+                                    "skipped: no time left",
+                                    "skipped: not asked for (0 minutes)"), phase
         if phase["phase"] in RECORDS and phase["outcome"] == "ok":
             assert RECORDS[phase["phase"]] in names, phase
     assert session["archive"]["bytes"] > 0 and "ended" in session
-    # every cell the grid touched is in the archive with its small files, none half-written:
-    # finished (a summary with every round) or unfinished (no summary)
-    touched = [c for c in cells.iterdir() if c.is_dir() and not c.name.startswith(".")]
-    for cell in touched:
-        assert f"cells/{cell.name}/config.toml" in names
-        summary = cell / "summary.json"
-        if summary.is_file():
-            assert json.loads(summary.read_text()).get("rounds") == 6
-            assert f"cells/{cell.name}/summary.json" in names
     assert "session.log" in names
+    # the decisive cell started first and stopped at a checkpoint (its rounds never end)
+    first = cells / "non-iid-4-dcco-s0"
+    assert f"cells/{first.name}/config.toml" in names
+    stopped = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
+    summary = first / "summary.json"
+    assert "stopped" in stopped[-1]
+    assert not summary.is_file() or "final_loss" not in summary.read_text()
+    parts = sorted(out.glob("checkpoints.tar.part*"))
+    assert parts and all(p.stat().st_size <= 16 << 20 for p in parts)
 
-    # unpacked where the repository keeps records
+    # unpacked where the repository keeps records, the checkpoint where the cell resumes
     repo = tmp_path / "repo"
-    subprocess.run([sys.executable, "benchmarks/gpu_session.py", "unpack", str(archive),
-                    "--into", str(repo)], cwd=ROOT, check=True, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "benchmarks/gpu_session.py", "unpack", str(archive),
+                           "--into", str(repo)], cwd=ROOT, check=True, capture_output=True,
+                          text=True, timeout=60)
     placed = {p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()}
     assert f"benchmarks/results/gpu_session_cpu-{session['started'][:10]}.json" in placed
-    for cell in touched:
-        assert f"experiments/results/cells/{cell.name}/config.toml" in placed
+    carried = f"experiments/results/cells/{first.name}/checkpoint.safetensors"
+    assert carried in placed and carried in done.stdout
+    assert (repo / carried).read_bytes() == (first / "checkpoint.safetensors").read_bytes()
     assert not any(p.endswith(".log") for p in placed)

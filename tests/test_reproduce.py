@@ -215,6 +215,10 @@ def test_reproduce__cells_filter_and_busy_cells_skipped(grid_file, tmp_path, cap
                                                                       "iid-2-dcco-s0"]
     with pytest.raises(ConfigError, match="no cell matches nothing-\\*"):
         select_cells(cells, ["nothing-*"])
+    # patterns order the cells: the first pattern's cells first, each in the grid's order
+    ordered = [c.path.name for c in select_cells(cells, ["iid-2-dcco-*", "*"])]
+    assert ordered[0] == "iid-2-dcco-s0" and sorted(ordered) == sorted(c.path.name
+                                                                       for c in cells)
 
     args = ["reproduce", str(grid_file), "--scale", "tiny", "--out", str(out), "--no-progress"]
     busy = RunDir(out / "iid-2-dcco-s0")

@@ -105,6 +105,15 @@ VICREG_STATS = StatsSpec((
 invariance term needs only the diagonal of Σ F Gᵀ; the encodings have equal widths)."""
 
 
+SPECTRAL_STATS = StatsSpec((
+    StatField("fft", "f", "f", "outer"),
+    StatField("ggt", "g", "g", "outer"),
+    StatField("fg_diag", "f", "g", "diag"),
+))
+"""The sums of the spectral contrastive loss (HaoChen et al. 2021; FedSC, Jing et al. 2024):
+Σ F Fᵀ, Σ G Gᵀ and Σ F_i G_i. No means: the loss is of uncentred second moments."""
+
+
 class _Named:
     """Tensors by name, readable as attributes (``s.sum_fg``), in a fixed order."""
 

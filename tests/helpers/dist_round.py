@@ -16,7 +16,7 @@ from dcco.simulator import EXECUTORS
 SIZES = [1, 3, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
 METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg",
-           "centralized_cco"]
+           "centralized_cco", "fedsc", "spectral_fedavg"]
 
 
 def views(n):

@@ -45,6 +45,9 @@ class LossConfig:
     vicreg: tuple[float, float, float] = VICREG_COEFFS
     """VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022: 25, 25,
     1)."""
+    spectral_form: str = "pooled"
+    """The spectral contrastive loss's negative-pair term (``dcco.losses.spectral_loss``):
+    "pooled", FedSC's ‖(A + B)/2‖²_F, or "cross", HaoChen's tr(A B)."""
     target_decay: float = 0.99
     """BYOL's τ_base: the target network's moving-average rate, raised to 1 on a cosine over
     the run (``dcco.methods.predictive.target_decay``). Grill et al. use 0.996 for 1000
@@ -59,6 +62,9 @@ class LossConfig:
             raise ValueError(f"loss.temperature must be > 0, got {self.temperature}")
         if not all(c >= 0 for c in self.vicreg):
             raise ValueError(f"loss.vicreg coefficients must be >= 0, got {self.vicreg}")
+        if self.spectral_form not in ("pooled", "cross"):
+            raise ValueError(f"loss.spectral_form must be 'pooled' or 'cross', got "
+                             f"{self.spectral_form!r}")
         if not 0 <= self.target_decay < 1:
             raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
 

@@ -9,13 +9,14 @@ from dcco.methods.clip_fedavg import ClipFedAvg
 from dcco.methods.contrastive_fedavg import ContrastiveFedAvg
 from dcco.methods.dcco import DCCO
 from dcco.methods.dvicreg import DVICReg
+from dcco.methods.fedsc import FedSC, SpectralFedAvg
 from dcco.methods.predictive import BYOLFedAvg, CentralizedBYOL, CentralizedSimSiam, SimSiamFedAvg
 from dcco.methods.vicreg_fedavg import VICRegFedAvg
 
 METHODS: dict[str, type] = {
     cls.name: cls for cls in (DCCO, CCOFedAvg, ContrastiveFedAvg, CentralizedCCO, DVICReg,
                               VICRegFedAvg, CentralizedBYOL, BYOLFedAvg, CentralizedSimSiam,
-                              SimSiamFedAvg, ClipFedAvg)
+                              SimSiamFedAvg, ClipFedAvg, FedSC, SpectralFedAvg)
 }
 
 

@@ -84,7 +84,7 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
                 f"{cell.cfg.train.rounds} ({record['stopped']}); the next run resumes it")
             return "stopped"
     done = _current(run.summary())
-    for e in evaluations:
+    for e in cell.evaluations(evaluations):
         protocol, labels = e.split("@")[0], int(e.split("@")[1])
         key = eval_key(SUPERVISED if cell.method == SUPERVISED else protocol, labels)
         if key in done:  # one supervised run serves every protocol with these labels
@@ -148,5 +148,5 @@ def cell_accuracy(cell: Cell, evaluation: str) -> float | None:
 
 def is_complete(grid: Grid, cells: list[Cell]) -> bool:
     return all(c.na is not None or cell_accuracy(c, e) is not None
-               for c in cells for e in grid.evaluations)
+               for c in cells for e in c.evaluations(grid.evaluations))
 

@@ -39,6 +39,10 @@ class Grid:
     global_batch: int | None = None
     """The scale's images per round (federated) and per step (centralized); None: the base
     config's and the settings' own."""
+    supervised_labels: tuple[int, ...] | None = None
+    """The label counts supervised training from scratch runs with (its cells skip the
+    evaluations of other counts: 100 epochs of 5,000 labels take most of an hour on a CPU);
+    None: every count of ``evaluations``."""
 
 
 
@@ -53,10 +57,11 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     scales = raw.get("scale", {})
     if scale not in scales:
         raise ConfigError(f"{path} has no scale {scale!r}; choose one of {', '.join(scales)}")
-    unknown = set(scales[scale]) - {"set", "seeds", "global_batch", "evaluations"}
+    unknown = set(scales[scale]) - {"set", "seeds", "global_batch", "evaluations",
+                                    "supervised_labels"}
     if unknown:
         raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
-                          f"global_batch, evaluations")
+                          f"global_batch, evaluations, supervised_labels")
     base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", []))
                        + list(overrides or []))
     try:
@@ -90,7 +95,14 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
                               f"10000), linear_y@5000 (paired data: the second tower) or "
                               f"retrieval@1000 (paired data: a gallery of 1000 test pairs)")
     seeds = tuple(scales[scale].get("seeds", g.get("seeds", [0])))
-    return Grid(base, settings, methods, evaluations, seeds, scale, batch)
+    supervised = scales[scale].get("supervised_labels", g.get("supervised_labels"))
+    if supervised is not None:
+        counts = {int(e.split("@")[1]) for e in evaluations}
+        if not supervised or any(n not in counts for n in supervised):
+            raise ConfigError(f"grid.supervised_labels = {supervised} must be label counts of "
+                              f"the evaluations ({sorted(counts)})")
+        supervised = tuple(int(n) for n in supervised)
+    return Grid(base, settings, methods, evaluations, seeds, scale, batch, supervised)
 
 
 def _flatten(sections: dict[str, Any]) -> list[str]:

@@ -23,16 +23,29 @@ class Cell:
     path: Path
     na: str | None = None
     """Why the cell cannot run ("n/a"), or None."""
+    skipped: frozenset[str] = frozenset()
+    """Evaluations of the grid this cell does not run (``Grid.supervised_labels``)."""
+
+    def evaluations(self, grid_evaluations: tuple[str, ...]) -> tuple[str, ...]:
+        """The grid's evaluations that this cell runs."""
+        return tuple(e for e in grid_evaluations if e not in self.skipped)
 
 
 def select_cells(cells: list[Cell], patterns: list[str]) -> list[Cell]:
     """The cells whose run-directory name matches any of the shell patterns (all if none),
-    e.g. ``*-s2`` for one seed or ``non-iid-*-dcco-*`` for one method."""
+    e.g. ``*-s2`` for one seed or ``non-iid-*-dcco-*`` for one method, in the order of the
+    first pattern each matches (the grid's order within a pattern): ``--cells 'non-iid-4-*-s0'
+    --cells '*'`` runs seed 0's non-IID 4 cells first, then the rest."""
     from fnmatch import fnmatchcase
 
     if not patterns:
         return cells
-    chosen = [c for c in cells if any(fnmatchcase(c.path.name, p) for p in patterns)]
+
+    def rank(c: Cell) -> int:
+        return next((i for i, p in enumerate(patterns) if fnmatchcase(c.path.name, p)),
+                    len(patterns))
+
+    chosen = sorted((c for c in cells if rank(c) < len(patterns)), key=rank)
     if not chosen:
         raise ConfigError(f"no cell matches {', '.join(patterns)}; cells are named like "
                           f"{cells[0].path.name}" if cells else "the grid has no cells")
@@ -69,7 +82,11 @@ def plan_cells(grid: Grid, out: Path) -> list[Cell]:
                             cfg.data, alpha=setting.alpha,
                             samples_per_client=setting.samples_per_client),
                             train=replace(cfg.train, clients_per_round=setting.clients_per_round))
-                cells.append(Cell(method, setting, seed, cfg, out / name, na))
+                skipped = frozenset()
+                if method == SUPERVISED and grid.supervised_labels is not None:
+                    skipped = frozenset(e for e in grid.evaluations
+                                        if int(e.split("@")[1]) not in grid.supervised_labels)
+                cells.append(Cell(method, setting, seed, cfg, out / name, na, skipped))
     return cells
 
 

@@ -93,7 +93,7 @@ def _median(values: list[float]) -> float | None:
 def _missing_evaluations(cell: Cell, evaluations: tuple[str, ...]) -> list[str]:
     """The summary keys of the evaluations the cell has not recorded yet."""
     keys = []
-    for e in evaluations:
+    for e in cell.evaluations(evaluations):
         if cell_accuracy(cell, e) is None:
             protocol, labels = e.split("@")
             keys.append(eval_key(SUPERVISED if cell.method == SUPERVISED else protocol,

@@ -56,8 +56,8 @@ def run_machines(versions: list[dict[str, Any]]) -> list[str]:
 def results_markdown(grid: Grid, cells: list[Cell], command: str, plot: str | None) -> str:
     """The results section: our table, the claims beside the paper's, the paper's table, the
     plot, and provenance."""
-    done = sum(1 for c in cells if c.na is None and all(cell_accuracy(c, e) is not None
-                                                         for e in grid.evaluations))
+    done = sum(1 for c in cells if c.na is None and all(
+        cell_accuracy(c, e) is not None for e in c.evaluations(grid.evaluations)))
     total = sum(1 for c in cells if c.na is None)
     versions = run_versions(cells)
     machines = run_machines(versions)

@@ -103,6 +103,10 @@ def results_table(grid: Grid, cells: list[Cell]) -> str:
         if group and group[0].na:
             notes.add(group[0].na)
             return "n/a"
+        if group and evaluation in group[0].skipped:
+            notes.add(f"{method} was trained with {', '.join(map(str, grid.supervised_labels))} "
+                      f"labels only (grid.supervised_labels)")
+            return "not run"
         entry = table[evaluation][method][name]
         finished = 0 if entry is None else entry.n  # type: ignore[union-attr]
         lost = sum(c.path in diverged for c in group)
