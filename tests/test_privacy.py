@@ -25,7 +25,7 @@ from dcco.privacy import (
     stats_sensitivity,
 )
 from dcco.simulator import ReferenceExecutor, run_round
-from dcco.stats import CCO_STATS, VICREG_STATS, EncodingStats
+from dcco.stats import CCO_STATS, SPECTRAL_STATS, VICREG_STATS, EncodingStats
 
 SIZES = [4, 4, 4, 4, 4]
 
@@ -49,7 +49,8 @@ def _flat(stats: EncodingStats) -> torch.Tensor:
     return torch.cat([v.flatten() for k, v in stats.items() if k != "count"])
 
 
-@pytest.mark.parametrize("spec", [CCO_STATS, VICREG_STATS])
+@pytest.mark.parametrize("spec", [CCO_STATS, VICREG_STATS, SPECTRAL_STATS],
+                         ids=["cco", "vicreg", "spectral"])
 @pytest.mark.parametrize("scale", [1.0, 1e6])
 def test_statistics_sensitivity__one_clients_change_is_within_the_bound(spec, scale):
     """Merged statistics with and without one client differ by at most n·√fields, also when
@@ -209,3 +210,21 @@ def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_pa
                                                                         b) == 6
     for (k, x), (_, y) in zip(trainable_parameters(a), trainable_parameters(b)):
         assert torch.equal(x, y), k
+
+
+def test_fedsc_private_run__takes_the_same_accountant_and_reports_epsilon(tiny_config):
+    """FedSC under client-level DP: its shared second moments of unit-norm encodings have the
+    sensitivity n·√fields as DCCO's sums (tested above), so the same mechanism and accountant
+    apply, and a run reports the same ε as a DCCO run of the same sampling and noise."""
+    from dcco.data.datasets import load_dataset
+    from dcco.train import Pretraining
+
+    runs = {}
+    for method in ("fedsc", "dcco"):
+        cfg = load_config(tiny_config(method=method, rounds=2), ["privacy.noise_multiplier=1.5"])
+        pt = Pretraining(cfg, load_dataset("fashion_mnist", "train", cfg.data.data_dir))
+        for _ in range(2):
+            assert torch.isfinite(torch.as_tensor(pt.step().loss))
+        runs[method] = pt.privacy
+    assert runs["fedsc"].stats_bound == pytest.approx(runs["dcco"].stats_bound * (3 / 5) ** 0.5)
+    assert runs["fedsc"].epsilon(2) == pytest.approx(runs["dcco"].epsilon(2), rel=1e-12)
