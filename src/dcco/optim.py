@@ -24,7 +24,9 @@ class OptimConfig:
     learning rate 5e-3 (appendix B). LARS is the paper's choice for DERM and linear probes.
     """
 
-    name: Literal["adam", "lars"] = "adam"
+    name: Literal["adam", "lars", "sgd"] = "adam"
+    """"adam" (AdamW), "lars", or "sgd": plain SGD without momentum, FedAvg's server at
+    lr 1 (θ ← θ + lr · the average update)."""
     lr: float = 5e-3
     schedule: Literal["cosine", "constant"] = "cosine"
     warmup_steps: int = 0
@@ -194,6 +196,9 @@ def build_optimizer(named_params: Iterable[tuple[str, nn.Parameter]],
     groups = [{"params": matrices},
               {"params": vectors, "weight_decay": 0.0, "lr": cfg.lr * cfg.vector_lr_scale,
                "lr_scale": cfg.vector_lr_scale}]
+    if cfg.name == "sgd":
+        return torch.optim.SGD([g for g in groups if g["params"]], lr=cfg.lr,
+                               weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
         weight_decay=cfg.weight_decay, fused=True if fast else None,

@@ -1,0 +1,380 @@
+"""dcco's batched round against what a user would run instead, on the same workload, measured
+in one run (issue 40; README, "Speed against the alternatives").
+
+The workload: K clients of n samples (Fashion-MNIST-sized 1 × 28 × 28 images, their two views
+made once and shared by every peer), the Table 1 `small` network from dcco (ResNet14 GN + WS,
+widths 16/32/64, projector 128³), one local SGD step of rate 1.0 per client, the server's
+update the sample-weighted average of the clients' deltas. Two methods:
+
+- ``contrastive``: contrastive FedAvg (NT-Xent within each client, τ = 0.1; n ≥ 2);
+- ``dcco``: DCCO (two phases: statistics, then the anchored step; any n).
+
+The peers (each skipped, and said so, when it cannot be imported):
+
+- ``dcco``: dcco's batched simulator (``dcco.simulator.run_round``, the clients in one forward
+  and backward);
+- ``loop-deepcopy``: the plain loop, a ``copy.deepcopy`` of the global model per client, an
+  SGD step, the deltas accumulated;
+- ``loop-reload``: the same with one model refilled by ``load_state_dict`` per client;
+- ``flower``: Flower's simulation (``flwr.simulation.run_simulation``, Ray), one virtual node
+  per client, Flower's ``FedAvg`` (contrastive) or ``dcco.flower.DCCO`` (dcco), the round
+  timed on the server;
+- ``pfl``: Apple's pfl (``pip install 'dcco[peers]'``), not wired yet: listed as skipped.
+
+Every peer's first-round update must equal dcco's to float32 tolerance (relative 1e-4 of the
+update's norm) before it is timed. The in-process peers run interleaved in blocks (a slow
+spell hits all alike); Flower runs its own rounds in the same process afterwards. Reported:
+the median seconds per round of each peer and its ratio to dcco's, and each peer's peak
+resident memory over its rounds.
+
+    python benchmarks/peers.py --clients 32 256 1024 --samples 1 4 --threads 1 2 \\
+        --record benchmarks/results/peers.json --plot benchmarks/results/peers.png
+    python benchmarks/peers.py --small     # 2 clients, 1 round: the test's mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dcco.augment import AugmentConfig, augment_pair
+from dcco.methods import Segments, build_method
+from dcco.models import ModelConfig, build_dual_encoder
+from dcco.rundir import code_version, cpu_name
+from dcco.simulator import run_round
+
+WIDTHS, PROJECTOR, SIDE = (16, 32, 64), (128, 128, 128), 28
+SEED = 0
+TOLERANCE = 1e-4
+PEERS = ("dcco", "loop-deepcopy", "loop-reload", "flower", "pfl")
+
+
+# ------------------------------------------------------------------------------ workload
+
+
+def workload(clients: int, samples: int, widths=WIDTHS, projector=PROJECTOR, side=SIDE):
+    """The model, both views of every sample (client 0's first) and the segments."""
+    torch.manual_seed(SEED)
+    model = build_dual_encoder(ModelConfig(widths=tuple(widths)), 1, tuple(projector),
+                               seed=SEED)
+    x1, x2 = node_views(0, clients * samples, side)
+    return model, x1, x2, Segments.from_counts([samples] * clients)
+
+
+def node_views(first: int, count: int, side: int = SIDE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both views of samples ``first .. first + count``: each sample's image and views are a
+    function of its id alone, so a node computes its own slice of the batch's views."""
+    ids = torch.arange(first, first + count)
+    images = torch.stack([(255 * torch.rand(1, side, side, generator=torch.Generator()
+                                            .manual_seed(int(i)))).to(torch.uint8)
+                          for i in ids])
+    return augment_pair(images, ids, SEED, 0, AugmentConfig.byol())
+
+
+def _params(model) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+# ------------------------------------------------------------------------------ peers
+
+
+def dcco_round(model, method: str, x1, x2, segments) -> dict[str, torch.Tensor]:
+    """The batched round's averaged delta, −pseudo-gradient."""
+    name = "contrastive_fedavg" if method == "contrastive" else "dcco"
+    out = run_round(model, build_method(name), x1, x2, segments, "batched")
+    return {k: -v for k, v in out.pseudo_gradient.items()}
+
+
+def _client_loss(method: str):
+    if method == "contrastive":
+        from dcco.losses import nt_xent
+
+        return lambda f, g, shared: nt_xent(f, g)
+    m = build_method("dcco")
+    return m.client_loss
+
+
+def loop_round(model, method: str, x1, x2, segments, reload: bool) -> dict[str, torch.Tensor]:
+    """The plain loop: each client on its own copy of the global model (``copy.deepcopy``,
+    or one model refilled with ``load_state_dict``), one SGD step, the deltas averaged by
+    sample count. DCCO's clients first send their statistics (a no-gradient forward each),
+    which the loop merges before the steps."""
+    from dcco.stats import encoding_stats, merge
+
+    sizes = segments.counts.tolist()
+    parts = list(zip(x1.split(sizes), x2.split(sizes), strict=True))
+    total = sum(sizes)
+    shared = None
+    loss = _client_loss(method)
+    if method == "dcco":
+        with torch.no_grad():
+            shared = merge([encoding_stats(*model(a, b)) for a, b in parts]).moments()
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    worker = copy.deepcopy(model) if reload else None
+    avg = {n: torch.zeros_like(p) for n, p in _params(model)}
+    for (a, b), n in zip(parts, sizes, strict=True):
+        if reload:
+            worker.load_state_dict(start)
+            local = worker
+        else:
+            local = copy.deepcopy(model)
+        opt = torch.optim.SGD([p for _, p in _params(local)], lr=1.0)
+        opt.zero_grad(set_to_none=True)
+        loss(*local(a, b), shared).backward()
+        opt.step()
+        with torch.no_grad():
+            for name, p in _params(local):
+                avg[name] += (n / total) * (p - start[name])
+    return avg
+
+
+def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads: int,
+                  widths=WIDTHS, projector=PROJECTOR, side=SIDE) -> dict:
+    """Flower's simulation: one virtual node per client; the server's FedAvg (contrastive)
+    or DCCO strategy; the seconds of each round (from the server) and round 1's update."""
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    from dcco.flower import DCCO, answer
+
+    def build():
+        return build_dual_encoder(ModelConfig(widths=tuple(widths)), 1, tuple(projector),
+                                  seed=SEED)
+
+    client = ClientApp()
+    cache: dict[int, tuple] = {}
+
+    def views_of(pid: int):
+        if pid not in cache:  # made once per actor, as every peer's views are made once
+            torch.set_num_threads(threads)
+            cache[pid] = node_views(pid * samples, samples, side)
+        return cache[pid]
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        x1, x2 = views_of(int(context.node_config["partition-id"]))
+        model = build()
+        if "phase" in msg.content["config"]:
+            return answer(msg, context, model, x1, _fixed_views(x1, x2))
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        loss = _client_loss("contrastive")
+        opt = torch.optim.SGD([p for _, p in _params(model)], lr=1.0)
+        opt.zero_grad(set_to_none=True)
+        loss(*model(x1, x2), None).backward()
+        opt.step()
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics":
+                                   MetricRecord({"num-examples": samples})}), reply_to=msg)
+
+    out: dict = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        torch.manual_seed(SEED)
+        initial = ArrayRecord(build().state_dict())
+        stamps: list[float] = []
+        first: dict = {}
+
+        def evaluate(r: int, arrays: ArrayRecord):
+            stamps.append(time.perf_counter())
+            if r == 1:
+                first.update(arrays.to_torch_state_dict())
+
+        if method == "contrastive":
+            strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0,
+                              min_train_nodes=clients, min_evaluate_nodes=0,
+                              min_available_nodes=clients)
+        else:
+            strategy = DCCO(fraction_train=1.0, min_train_nodes=clients,
+                            min_available_nodes=clients, optimizer="sgd", lr=1.0,
+                            weight_decay=0.0, schedule="constant")
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
+                       evaluate_fn=evaluate)
+        start = initial.to_torch_state_dict()
+        out["first"] = {k: first[k] - start[k] for k in first}
+        out["seconds"] = [b - a for a, b in itertools.pairwise(stamps)]
+
+    env = {"OMP_NUM_THREADS": str(threads)}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        run_simulation(server_app=server, client_app=client, num_supernodes=clients,
+                       backend_config={"client_resources": {"num_cpus": 1}})
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out
+
+
+def _fixed_views(x1, x2):
+    """``answer``'s augmentation for precomputed views: the first call gives view 1, the
+    second view 2 (its two calls a round, in order)."""
+    calls = iter((x1, x2, x1, x2))
+    return lambda samples: next(calls)
+
+
+def _rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    fa = torch.cat([a[k].flatten().double() for k in sorted(b)])
+    fb = torch.cat([b[k].flatten().double() for k in sorted(b)])
+    return float((fa - fb).norm() / fb.norm())
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (Linux: ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+# ------------------------------------------------------------------------------ one point
+
+
+def measure(method: str, clients: int, samples: int, threads: int, rounds: int, blocks: int,
+            peers: list[str], small: bool = False) -> dict:
+    """One point of the sweep: every peer's equality check, then its seconds per round."""
+    torch.set_num_threads(threads)
+    shape = {"widths": (4, 8, 8), "projector": (16, 16, 16), "side": 12} if small else {}
+    model, x1, x2, segments = workload(clients, samples, **shape)
+    point = {"method": method, "clients": clients, "samples_per_client": samples,
+             "threads": threads, "peers": {}, "skipped": {}}
+    reference = dcco_round(model, method, x1, x2, segments)
+    runs = {"dcco": lambda: dcco_round(model, method, x1, x2, segments),
+            "loop-deepcopy": lambda: loop_round(model, method, x1, x2, segments, False),
+            "loop-reload": lambda: loop_round(model, method, x1, x2, segments, True)}
+    timed = {}
+    for name in [p for p in peers if p in runs]:
+        error = _rel(runs[name](), reference)
+        point["peers"][name] = {"equal_to_dcco": error}
+        if error > TOLERANCE:
+            point["skipped"][name] = f"its update differs from dcco's by {error:.2e}"
+            continue
+        timed[name] = []
+    for _ in range(blocks):  # interleaved: a slow spell of the machine hits every peer
+        for name, seconds in timed.items():
+            start = time.perf_counter()
+            for _ in range(rounds):
+                runs[name]()
+            seconds.append((time.perf_counter() - start) / rounds)
+    for name, seconds in timed.items():
+        point["peers"][name] |= {"seconds": seconds, "median_s": statistics.median(seconds)}
+    if "flower" in peers:
+        try:
+            import flwr  # noqa: F401
+        except ImportError:
+            point["skipped"]["flower"] = "flwr is not installed (pip install 'dcco[flower]')"
+        else:
+            out = flower_rounds(method, clients, samples, max(2, rounds * blocks // 2 + 1),
+                                threads, **shape)
+            error = _rel(out["first"], reference)
+            point["peers"]["flower"] = {"equal_to_dcco": error}
+            if error > TOLERANCE:
+                point["skipped"]["flower"] = f"its update differs from dcco's by {error:.2e}"
+            else:
+                kept = out["seconds"][1:] or out["seconds"]  # round 1 starts the actors
+                point["peers"]["flower"] |= {"seconds": out["seconds"],
+                                             "median_s": statistics.median(kept)}
+    if "pfl" in peers:
+        point["skipped"]["pfl"] = ("not wired yet: pfl 0.6 needs dp-accounting < 0.6, dcco "
+                                   "runs 0.6 (issue 40)")
+    base = point["peers"]["dcco"].get("median_s")
+    for entry in point["peers"].values():
+        if "median_s" in entry and base:
+            entry["ratio_to_dcco"] = entry["median_s"] / base
+    point["peak_rss_gib"] = round(peak_rss_gib(), 2)
+    return point
+
+
+def show(point: dict) -> str:
+    head = (f"{point['method']}, K = {point['clients']} × {point['samples_per_client']}, "
+            f"{point['threads']} thread(s): ")
+    cells = []
+    for name, e in point["peers"].items():
+        if "median_s" in e:
+            cells.append(f"{name} {e['median_s'] * 1e3:.1f} ms ({e.get('ratio_to_dcco', 1):.2f}×)")
+    skipped = "; ".join(f"{k} skipped: {v}" for k, v in point["skipped"].items())
+    return head + ", ".join(cells) + (f"; {skipped}" if skipped else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--methods", nargs="+", default=["contrastive", "dcco"],
+                    choices=["contrastive", "dcco"])
+    ap.add_argument("--clients", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--samples", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1])
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per timed block")
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    ap.add_argument("--small", action="store_true",
+                    help="2 clients, 1 round, a tiny network: the test's mode")
+    ap.add_argument("--record", type=Path)
+    ap.add_argument("--plot", type=Path)
+    args = ap.parse_args()
+    if args.small:
+        args.clients, args.samples, args.threads = [2], [2], [1]
+        args.rounds, args.blocks = 1, 1
+    points = []
+    for method, clients, samples, threads in itertools.product(
+            args.methods, args.clients, args.samples, args.threads):
+        if method == "contrastive" and samples < 2:
+            continue  # NT-Xent within a client needs two samples
+        point = measure(method, clients, samples, threads, args.rounds, args.blocks,
+                        args.peers, args.small)
+        points.append(point)
+        print(show(point), flush=True)
+    if args.record:
+        record = {"command": "python benchmarks/peers.py " + " ".join(sys.argv[1:]),
+                  "machine": f"{cpu_name()} ({os.cpu_count()} cores), {platform.system()}",
+                  "code": code_version(), "tolerance": TOLERANCE, "points": points}
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"record: {args.record}")
+    if args.plot:
+        plot(points, args.plot)
+
+
+def plot(points: list[dict], path: Path) -> None:
+    """Seconds per round against K, a line per peer, a panel per (method, samples, threads)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(p["method"], p["samples_per_client"], p["threads"]) for p in points})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
+    for ax, (method, samples, threads) in zip(axes[0], panels, strict=True):
+        mine = sorted((p for p in points if (p["method"], p["samples_per_client"],
+                                             p["threads"]) == (method, samples, threads)),
+                      key=lambda p: p["clients"])
+        for peer in PEERS:
+            xs = [p["clients"] for p in mine if "median_s" in p["peers"].get(peer, {})]
+            ys = [p["peers"][peer]["median_s"] for p in mine
+                  if "median_s" in p["peers"].get(peer, {})]
+            if xs:
+                ax.plot(xs, ys, marker="o", label=peer)
+        ax.set(xscale="log", yscale="log", xlabel="clients per round K",
+               ylabel="seconds per round", title=f"{method}, {samples} a client, "
+                                                 f"{threads} thread(s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""benchmarks/peers.py in its small mode (2 clients, 1 round, a tiny network): every peer it
+can import gives dcco's first-round update and is timed, and a peer it cannot run is listed
+as skipped with the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.slow
+def test_peers_benchmark__small_mode_checks_and_times_every_peer(tmp_path):
+    record = tmp_path / "peers.json"
+    done = subprocess.run([sys.executable, "benchmarks/peers.py", "--small", "--methods", "dcco",
+                           "--record", str(record), "--plot", str(tmp_path / "peers.png")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (point,) = json.loads(record.read_text())["points"]
+    assert (point["method"], point["clients"], point["samples_per_client"]) == ("dcco", 2, 2)
+    for peer in ("dcco", "loop-deepcopy", "loop-reload", "flower"):
+        entry = point["peers"][peer]
+        assert entry["equal_to_dcco"] <= 1e-4, (peer, entry)
+        assert entry["median_s"] > 0 and peer not in point["skipped"]
+    assert point["peers"]["dcco"]["ratio_to_dcco"] == 1.0
+    assert "pfl" in point["skipped"] and point["skipped"]["pfl"]
+    assert (tmp_path / "peers.png").stat().st_size > 0
