@@ -287,3 +287,70 @@ def test_docs__the_round_in_your_own_loop_runs_as_written(tmp_path):
     lines = done.stdout.splitlines()
     assert [x.split(":")[0] for x in lines] == [f"round {r}" for r in range(1, 6)]
     assert all(x.endswith(", 11 samples") for x in lines)
+
+
+class BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def test_client_functions__leave_the_global_models_buffers_and_weights_as_they_were():
+    model = BNNet().double()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x1, x2 = _views([4], seed=7)
+    x1, x2 = x1 + 3, x2 + 3  # far from the running statistics' start
+    shared = dcco.merge_statistics([dcco.statistics(model, x1, x2)], 8).aggregate
+    dcco.local_update(model, x1, x2, shared, steps=2, lr=0.1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(ValueError, match="steps and batch must be >= 1"):
+        dcco.local_update(model, x1, x2, shared, steps=0)
+
+
+def test_merge_statistics__replies_that_are_not_mappings_and_plain_lists():
+    model = UserCNN(out=16).double()
+    x1, x2 = _views([3])
+    stats = dcco.statistics(model, x1, x2)
+    as_lists = {k: v.tolist() for k, v in stats.items()}  # what JSON brings
+    merged = dcco.merge_statistics([stats, None, [1, 2], "sums", 7, as_lists], 16)
+    assert merged.accepted == (0, 5) and merged.tally.rejected == {"dtype": 4}
+    alone = dcco.merge_statistics([stats], 16).aggregate
+    for k, v in merged.aggregate.items():
+        assert torch.equal(v, alone[k]), k  # float64 lists: the same numbers
+
+
+def test_fit__a_float64_encoder_other_data_and_conflicting_settings(tmp_path):
+    torch.manual_seed(8)
+    fit = FIT | {"rounds": 2}
+    done = dcco.fit(UserCNN().double(), _clients(), run_dir=tmp_path / "r", settings=SETTINGS,
+                    **fit)
+    assert done.summary["rounds"] == 2
+    with pytest.raises(UserError, match="another clients' samples"):
+        dcco.fit(UserCNN().double(), _clients(seed=1), run_dir=tmp_path / "r",
+                 settings=SETTINGS, **fit)
+    with pytest.raises(UserError, match="model.projector is fit's argument projector="):
+        dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "s",
+                 settings=[*SETTINGS, "model.projector=[8]"], **fit)
+    with pytest.raises(UserError, match="trained on your own augmentation"):
+        dcco.load_encoder(done.run_dir, model=UserCNN()).preprocess(
+            _clients()["phone-0"])
+
+
+def test_samples_of_clients__bad_samples_are_named_by_client():
+    from dcco.data.datasets import DataError
+    from dcco.data.samples import samples_of_clients
+
+    good = torch.zeros(2, 3)
+    for bad, needle in ((torch.zeros(2, 3, dtype=torch.bool), "holds torch.bool samples"),
+                        ([[1, 2], [3]], "not a numeric array"),
+                        (["a", "b"], "not a numeric array")):
+        with pytest.raises(DataError, match=f"client 'b'.*{needle}|client 'b' holds"):
+            samples_of_clients({"a": good, "b": bad})
+    with pytest.raises(DataError, match="client 'a' has labels outside"):
+        samples_of_clients({"a": good}, labels={"a": [0, 5]}, num_classes=3)

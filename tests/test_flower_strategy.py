@@ -249,3 +249,64 @@ def test_example_flower_app__trains_three_rounds_in_flowers_simulation(tmp_path)
     finally:
         sys.path.remove(str(project))
     SmallCNN().load_state_dict(state)
+
+
+def test_strategy__fedsc_rounds_equal_the_reference_round():
+    model, initial = _initial()
+    strategy = DCCO(method="fedsc", optimizer="sgd", lr=1.0, schedule="constant",
+                    weight_decay=0.0, min_available_nodes=4)
+    result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
+    expected = _reference(model, strategy, "fedsc", 2, [1, 2, 3, 4])
+    assert _rel(result.arrays.to_torch_state_dict(), expected) <= 1e-12
+    assert result.train_metrics_clientapp[2]["stats-accepted"] == 4
+
+
+def test_strategy__batch_norm_statistics_are_averaged_and_bad_settings_refused():
+    class BN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3)
+            self.bn = nn.BatchNorm2d(4)
+            self.head = nn.Linear(4, 8)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    start = BN().double()
+    grid = _grid(model=lambda: BN().double(), samples=lambda n: _samples(n) + 3)
+    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+        grid=grid, initial_arrays=ArrayRecord(start.state_dict()), num_rounds=2)
+    state = result.arrays.to_torch_state_dict()
+    assert float(state["bn.running_mean"].abs().max()) > 0.1  # moved towards the data
+    assert torch.isfinite(state["bn.running_var"]).all()
+    assert int(state["bn.num_batches_tracked"]) == 0  # integers stay as they are
+    with pytest.raises(ValueError, match="trained names arrays .*typo"):
+        DCCO(trained=["conv.weight", "typo"]).start(grid=grid, initial_arrays=ArrayRecord(
+            start.state_dict()), num_rounds=1)
+    with pytest.raises(ValueError, match="optim.name must be"):
+        DCCO(optimizer="lasr")
+    with pytest.raises(ValueError, match="min_available_nodes"):
+        DCCO(min_available_nodes=0)
+
+
+def test_strategy__replies_of_nodes_not_asked_and_counts_that_change_are_left_out():
+    def tamper(n: int, msg: Message, reply: Message) -> Message | None:
+        if msg.content["config"]["phase"] != "update":
+            return reply
+        if n == 2:  # claims another node's id
+            reply.metadata.__dict__["_src_node_id"] = 99
+        if n == 3:  # an update of more samples than its statistics
+            m = reply.content["metrics"]
+            return Message(RecordDict({"arrays": reply.content.array_records["arrays"],
+                                       "metrics": MetricRecord({"num-examples": 50,
+                                                                "loss": m["loss"]})}),
+                           reply_to=msg)
+        return reply
+
+    _, initial = _initial()
+    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+        grid=_grid(tamper=tamper), initial_arrays=initial, num_rounds=1)
+    m = result.train_metrics_clientapp[1]
+    assert m["update-accepted"] == 2 and m["update-rejected-count"] == 1
+    assert m["update-missing"] == 1  # node 2's reply came from a node not asked

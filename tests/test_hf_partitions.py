@@ -74,3 +74,21 @@ def test_column_tensor__array_features_keep_their_dtype():
     assert images.dtype == torch.uint8 and images.shape == (3, 1, 4, 4)
     x = column_tensor(ds, "x")
     assert x.dtype == torch.float32 and x.shape == (3, 2, 3)
+
+
+def test_column_tensor__deep_images_refused_palette_converted_lists_keep_their_dtype():
+    deep = [Image.fromarray(np.full((4, 4), 60000, np.uint16)) for _ in range(2)]
+    ds = datasets.Dataset.from_dict({"image": deep}).cast_column("image", datasets.Image())
+    with pytest.raises(DataError, match="more than 8 bits"):
+        column_tensor(ds)
+    palette = [Image.fromarray(np.full((4, 4, 3), 200, np.uint8)).convert("P")
+               for _ in range(2)]
+    ds = datasets.Dataset.from_dict({"image": palette}).cast_column("image", datasets.Image())
+    out = column_tensor(ds)
+    assert out.shape == (2, 3, 4, 4) and abs(int(out.max()) - 200) <= 5  # colours, not indices
+    ds = datasets.Dataset.from_dict({"x": [[1.5, 2.5], [3.5, 4.5]], "t": ["a", "b"]}).cast(
+        datasets.Features({"x": datasets.Sequence(datasets.Value("float64")),
+                           "t": datasets.Value("string")}))
+    assert column_tensor(ds, "x").dtype == torch.float64
+    with pytest.raises(DataError, match="holds <U1 values, not numbers|not numbers"):
+        column_tensor(ds, "t")

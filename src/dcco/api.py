@@ -22,11 +22,13 @@ latter is the shared encoder of both views, and updates are keyed by its own par
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -75,10 +77,19 @@ def feature_dim(encoder: nn.Module, sample: Tensor | None) -> int:
         raise ValueError(f"{type(encoder).__name__} has no feature_dim attribute; give a "
                          f"sample input to measure its output width")
     was_training = encoder.training
+    first = next(encoder.parameters(), None)
+    if first is not None:  # the sample as the encoder's weights are: dtype and device
+        sample = sample.to(first.device)
+        if sample.is_floating_point():
+            sample = sample.to(first.dtype)
     encoder.eval()
     try:
         with torch.no_grad():
             out = encoder(sample[None])
+    except Exception as e:
+        raise ValueError(f"{type(encoder).__name__} failed on one sample of shape "
+                         f"{tuple(sample.shape)} (measuring its output width): "
+                         f"{type(e).__name__}: {e}") from e
     finally:
         encoder.train(was_training)
     if not isinstance(out, Tensor) or out.ndim != 2:
@@ -184,10 +195,23 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
     if n == 0:
         raise ValueError("a client with no samples has no statistics; leave it out of the "
                          "round")
-    with torch.no_grad():
+    with torch.no_grad(), _buffers_kept(dual):
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
     return encoding_stats(f, g, m.stats)
+
+
+@contextmanager
+def _buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Restores a module's buffers (batch norm's running statistics) on exit, so that a
+    client's forwards leave the global model as it was."""
+    saved = {n: b.detach().clone() for n, b in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, b in module.named_buffers():
+                b.copy_(saved[n])
 
 
 def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None,
@@ -217,8 +241,11 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
     if int(x1.shape[0]) < m.min_client_samples:
         raise ValueError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
                          f"got {int(x1.shape[0])}")
+    if steps < 1 or (batch is not None and batch < 1):
+        raise ValueError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = _dual(model)
-    update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
+    with _buffers_kept(dual):
+        update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
     return replace(update, delta={back(k): v for k, v in update.delta.items()})
 
 
@@ -234,11 +261,13 @@ class Merged:
             count), to send to every client that gave valid statistics; None if none did.
         accepted: the positions of the valid replies in the order given.
         tally: what became of the replies (accepted, rejected by kind).
+        counts: the sample count of each valid reply, in the order of ``accepted``.
     """
 
     aggregate: Moments | None
     accepted: tuple[int, ...]
     tally: ReplyTally
+    counts: tuple[int, ...] = ()
 
 
 def _width(model: Model | int) -> int:
@@ -270,17 +299,32 @@ def merge_statistics(replies: Iterable[EncodingStats | Mapping[str, Any]], model
     tally = ReplyTally()
     replies = list(replies)
     tally.sent = len(replies)
-    valid = accept_valid(replies, lambda r: validate_statistics(
-        {k: _tensor(v) for k, v in dict(r.items()).items()}, d, d, spec=m.stats), tally)
+    def check(reply: Any) -> EncodingStats:
+        if not isinstance(reply, (Mapping, EncodingStats)):
+            raise ReplyError("dtype", f"a statistics reply must map names to sums, got "
+                                      f"{type(reply).__name__}")
+        return validate_statistics({k: _tensor(v) for k, v in dict(reply.items()).items()},
+                                   d, d, spec=m.stats)
+
+    valid = accept_valid(replies, check, tally)
     aggregate = merge([s for _, s in valid]).moments() if valid else None
-    return Merged(aggregate, tuple(i for i, _ in valid), tally)
+    return Merged(aggregate, tuple(i for i, _ in valid), tally,
+                  tuple(int(s.count) for _, s in valid))
 
 
 def _tensor(value: Any) -> Any:
+    """A reply's value as a tensor where it is an array (numpy, or nested lists, read as
+    float64 like the sums they stand for), else as it is (the checks name what is wrong)."""
     if isinstance(value, (Tensor, int, float)):
         return value
+    if isinstance(value, np.integer):
+        return int(value)
     try:
-        return torch.as_tensor(value)
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            return value
+        return torch.from_numpy(array.astype(np.float64) if array.dtype.kind == "f" or
+                                isinstance(value, list) else array)
     except (TypeError, ValueError, RuntimeError):
         return value
 
@@ -326,7 +370,12 @@ def aggregate_updates(updates: Iterable[ClientUpdate], model: nn.Module) -> Aggr
         if not isinstance(u, ClientUpdate):
             raise ReplyError("dtype", f"an update must be a ClientUpdate, got "
                                       f"{type(u).__name__}")
-        return validate_update(u.delta, u.num_samples, shapes, loss=u.loss)
+        if not isinstance(u.delta, Mapping):
+            raise ReplyError("dtype", "an update's delta must map parameter names to arrays")
+        if u.loss is None:
+            raise ReplyError("missing_key", "the update reports no loss")
+        return validate_update({k: _tensor(v) for k, v in u.delta.items()},
+                               _tensor(u.num_samples), shapes, loss=_tensor(u.loss))
 
     valid = accept_valid(updates, check, tally)
     if not valid:
@@ -426,24 +475,46 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         raise DataError(f"dcco's augmentation takes uint8 (N, C, H, W) images with 1 or 3 "
                         f"channels; these samples are {data.x.dtype} "
                         f"{tuple(data.x.shape[1:])}: pass augment=your_function")
+    settings = list(settings)
+    for item in settings:
+        key = item.partition("=")[0].strip()
+        if key in FIT_ARGUMENTS:
+            raise ConfigError(f"settings: {key} is fit's argument {FIT_ARGUMENTS[key]}=; "
+                              f"give it there")
     dims = None if projector is None else [int(d) for d in projector]
-    cfg = fit_config(method, rounds, clients_per_round, dims, seed, list(settings))
+    cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings)
     check_run(cfg, data)
     model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed)
-    path = Path(run_dir) if run_dir is not None else Path("runs") / (
-        f"fit-{method}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
+              "projector": dims, "augment": "yours" if augment is not None else "dcco",
+              "data": _fingerprint(data)}
+    if run_dir is None:  # a fresh folder, never an older run's
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path("runs") / f"fit-{method}-{stamp}"
+        for k in range(2, 1000):
+            if not path.exists():
+                break
+            path = Path("runs") / f"fit-{method}-{stamp}-{k}"
+    else:
+        path = Path(run_dir)
     resume = (path / "config.toml").is_file()
     if resume:
-        run = RunDir.open(path)
         from dcco.rundir import config_differences
 
+        run = RunDir.open(path)
         if differ := config_differences(run.config(), cfg):
             raise ConfigError(f"{path} holds a run with other settings ({differ}); give "
                               f"another run_dir, or the same arguments to continue it")
+        stored = run.summary().get("user_model", {})
+        for key, what in (("class", "encoder class"), ("data", "clients' samples"),
+                          ("augment", "augmentation (yours or dcco's)")):
+            if key in stored and stored[key] != record[key]:
+                raise ConfigError(f"{path} holds a run of another {what} ({stored[key]!r}, "
+                                  f"now {record[key]!r}); give another run_dir, or the same "
+                                  f"arguments to continue it")
     else:
         run = RunDir.create(path, cfg)
-    run.update_summary(user_model={"class": _qualname(encoder),
-                                   "feature_dim": model.feature_dim, "projector": dims})
+    run.update_summary(user_model=record)
     summary = run_with_progress(cfg, run, data, None, resume, progress is not False,
                                 model=model, augment=augment)
     return FitResult(model, run.path, summary)
@@ -477,6 +548,24 @@ def _model_input(data: Samples, augment: Callable[[Tensor], Tensor] | None,
     if augment is not None:
         return user_views(augment, first, cfg.train.seed, 0, torch.float32)[0][0]
     return model_input(first)[0]
+
+
+FIT_ARGUMENTS = {"train.method": "method", "train.rounds": "rounds",
+                 "train.clients_per_round": "clients_per_round", "train.seed": "seed",
+                 "model.projector": "projector", "data.dataset": "clients",
+                 "data.partition": "clients"}
+"""Config keys that ``fit``'s own arguments set (refused in its ``settings``)."""
+
+
+def _fingerprint(data: Samples) -> str:
+    """A digest of the samples and their clients, to refuse resuming a run on other data."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(str((tuple(data.x.shape), str(data.x.dtype), data.client_names)).encode())
+    h.update(data.clients.numpy().tobytes())
+    h.update(data.x.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _qualname(module: nn.Module) -> str:

@@ -45,6 +45,8 @@ NORMALISATION = "x / 255, then (x − 0.5) / 0.5 per channel: inputs in [−1, 1
 """What the encoder expects of an image, as ``dcco.augment.eval_view`` computes it."""
 FEATURES = "the stored values as they are (floats in the weights' dtype)"
 """What a tower of a modality that is not images expects (``dcco.augment.model_input``)."""
+YOURS = "what your own augmentation gave in training (dcco.fit's augment): prepare inputs so"
+"""What an encoder trained by ``dcco.fit`` with the user's augmentation expects."""
 
 
 class Encoder(nn.Module):
@@ -77,7 +79,13 @@ class Encoder(nn.Module):
 
     def preprocess(self, images: Tensor) -> Tensor:
         """uint8 (B, C, H, W) images → the normalised float input, in the weights' dtype
-        (other inputs as ``dcco.augment.model_input`` makes them)."""
+        (other inputs as ``dcco.augment.model_input`` makes them). An encoder trained on your
+        own augmentation's output has no dcco preprocessing: prepare its inputs as your
+        augmentation did."""
+        if self.normalisation == YOURS:
+            raise UserError("this encoder was trained on your own augmentation's output; "
+                            "prepare its inputs as your augmentation did (dcco's "
+                            "preprocess would normalise them another way)")
         return model_input(images, next(self.parameters()).dtype)
 
     def extra_repr(self) -> str:
@@ -156,10 +164,12 @@ def _load_user_encoder(run: RunDir, record: dict[str, Any], module: nn.Module,
     cfg = run.config()
     info = {"method": cfg.train.method, "dataset": cfg.data.dataset, "run": str(run.path),
             "rounds": run.summary().get("rounds"), "seed": cfg.train.seed, "tower": 0}
+    normalisation = (YOURS if record.get("augment", "yours") == "yours"
+                     else _normalisation(meta.get("input_kind", "features")))
     encoder = Encoder(module, model.projector if with_projector else None,
                       tuple(meta.get("input_shape", ())),
                       model.projection_dim if with_projector else int(record["feature_dim"]),
-                      info, _normalisation(meta.get("input_kind", "features")))
+                      info, normalisation)
     return encoder.eval()
 
 

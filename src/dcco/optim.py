@@ -43,6 +43,11 @@ class OptimConfig:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
+        if self.name not in ("adam", "lars", "sgd"):
+            raise ValueError(f"optim.name must be 'adam', 'lars' or 'sgd', got {self.name!r}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"optim.schedule must be 'cosine' or 'constant', got "
+                             f"{self.schedule!r}")
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:

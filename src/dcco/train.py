@@ -147,7 +147,8 @@ def user_views(augment: Callable[[Tensor], Tensor], samples: Tensor, seed: int,
     """Two views of ``samples`` by the user's ``augment``, with torch's random state seeded
     from ``(seed, round_index)`` (``seed``: the run's augmentation seed) and restored after;
     floating views cast to ``dtype``."""
-    devices = [samples.device] if samples.device.type == "cuda" else []
+    # every CUDA device: manual_seed reseeds them all, and fork_rng restores those it is given
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(derive_seed(seed, "user", round_index))
         views = augment(samples), augment(samples)
@@ -217,9 +218,9 @@ class Pretraining:
         augment: the user's own augmentation instead of ``cfg.augment``: a function from a
             batch of stored samples (on the device) to one view of each, called twice a
             round for the two views, each sample's view its own (no mixing across samples).
-            It may draw from torch's global random state: the round seeds it from
-            ``(seed, "augment", round)`` and restores it after, so runs are reproducible
-            and resume exactly. Its views are cast to the run's dtype when floating.
+            It may draw from torch's global random state: the round seeds it from the
+            run's seed and the round (``user_views``) and restores it after, so runs are
+            reproducible and resume exactly. Its views are cast to the run's dtype when floating.
     """
 
     def __init__(self, cfg: RunConfig, train_set: Dataset,

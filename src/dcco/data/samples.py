@@ -113,7 +113,16 @@ def samples_of_clients(clients: Mapping[Hashable, Tensor], name: str = "samples"
     first = None
     for k, (cid, x) in enumerate(clients.items()):
         if not isinstance(x, Tensor):
-            x = torch.as_tensor(np.asarray(x))
+            try:
+                array = np.asarray(x)
+                if array.dtype.kind not in "biuf":
+                    raise TypeError(f"dtype {array.dtype}")
+                x = torch.from_numpy(array)
+            except (TypeError, ValueError) as e:
+                raise DataError(f"client {cid!r}: its samples are not a numeric array with one "
+                                f"row per sample ({e})") from None
+        if x.dtype == torch.bool or x.is_complex():
+            raise DataError(f"client {cid!r} holds {x.dtype} samples; real numbers are needed")
         if x.ndim < 1 or x.shape[0] == 0:
             raise DataError(f"client {cid!r} has no samples (a tensor with one row per "
                             f"sample is needed, got shape {tuple(x.shape)})")
@@ -128,10 +137,17 @@ def samples_of_clients(clients: Mapping[Hashable, Tensor], name: str = "samples"
         if labels is not None:
             if cid not in labels:
                 raise DataError(f"labels are given, but not for client {cid!r}")
-            y = torch.as_tensor(labels[cid]).long().reshape(-1)
+            try:
+                y = torch.as_tensor(np.asarray(labels[cid], dtype=np.int64)).reshape(-1)
+            except (TypeError, ValueError) as e:
+                raise DataError(f"client {cid!r}: its labels are not integers ({e})") from None
             if y.shape[0] != x.shape[0]:
                 raise DataError(f"client {cid!r} has {x.shape[0]} samples and {y.shape[0]} "
                                 f"labels")
+            if y.numel() and (int(y.min()) < 0 or (num_classes is not None
+                                                   and int(y.max()) >= num_classes)):
+                raise DataError(f"client {cid!r} has labels outside [0, "
+                                f"{num_classes if num_classes is not None else '∞'})")
             tags.append(y)
         rows.append(x)
         owners.append(torch.full((x.shape[0],), k, dtype=torch.int64))
@@ -139,8 +155,6 @@ def samples_of_clients(clients: Mapping[Hashable, Tensor], name: str = "samples"
     if len(set(names)) != len(names):
         raise DataError("two client ids have the same name; client ids must differ as strings")
     y = torch.cat(tags) if tags else torch.zeros(sum(len(r) for r in rows), dtype=torch.int64)
-    if tags and int(y.min()) < 0:
-        raise DataError("labels must be >= 0")
     classes = num_classes if num_classes is not None else int(y.max()) + 1 if tags else 1
     return Samples(name, torch.cat(rows).contiguous(), torch.cat(owners), names, y, classes,
                    tuple(str(c) for c in range(classes)) if classes > 1 else ("all",))

@@ -83,7 +83,9 @@ class DCCO(Strategy):
         seed: node sampling and the views' seed of each round.
         trained: the names of the arrays the clients train (their deltas); None: those of
             the first round's valid-looking updates (the names most replies carry), kept for
-            the run. Other arrays (e.g. batch-norm statistics) pass through unchanged.
+            the run. The model's other floating arrays (batch norm's running statistics) are
+            the sample-weighted average of what the nodes hold after their step, as FedAvg
+            averages them; integer arrays stay as they are.
     """
 
     def __init__(self, fraction_train: float = 1.0, min_train_nodes: int = 2,
@@ -95,8 +97,9 @@ class DCCO(Strategy):
                  trained: Iterable[str] | None = None) -> None:
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if min_train_nodes < 1 or min_survivors < 1:
-            raise ValueError("min_train_nodes and min_survivors must be >= 1")
+        if min(min_train_nodes, min_available_nodes, min_survivors) < 1:
+            raise ValueError("min_train_nodes, min_available_nodes and min_survivors must be "
+                             ">= 1")
         self.method = build_method(method, LossConfig())
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
@@ -106,12 +109,15 @@ class DCCO(Strategy):
                                  warmup_steps=warmup_rounds, schedule=schedule,
                                  vector_lr_scale=vector_lr_scale)
         self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
-        self.trained = None if trained is None else list(trained)
+        self._given = None if trained is None else list(trained)
+        self.trained = self._given
         self._rng = random.Random(seed)
         self._weights: dict[str, Tensor] = {}
         self._params: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._rounds = self._asked = 1
+        self._asked_nodes: set[int] | None = None
+        self._phase1_counts: dict[int, int] = {}
         self._skipped: dict | None = None
 
     # Flower's hooks. ``configure_train`` gives a round's first exchange (the statistics, or
@@ -138,16 +144,27 @@ class DCCO(Strategy):
         contents, seen = [], set()
         for reply in replies:
             node = reply.metadata.src_node_id
-            if node in seen:
-                continue  # a duplicate
+            if node in seen or (self._asked_nodes is not None and node not in self._asked_nodes):
+                continue  # a duplicate, or a node that was not asked
             seen.add(node)
             if reply.has_error():
                 tally.failed += 1
             else:
-                contents.append(reply.content)
+                contents.append((node, reply.content))
         tally.sent = max(self._asked, len(seen))  # the messages sent (``start``'s round)
         tally.missing = tally.sent - len(seen)
-        updates = accept_valid(contents, self._check_update(self._weights, contents), tally)
+        check = self._check_update(self._weights, [c for _, c in contents])
+
+        def checked(item: tuple[int, RecordDict]) -> ClientUpdate:
+            node, content = item
+            update = check(content)
+            counted = self._phase1_counts.get(node)
+            if counted is not None and counted != update.num_samples:
+                raise ReplyError("count", f"node {node} sent statistics of {counted} samples "
+                                          f"and an update of {update.num_samples}")
+            return update
+
+        updates = accept_valid(contents, checked, tally)
         metrics = _tally("update", tally)
         if len(updates) < self.min_survivors:
             self._skipped = metrics
@@ -155,6 +172,8 @@ class DCCO(Strategy):
         pooled = pooled_update([u for _, u in updates], self._params_of(self._weights))
         self._step(self._weights, {k: -v for k, v in pooled.delta.items()}, server_round - 1,
                    self._rounds)
+        self._average_buffers([contents[i][1] for i, _ in updates],
+                              [u.num_samples for _, u in updates])
         self._skipped = None
         return (ArrayRecord(dict(self._weights)), MetricRecord(
             metrics | {"loss": pooled.loss, "num-examples": pooled.num_samples}))
@@ -187,6 +206,12 @@ class DCCO(Strategy):
         result = Result(arrays=initial_arrays)
         self._weights = {k: v.clone() for k, v in codec.tensors_of(initial_arrays).items()}
         self._rounds, self._params, self._optimizer = num_rounds, {}, None
+        self._rng = random.Random(self.seed)
+        self.trained = None if self._given is None else list(self._given)
+        floating = {k for k, v in self._weights.items() if v.is_floating_point()}
+        if self.trained is not None and not set(self.trained) <= floating:
+            raise ValueError(f"trained names arrays that initial_arrays does not hold as "
+                             f"floating tensors: {sorted(set(self.trained) - floating)[:3]}")
         if evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
             result.evaluate_metrics_serverapp[0] = res
         config = train_config or ConfigRecord()
@@ -210,8 +235,10 @@ class DCCO(Strategy):
         """One round: the first exchange, the statistics' merge and the update exchange
         (statistics methods), then ``aggregate_train``."""
         first = list(self.configure_train(r, codec.array_record(self._weights), config, grid))
+        self._phase1_counts = {}
         if self.method.stats is None:
             self._asked = len(first)
+            self._asked_nodes = {m.metadata.dst_node_id for m in first}
             return self.aggregate_train(r, _send_and_receive(grid, first, timeout))
         tally = ReplyTally()
         got = self._replies(grid, first, timeout, tally)
@@ -221,11 +248,13 @@ class DCCO(Strategy):
             self._skipped = stats
             return None, None
         survivors = [n for i, n in enumerate(got) if i in merged.accepted]
+        self._phase1_counts = {n: merged.counts[merged.accepted.index(i)]
+                               for i, n in enumerate(got) if i in merged.accepted}
         second = [Message(RecordDict({"statistics": moments_record(merged.aggregate),
                                       "config": self._config("update", r, dict(config))}),
                           dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(r))
                   for n in survivors]
-        self._asked = len(second)
+        self._asked, self._asked_nodes = len(second), set(survivors)
         arrays, metrics = self.aggregate_train(r, _send_and_receive(grid, second, timeout))
         if metrics is None:
             self._skipped = stats | self._skipped
@@ -276,8 +305,9 @@ class DCCO(Strategy):
             except (KeyError, TypeError, ValueError):
                 sums = {}  # counted as malformed by the merge
             replies.append(sums)
-        widths = Counter(int(s["sum_f"].shape[0]) for s in replies
-                         if isinstance(s.get("sum_f"), Tensor) and s["sum_f"].ndim == 1)
+        first = f"sum_{self.method.stats.fields[0].name}"  # its first axis is the width d
+        widths = Counter(int(s[first].shape[0]) for s in replies
+                         if isinstance(s.get(first), Tensor) and s[first].ndim >= 1)
         if not widths:
             for _ in replies:
                 tally.reject("missing_key")
@@ -312,6 +342,29 @@ class DCCO(Strategy):
             return validate_update(delta, m["num-examples"], shapes, loss=m.get("loss"))
 
         return check
+
+    def _average_buffers(self, contents: list[RecordDict], counts: list[int]) -> None:
+        """The model's floating arrays that nobody trains (batch norm's running statistics)
+        as the sample-weighted average of what the valid replies hold after their step, as
+        FedAvg averages them; a reply that holds none (or of other shapes) leaves them."""
+        kept = [k for k, v in self._weights.items()
+                if v.is_floating_point() and k not in set(self.trained or ())]
+        if not kept:
+            return
+        sums, total = {}, 0
+        for content, n in zip(contents, counts, strict=True):
+            try:
+                buffers = codec.tensors_of(content.array_records["buffers"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if any(k not in buffers or buffers[k].shape != self._weights[k].shape
+                   or not torch.isfinite(buffers[k]).all() for k in kept):
+                continue
+            for k in kept:
+                sums[k] = sums.get(k, 0) + n * buffers[k].to(torch.float64)
+            total += n
+        for k, value in sums.items():
+            self._weights[k] = (value / total).to(self._weights[k].dtype)
 
     def _params_of(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
         if not self._params:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from dcco.api import local_update, statistics
 from dcco.flower import codec
 from dcco.flower.strategy import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
+from dcco.models import DualEncoder
 from dcco.seeding import derive_seed
 
 KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
@@ -54,11 +55,13 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
             the server, which counts the node as failed).
     """
     config = msg.content.config_records.get("config")
-    if config is None or PHASE not in config:
-        raise ValueError("not a message of the dcco.flower.DCCO strategy (no config record "
-                         "with a phase)")
+    missing = [k for k in (PHASE, ROUND, METHOD, VIEWS_SEED) if config is None or k not in config]
+    if missing:
+        raise ValueError(f"not a message of the dcco.flower.DCCO strategy (its config record "
+                         f"lacks {', '.join(missing)})")
     phase, r = str(config[PHASE]), int(config[ROUND])
     method, lr = str(config[METHOD]), float(config.get(LOCAL_LR, 1.0))
+    seed = int(config[VIEWS_SEED])
     if "arrays" in msg.content.array_records:
         weights = codec.tensors_of(msg.content.array_records["arrays"])
         if phase == "stats":
@@ -73,15 +76,16 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
         weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
     _load(model, weights)
     kept_views = context.state.config_records.get(KEPT_VIEWS_ROUND)
-    if phase == "update" and kept_views is not None and int(kept_views["round"]) == r:
+    if (phase == "update" and kept_views is not None and int(kept_views["round"]) == r
+            and int(kept_views["seed"]) == seed):
         views = codec.tensors_of(context.state.array_records[KEPT_VIEWS])  # phase 1's
         x1, x2 = views["x1"], views["x2"]
     else:
-        x1, x2 = _views(samples, augment, int(config[VIEWS_SEED]), context.node_id,
+        x1, x2 = _views(samples, augment, seed, context.node_id,
                         next(model.parameters()).dtype)
     if phase == "stats":
         context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
-        context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r})
+        context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
         stats = statistics(model, x1, x2, method)
         sums = {k: v for k, v in stats.items() if k != "count"}
         return Message(RecordDict({"statistics": codec.array_record(sums),
@@ -90,10 +94,32 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
     shared = (moments_of(msg.content.array_records["statistics"])
               if "statistics" in msg.content.array_records else None)
     update = local_update(model, x1, x2, shared, method, lr=lr)
-    return Message(RecordDict({"arrays": codec.array_record(update.delta),
-                               "metrics": MetricRecord({"num-examples": update.num_samples,
-                                                        "loss": float(update.loss)})}),
-                   reply_to=msg)
+    for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
+        context.state.array_records.pop(key, None)
+    for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
+        context.state.config_records.pop(key, None)
+    _forward_for_buffers(model, x1, x2)
+    reply = {"arrays": codec.array_record(update.delta),
+             "metrics": MetricRecord({"num-examples": update.num_samples,
+                                      "loss": float(update.loss)})}
+    buffers = {k: v for k, v in model.state_dict().items()
+               if v.is_floating_point() and k not in dict(model.named_parameters())}
+    if buffers:  # batch norm's running statistics after this node's step, to be averaged
+        reply["buffers"] = codec.array_record(buffers)
+    return Message(RecordDict(reply), reply_to=msg)
+
+
+def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
+    """One training-mode forward of the round's views without gradients, for the running
+    statistics a local step would leave (``dcco.local_update`` leaves the model as it was)."""
+    if not any(True for _ in model.buffers()):
+        return
+    with torch.no_grad():
+        if isinstance(model, DualEncoder):
+            model(x1, x2)
+        else:
+            model(x1)
+            model(x2)
 
 
 def _load(model: nn.Module, weights: dict[str, Tensor]) -> None:
