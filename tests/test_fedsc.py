@@ -156,3 +156,22 @@ def test_fedsc_local_steps__one_step_is_the_exact_round_and_several_differ():
     three = run_round(model, Algorithm(method, local_lr=0.05, local_steps=3,
                                        local_statistics="own"), x1, x2, segments, "reference")
     assert _rel(_flat(three), _flat(exact)) > 1e-3
+
+
+def test_secagg_standardisation__round_trips_the_spectral_sums_without_first_moments():
+    """SecAgg+ sends standardised moments; the spectral sums share no ⟨F⟩, so F is scaled by
+    its root mean square alone, and the map still inverts exactly (and bounds ⟨u uᵀ⟩)."""
+    from dcco.flower.secagg import SecureScales, standardise, unstandardise
+
+    gen = torch.Generator().manual_seed(0)
+    f = torch.randn(7, 4, generator=gen, dtype=torch.float64) + 3
+    g = torch.randn(7, 4, generator=gen, dtype=torch.float64)
+    d = torch.float64
+    scales = SecureScales(f.mean(0), f.std(0), g.mean(0), g.std(0), 1.0, 1.0)
+    m = encoding_stats(f, g, SPECTRAL_STATS).moments()
+    u = standardise(m, scales, SPECTRAL_STATS)
+    assert float(u.mean_fft.abs().max()) <= 1.5  # ~[−1, 1]: no (μ/σ)² blow-up
+    back = unstandardise(u, scales, SPECTRAL_STATS)
+    for k, v in m.items():
+        torch.testing.assert_close(back[k], v, rtol=1e-12, atol=1e-14)
+    assert d == u.mean_fft.dtype

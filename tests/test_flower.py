@@ -426,7 +426,7 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_goes_on(make_federa
 # ---------------------------------------------------------------------- secure aggregation
 
 
-@pytest.mark.parametrize("method", ["dcco", "cco_fedavg"])
+@pytest.mark.parametrize("method", ["dcco", "cco_fedavg", "fedsc"])
 def test_secagg_matches_the_plain_aggregate_within_the_quantisation_bound(make_federation,
                                                                          method):
     """Both phases through Flower's SecAgg+ (real masking, secret sharing and unmasking in the
@@ -439,15 +439,17 @@ def test_secagg_matches_the_plain_aggregate_within_the_quantisation_bound(make_f
     counts = [int(pt.partition.sizes[c].sum()) for c in targets.values()]
     max_weight = fed._max_weight(targets)
     secure, reference = fed.collect(), plain.collect()
+    shares = method in ("dcco", "fedsc")
     assert secure.skipped is None and secure.clipped == (
-        {"stats": 0.0, "update": 0.0} if method == "dcco" else {"update": 0.0})
+        {"stats": 0.0, "update": 0.0} if shares else {"update": 0.0})
     stats_bound = secagg.error_bound(max_weight, counts, fcfg.secagg_stats_clip,
                                      fcfg.secagg_quantization, fcfg.secagg_stats_clip)
     update_bound = secagg.error_bound(max_weight, counts, fcfg.secagg_update_clip,
                                       fcfg.secagg_quantization, fcfg.secagg_update_clip)
     assert stats_bound < 1e-3 and update_bound < 1e-3  # the defaults' resolution
-    if method == "dcco":
-        s, p = (secagg.standardise(m, scales) for m in (secure.shared, reference.shared))
+    if shares:
+        spec = pt.method.stats
+        s, p = (secagg.standardise(m, scales, spec) for m in (secure.shared, reference.shared))
         for a, b in zip(s.tensors(), p.tensors(), strict=True):
             err = float((a - b).abs().max())
             assert 0 < err <= stats_bound  # quantised (not exact), within the bound

@@ -117,8 +117,16 @@ def calibrate(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                         max(abs(step.loss), 1e-6))
 
 
-def _frames(s: SecureScales) -> dict[str, tuple[Tensor, Tensor]]:
-    return {"f": (s.mean_f, s.std_f), "g": (s.mean_g, s.std_g)}
+def _frames(s: SecureScales, spec: StatsSpec = CCO_STATS) -> dict[str, tuple[Tensor, Tensor]]:
+    """Each factor's (shift, scale): (μ, σ) when the spec shares the factor's first moment;
+    (0, √(μ² + σ²)), its root mean square, when it does not (FedSC's uncentred second moments:
+    the standardised ⟨u uᵀ⟩ then lies in [−1, 1] by Cauchy–Schwarz, and needs no ⟨F⟩)."""
+    firsts = {f.left for f in spec.fields if f.right is None}
+    out = {}
+    for factor, mean, std in (("f", s.mean_f, s.std_f), ("g", s.mean_g, s.std_g)):
+        out[factor] = ((mean, std) if factor in firsts else
+                       (torch.zeros_like(mean), torch.sqrt(mean * mean + std * std)))
+    return out
 
 
 def _combine(form: str, a: Tensor, b: Tensor) -> Tensor:
@@ -130,10 +138,11 @@ def standardise(m: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> Mom
     """Raw moments → the moments of u = (F − μ)/σ, v = (G − ν)/τ (all float64).
 
     For a first moment, (⟨A⟩ − μ_A)/σ_A; for a product moment of A and B (element-wise or
-    outer), (⟨A B⟩ − μ_A⟨B⟩ − ⟨A⟩μ_B + μ_A μ_B)/(σ_A σ_B). Every statistic of ``spec`` is of
-    one of these forms; its first moments must be in it too.
+    outer), (⟨A B⟩ − μ_A⟨B⟩ − ⟨A⟩μ_B + μ_A μ_B)/(σ_A σ_B). A factor whose first moment the
+    spec does not share is only scaled, by its root mean square (``_frames``).
     """
-    frames, out = _frames(s), {}
+    frames, out = _frames(s, spec), {}
+    firsts = {f.left for f in spec.fields if f.right is None}
     for fld in spec.fields:
         x = m[f"mean_{fld.name}"]
         mu_a, sd_a = frames[fld.left]
@@ -141,16 +150,19 @@ def standardise(m: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> Mom
             out[f"mean_{fld.name}"] = (x - mu_a) / sd_a
             continue
         mu_b, sd_b = frames[fld.right]
-        m_a, m_b = m[f"mean_{fld.left}"], m[f"mean_{fld.right}"]
-        centred = (x - _combine(fld.form, mu_a, m_b) - _combine(fld.form, m_a, mu_b)
-                   + _combine(fld.form, mu_a, mu_b))
+        centred = x
+        if fld.right in firsts:
+            centred = centred - _combine(fld.form, mu_a, m[f"mean_{fld.right}"])
+        if fld.left in firsts:
+            centred = centred - _combine(fld.form, m[f"mean_{fld.left}"], mu_b)
+        centred = centred + _combine(fld.form, mu_a, mu_b)
         out[f"mean_{fld.name}"] = centred / _combine(fld.form, sd_a, sd_b)
     return Moments(out, count=m.count)
 
 
 def unstandardise(u: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> Moments:
     """The inverse of ``standardise``; affine, so it commutes with weighted averages."""
-    frames = _frames(s)
+    frames = _frames(s, spec)
     first = {k: mu + sd * u[f"mean_{k}"] for k, (mu, sd) in frames.items()
              if f"mean_{k}" in u}
     out = {}
@@ -161,10 +173,12 @@ def unstandardise(u: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> M
             out[f"mean_{fld.name}"] = first[fld.left]
             continue
         mu_b, sd_b = frames[fld.right]
-        out[f"mean_{fld.name}"] = (x * _combine(fld.form, sd_a, sd_b)
-                                   + _combine(fld.form, mu_a, first[fld.right])
-                                   + _combine(fld.form, first[fld.left], mu_b)
-                                   - _combine(fld.form, mu_a, mu_b))
+        raw = x * _combine(fld.form, sd_a, sd_b) - _combine(fld.form, mu_a, mu_b)
+        if fld.right in first:
+            raw = raw + _combine(fld.form, mu_a, first[fld.right])
+        if fld.left in first:
+            raw = raw + _combine(fld.form, first[fld.left], mu_b)
+        out[f"mean_{fld.name}"] = raw
     return Moments(out, count=u.count)
 
 
