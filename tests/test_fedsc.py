@@ -175,3 +175,21 @@ def test_secagg_standardisation__round_trips_the_spectral_sums_without_first_mom
     for k, v in m.items():
         torch.testing.assert_close(back[k], v, rtol=1e-12, atol=1e-14)
     assert d == u.mean_fft.dtype
+
+
+def test_server_validation__spectral_replies_of_the_wrong_shape_asymmetric_nonfinite_or_count():
+    from dcco.server import ReplyError, validate_statistics
+
+    gen = torch.Generator().manual_seed(1)
+    f, g = (torch.randn(5, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    good = dict(encoding_stats(f, g, SPECTRAL_STATS).items())
+    validate_statistics(good, 3, 3, spec=SPECTRAL_STATS)
+    asym = good["sum_fft"].clone()
+    asym[0, 1] += 1.0
+    for change, kind in ((good | {"sum_fft": torch.zeros(3, 4, dtype=torch.float64)}, "shape"),
+                         (good | {"sum_ggt": good["sum_ggt"] * float("nan")}, "nonfinite"),
+                         (good | {"sum_fft": asym}, "magnitude"),
+                         (good | {"count": -5}, "count")):
+        with pytest.raises(ReplyError) as e:
+            validate_statistics(change, 3, 3, spec=SPECTRAL_STATS)
+        assert e.value.kind == kind, (kind, str(e.value))

@@ -96,6 +96,11 @@ def validate_statistics(reply: dict[str, object], d_f: int, d_g: int,
             squares = sums[f"sum_{fld.name}"]
             if (torch.diagonal(squares) if fld.form == "outer" else squares).lt(0).any():
                 raise ReplyError("magnitude", f"sum_{fld.name}, a sum of squares, is negative")
+            if fld.form == "outer":
+                scale = float(squares.abs().max()) if squares.numel() else 0.0
+                if float((squares - squares.T).abs().max()) > 1e-9 * scale:
+                    raise ReplyError("magnitude", f"sum_{fld.name}, a sum of outer products "
+                                                  f"of one encoding, is not symmetric")
     return EncodingStats({"count": torch.tensor(float(n), dtype=torch.float64)} | sums)
 
 
