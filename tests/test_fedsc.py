@@ -193,3 +193,40 @@ def test_server_validation__spectral_replies_of_the_wrong_shape_asymmetric_nonfi
         with pytest.raises(ReplyError) as e:
             validate_statistics(change, 3, 3, spec=SPECTRAL_STATS)
         assert e.value.kind == kind, (kind, str(e.value))
+
+
+def test_fedsc_alpha_schedule__is_inexact_even_at_one_step_and_exact_at_alpha_n_k_over_n():
+    """FedSC's own weight α (its code's schedule, 1 → 0.2) is an option, and a negative
+    control: at one local step it is not the centralized step; at α = N_k/N for every client
+    (one client's share of the round) it is."""
+    from dcco.train import fedsc_alpha
+
+    assert fedsc_alpha(0, 11) == 1.0 and fedsc_alpha(10, 11) == pytest.approx(0.2)
+    assert fedsc_alpha(5, 11) == pytest.approx(0.6)
+    sizes = [2, 2, 2, 2]  # equal clients: N_k/N = 1/4 for all
+    model, (x1, x2) = _model(projector=(24, 24, 16)), _views(sizes)
+    segments = Segments.from_counts(sizes)
+    method = build_method("fedsc")
+    exact = run_round(model, method, x1, x2, segments, "reference")
+
+    def with_alpha(alpha):
+        algorithm = Algorithm(method, local_steps=1, local_statistics="own", own_alpha=alpha)
+        return run_round(model, algorithm, x1, x2, segments, "reference")
+
+    assert _rel(_flat(with_alpha(0.25)), _flat(exact)) <= 1e-12
+    assert _rel(_flat(with_alpha(1.0)), _flat(exact)) > 1e-3
+    assert _rel(_flat(with_alpha(0.2)), _flat(exact)) > 1e-3
+    with pytest.raises(ValueError, match="needs train.local_statistics = 'own'"):
+        Algorithm(method, own_alpha=0.5)
+
+
+def test_dp_noise__is_a_negative_control_of_the_exact_round():
+    """Differential privacy's noise on the shared sums: the round is no longer the exact one."""
+    from dcco.privacy import RoundNoise
+
+    model, (x1, x2) = _model(projector=(24, 24, 16)), _views(SIZES)
+    segments = Segments.from_counts(SIZES)
+    exact = run_round(model, build_method("fedsc"), x1, x2, segments, "reference")
+    noisy = run_round(model, build_method("fedsc"), x1, x2, segments, "reference",
+                      noise=RoundNoise(0, 0, stats_std=1.0, update_std=0.0))
+    assert _rel(_flat(noisy), _flat(exact)) > 1e-3

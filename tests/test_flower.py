@@ -541,8 +541,10 @@ def _reference(cfg):
     ('train.method="cco_fedavg"', "train.local_steps=2", "train.local_lr=1e-4"),
     ("train.local_steps=2", "train.local_batch=2", "train.local_lr=1e-4",
      'train.local_statistics="own"', 'train.pseudo_gradient="mean_gradient"'),
+    ('train.method="fedsc"', "model.projector=[16, 16, 16]", "train.local_steps=2",
+     "train.local_lr=1e-3", 'train.local_statistics="own"', 'train.own_weight="fedsc"'),
 ], ids=["dvicreg", "stale", "stale-after-warm-up", "stale-own-ema", "local-steps-dcco", "local-steps-fedavg",
-        "local-steps-own"])
+        "local-steps-own", "fedsc-alpha-schedule"])
 def test_flower_round_settings_equal_the_reference_backend(make_federation, overrides):
     method = next((o.split('"')[1] for o in overrides if o.startswith("train.method")), "dcco")
     cfg, pt, fed = make_federation(method, overrides=overrides)

@@ -155,6 +155,10 @@ class Algorithm:
     stale_round: bool = False
     """Set by ``run_round`` (and a Flower node) for the update exchange of a stale round, so
     the clients take ``stale_statistics``; not a setting."""
+    own_alpha: float | None = None
+    """With ``local_statistics = "own"``: FedSC's weight α of a client's own statistics in its
+    local objective (``dcco.client.client_update``'s ``alpha``; set per round by
+    ``train.own_weight = "fedsc"``); None: N_k/N, exact."""
     local_optimizer: str = "sgd"
     """With several local steps: "sgd", raw steps of local_lr × the gradient; "layerwise",
     each parameter tensor's step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start), so local_lr
@@ -192,6 +196,10 @@ class Algorithm:
         if (self.stale_statistics != "anchored" or self.aggregate_decay) and not self.staleness:
             raise ValueError("train.stale_statistics and train.aggregate_decay shape stale "
                              "rounds; they need train.staleness = 1")
+        if self.own_alpha is not None and not (0 < self.own_alpha <= 1
+                                               and self.local_statistics == "own"):
+            raise ValueError(f"a client's own weight α = {self.own_alpha} needs "
+                             f"train.local_statistics = 'own' and 0 < α <= 1")
         if self.local_optimizer not in ("sgd", "layerwise"):
             raise ValueError(f"train.local_optimizer must be 'sgd' or 'layerwise', got "
                              f"{self.local_optimizer!r}")
@@ -208,7 +216,7 @@ class Algorithm:
         return client_update(model, self.method, x1, x2, shared, self.local_lr,
                              self.local_steps, self.local_batch, self.update_clip,
                              self.local_statistics == "own",
-                             self.local_optimizer == "layerwise", self.mixes)
+                             self.local_optimizer == "layerwise", self.mixes, self.own_alpha)
 
     def batched_exact(self, smallest_client: int) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local

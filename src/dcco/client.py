@@ -63,7 +63,7 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                   shared: Moments | None, local_lr: float, local_steps: int = 1,
                   local_batch: int | None = None, clip: float | None = None,
                   own_statistics: bool = False, layerwise: bool = False,
-                  mix: bool = False) -> ClientUpdate:
+                  mix: bool = False, alpha: float | None = None) -> ClientUpdate:
     """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
     One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
@@ -94,6 +94,9 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
             step exactly (the same code). As local_lr → 0 with every step on all the samples
             (r_e → r_0) both tend to the same limit; with minibatches the steps are weighted
             by 1/‖g_e‖, so the limits differ.
+        alpha: with ``own_statistics``, FedSC's weight of the client's own statistics in
+            place of N_k/N: each step on L(α S_k + (1 − α) S_ext)/α (``stats.others_mix``);
+            None: N_k/N, the exact weight. Any other α is not the centralized step.
         mix: ``shared`` is a stale aggregate A, and the loss is taken at the mix
             (N_k/N)·S_k + (1 − N_k/N)·A (``AnchoredMethod.refreshed_loss`` with S_k⁰ = A),
             N = A's count: the client's own statistics fresh, the others' stale
@@ -109,7 +112,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
     if mix and (shared is None or shared.count is None or method.stats is None):
         raise ValueError("the own-statistics mix needs a statistics method and the "
                          "aggregate's sample count N")
-    if local_steps == 1 and (local_batch is None or local_batch >= n):
+    if local_steps == 1 and (local_batch is None or local_batch >= n) and (
+            alpha is None or not own_statistics):
         f, g = model(x1, x2)
         w = min(1.0, n / float(shared.count)) if mix else 1.0
         # the mix's loss / w: its gradient ∇L(mix)·∂S_k, on the anchored loss's scale
@@ -139,11 +143,14 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
             else:
                 with torch.no_grad():
                     start = encoding_stats(*model(x1[idx], x2[idx]), method.stats).moments()
-            loss = method.refreshed_loss(f, g, shared, start, weight)
+            loss = (method.others_loss(f, g, shared, start, weight, alpha)
+                    if alpha is not None and not mix
+                    else method.refreshed_loss(f, g, shared, start, weight))
         else:
             loss = method.client_loss(f, g, shared)
         if first_loss is None:  # the round's loss at its start: L(S_A) (unscaled)
-            first_loss = float(loss.detach()) * weight
+            scaled = alpha if (alpha is not None and refresh and not mix) else weight
+            first_loss = float(loss.detach()) * scaled
         grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
         step = {name: (trust_ratio(p.detach().norm(), gr.norm()) if layerwise and gr is not None
                        else 1.0)

@@ -120,6 +120,11 @@ class TrainConfig:
     that keeps stepping); "own", each step on L(S_A + (N_k/N)(S_k − S_k⁰))·N/N_k: the other
     clients' statistics held at S_A, the client's own followed as it moves. The first step is
     the same; methods that share statistics only."""
+    own_weight: Literal["exact", "fedsc"] = "exact"
+    """With ``local_statistics = "own"``, the weight of a client's own statistics in its local
+    objective: "exact", N_k/N (one step is the centralized step); "fedsc", FedSC's α, from 1
+    at the first round linearly to 0.2 at the last, with the other clients' average at 1 − α
+    (Jing et al. 2024's code; not the centralized step even for one local step)."""
     local_optimizer: Literal["sgd", "layerwise"] = "sgd"
     """With E > 1: "sgd", raw SGD steps of local_lr; "layerwise", each parameter tensor's
     step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start; as LARS on the server), so local_lr
@@ -214,6 +219,9 @@ class RunConfig:
                   local_statistics=t.local_statistics,
                   local_optimizer=t.local_optimizer, stale_statistics=t.stale_statistics,
                   aggregate_decay=t.aggregate_decay)  # its checks name the train.* keys
+        if t.own_weight != "exact" and t.local_statistics != "own":
+            raise ValueError("train.own_weight weighs a client's own statistics in its local "
+                             "steps; it needs train.local_statistics = 'own'")
         if self.privacy.enabled and not method.federated:
             raise ValueError(f"privacy is client-level differential privacy for federated "
                              f"methods; {method.name} is centralized (set "

@@ -261,6 +261,18 @@ def refreshed(local: Moments, start: Moments, aggregate: Moments, weight: float)
                     for k, lo in local.items()}, count=aggregate.count)
 
 
+def others_mix(local: Moments, start: Moments, aggregate: Moments, own: float,
+               alpha: float) -> Moments:
+    """FedSC's local statistics: α S_k + (1 − α) S_ext, with S_ext = (S_A − w S_k⁰)/(1 − w)
+    the other clients' average (w = N_k/N, S_k⁰ the client's statistics where the round
+    started). At α = w it is ``refreshed``'s S_A + w (S_k − S_k⁰), the exact step; FedSC's
+    schedule of α (1 to 0.2 over the run) is not."""
+    if not own < 1:
+        return Moments(dict(local.items()), count=aggregate.count)
+    return Moments({k: alpha * lo + (1 - alpha) * (aggregate[k] - own * start[k].detach())
+                    / (1 - own) for k, lo in local.items()}, count=aggregate.count)
+
+
 def moving_average(previous: Moments, new: Moments, decay: float) -> Moments:
     """β·previous + (1 − β)·new, average by average; the count is the new one's (the batch
     the statistics stand for)."""

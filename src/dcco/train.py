@@ -106,15 +106,25 @@ def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundP
     return RoundPlan(ids, Segments.from_counts([batch]))
 
 
-def algorithm_of(cfg: RunConfig) -> Algorithm:
+def algorithm_of(cfg: RunConfig, round_index: int | None = None) -> Algorithm:
     """The run's method with its round settings (``train.local_*``, ``train.staleness``, and
-    the update clipping of ``privacy``)."""
+    the update clipping of ``privacy``); with ``round_index``, the settings that change from
+    round to round too (``train.own_weight = "fedsc"``: ``fedsc_alpha``)."""
     t = cfg.train
     clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
+    alpha = (fedsc_alpha(round_index, t.rounds)
+             if t.own_weight == "fedsc" and round_index is not None else None)
     return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
                      t.local_statistics, t.stale_statistics, t.aggregate_decay,
-                     local_optimizer=t.local_optimizer)
+                     own_alpha=alpha, local_optimizer=t.local_optimizer)
+
+
+def fedsc_alpha(round_index: int, rounds: int, first: float = 1.0, last: float = 0.2) -> float:
+    """FedSC's α at a round (0-based): linear from ``first`` to ``last`` over the run."""
+    if rounds <= 1:
+        return first
+    return first + (last - first) * round_index / (rounds - 1)
 
 
 def build_partition(cfg: RunConfig, train_set: Dataset) -> Partition:
@@ -293,10 +303,17 @@ class Pretraining:
         if self.world > 1:
             return self.apply(self._shared_round(plan, r), lr, start)
         x1, x2 = self.views(plan, r)
-        result = run_round(self.model, self.algorithm, x1, x2,
+        result = run_round(self.model, self.round_algorithm(r), x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
                            previous=self.previous(r), noise=self.round_noise(r))
         return self.apply(result, lr, start)
+
+    def round_algorithm(self, round_index: int) -> Algorithm:
+        """The algorithm of round ``round_index``: the run's, with FedSC's α of that round
+        under ``train.own_weight = "fedsc"``."""
+        if self.cfg.train.own_weight == "exact":
+            return self.algorithm
+        return algorithm_of(self.cfg, round_index)
 
     def _shared_round(self, plan: RoundPlan, r: int) -> RoundResult:
         """This rank's share of round ``r``, its sums all-reduced (``dcco.distributed``): the
@@ -304,7 +321,7 @@ class Pretraining:
         over them (exact: the anchored loss of the pooled statistics)."""
         if self.method.federated:
             part, segments = local_segments(plan.segments, self.rank, self.world)
-            algorithm = self.algorithm
+            algorithm = self.round_algorithm(r)
         else:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))

@@ -91,8 +91,8 @@ def train(content: RecordDict, context: Context) -> RecordDict:
                  if ins.with_stats else None)
         # a stale round's update carries its model (no statistics exchange came before it)
         stale = algorithm.staleness == 1 and ins.with_stats and ins.model is not None
-        update = node_update(cfg, algorithm.for_update(stale), data, model, ins.clients,
-                             ins.round, ins.shared)
+        update = node_update(cfg, algorithm_of(cfg, ins.round).for_update(stale), data, model,
+                             ins.clients, ins.round, ins.shared)
         reply = (secagg.secure_update_reply(update, params, stats, spec) if params
                  else codec.encode_update_reply(update, stats))
     if timing.enabled():

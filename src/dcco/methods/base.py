@@ -29,7 +29,7 @@ from torch import Tensor
 
 from dcco.devices import to_device
 from dcco.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
-from dcco.stats import Moments, StatsSpec, anchored, encoding_stats, refreshed
+from dcco.stats import Moments, StatsSpec, anchored, encoding_stats, others_mix, refreshed
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,13 @@ class AnchoredMethod(MethodBase):
         start its gradient is the anchored loss's; ``start`` is S_k⁰ of the same samples."""
         local = encoding_stats(f, g, self.stats).moments()
         return self.statistics_loss(refreshed(local, start, shared, weight)) / weight
+
+    def others_loss(self, f: Tensor, g: Tensor, shared: Moments, start: Moments, own: float,
+                    alpha: float) -> Tensor:
+        """L(α S_k + (1 − α) S_ext) / α (``stats.others_mix``): FedSC's local objective with
+        its α; at α = N_k/N it is ``refreshed_loss``."""
+        local = encoding_stats(f, g, self.stats).moments()
+        return self.statistics_loss(others_mix(local, start, shared, own, alpha)) / alpha
 
     def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
                    shared: Moments | None) -> Tensor:
