@@ -127,9 +127,19 @@ def prepare_model(model: nn.Module, speed: Speed, device: torch.device | str) ->
         model.to(memory_format=torch.channels_last)
         model.channels_last = True
     if speed.compiled:
-        mode = "reduce-overhead" if speed.compile == "cudagraphs" else None
-        model.compile(mode=mode)
+        if device.type == "cpu":
+            model.compile(options=CPU_COMPILE_OPTIONS)
+        else:
+            model.compile(mode="reduce-overhead" if speed.compile == "cudagraphs" else None)
     return model
+
+
+CPU_COMPILE_OPTIONS = {"layout_optimization": False}
+"""Inductor's options for a CPU compile. Its layout optimisation (convolutions' activations
+and weights turned NHWC on its own) writes out of bounds in the backward pass of dcco's
+ResNets on an AVX2-only CPU with torch 2.13 (heap corruption or a pseudo-gradient 30-60 %
+off; tests/test_precision.py caught it on CI's machine). Without it, the compiled round
+agrees with eager to 5e-6. ``train.channels_last`` still gives NHWC where it is asked for."""
 
 
 __all__ = ["AUTO", "Compile", "Precision", "Speed", "can_compile", "check", "prepare_model",
