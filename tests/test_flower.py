@@ -426,19 +426,28 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_goes_on(make_federa
 # ---------------------------------------------------------------------- secure aggregation
 
 
-@pytest.mark.parametrize("method", ["dcco", "cco_fedavg", "fedsc"])
-def test_secagg_matches_the_plain_aggregate_within_the_quantisation_bound(make_federation,
-                                                                         method):
+@pytest.mark.parametrize("method,workers", [("dcco", False), ("cco_fedavg", False),
+                                            ("fedsc", False), ("dcco", True)])
+def test_secagg_matches_the_plain_aggregate_within_the_quantisation_bound(
+        make_federation, method, workers, tmp_path, monkeypatch):
     """Both phases through Flower's SecAgg+ (real masking, secret sharing and unmasking in the
-    ClientApp's secaggplus_mod): within ``secagg.error_bound`` of the plain aggregate."""
-    fcfg = FlowerConfig(min_nodes=NODES, secagg=True)
+    ClientApp's secaggplus_mod): within ``secagg.error_bound`` of the plain aggregate; also
+    with node workers (the mod masks in the ClientApp, the worker computes the reply)."""
+    from dcco.flower import worker
+
+    monkeypatch.setenv("DCCO_WORKER_DIR", str(tmp_path / "workers"))
+    fcfg = FlowerConfig(min_nodes=NODES, secagg=True, worker=workers)
     cfg, pt, fed = make_federation(method, fcfg)
-    _, _, plain = make_federation(method)
+    _, _, plain = make_federation(method, FlowerConfig(min_nodes=NODES, worker=False))
     targets, _ = fed.targets(0)
     scales = fed.calibration(0)
     counts = [int(pt.partition.sizes[c].sum()) for c in targets.values()]
     max_weight = fed._max_weight(targets)
-    secure, reference = fed.collect(), plain.collect()
+    try:
+        secure, reference = fed.collect(), plain.collect()
+    finally:
+        if workers:
+            assert all(worker.stop(c.run_id, c.node_id) for c in fed.grid.contexts.values())
     shares = method in ("dcco", "fedsc")
     assert secure.skipped is None and secure.clipped == (
         {"stats": 0.0, "update": 0.0} if shares else {"update": 0.0})
@@ -950,6 +959,47 @@ def test_node_workers__rounds_through_them_equal_the_reference_backend(make_fede
     # once gone, there is nothing left to stop (asked before that, on a busy machine, a
     # worker still finishing its stop can answer a second one)
     assert not any(worker.stop(c.run_id, c.node_id) for c in contexts)
+
+
+def test_node_workers__auto_is_on_under_a_supernode_only(tmp_path):
+    """``flower.worker = "auto"`` (the default): a worker where the ClientApp's process was
+    started for one message (by ``flower-superexec``, a SuperNode's launcher), none here (in
+    process) or wherever the parent is something else; true and false are as set; other
+    values are refused by name."""
+    import subprocess
+    import sys
+
+    from dcco.flower import worker
+
+    assert FlowerConfig().worker == "auto"
+    assert not worker.enabled({}) and not worker.enabled({"flower.worker": "auto"})
+    assert worker.enabled({"flower.worker": True}) and not worker.enabled({"flower.worker": False})
+    paths = [tmp_path / name for name in (*worker.LAUNCHERS, "flower-superlink")]
+    for path in paths:  # processes whose commands are Flower's
+        path.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+        path.chmod(0o755)
+    procs = [subprocess.Popen([str(path)]) for path in paths]
+    try:
+        deadline = time.monotonic() + 60  # until exec has replaced the command line
+        while not all(Path(f"/proc/{p.pid}/cmdline").read_bytes().count(b"flower-") for p in procs):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [worker.per_message_process(p.pid) for p in procs] == [True, True, False]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert not worker.per_message_process(procs[0].pid)  # gone: /proc cannot say
+    with pytest.raises(ConfigError, match="flower.worker = 'yes' is not allowed"):
+        parse_run_config({"flower.worker": "yes"})
+
+
+def test_node_workers__a_socket_folder_too_long_is_named(tmp_path, monkeypatch):
+    from dcco.flower import worker
+
+    monkeypatch.setenv("DCCO_WORKER_DIR", str(tmp_path / ("w" * 80)))
+    with pytest.raises(worker.WorkerError, match="too long for a Unix socket.*DCCO_WORKER_DIR"):
+        worker.socket_path(2**63 - 1, 2**63 - 1)
 
 
 def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):

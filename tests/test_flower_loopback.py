@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -191,7 +193,8 @@ def _import_seconds() -> float:
 @pytest.mark.slow
 def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_phases(
         tmp_path, tiny_fmnist):
-    """Real processes: a SuperLink and 3 SuperNodes train the model (its checkpoint moves,
+    """Real processes: a SuperLink and 3 SuperNodes (with node workers, the default in a
+    deployment) train the model (its checkpoint moves,
     every reply of round 1 is accepted); a SuperNode SIGKILLed during phase 1 of round 2, and
     another between the phases of a later round. Each such round completes by the dropout rule
     (the lost node's phase-1 statistics count, its update does not), and each node, started
@@ -208,6 +211,8 @@ def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_ph
     run, stamps = tmp_path / "run", tmp_path / "timing.jsonl"
     deployment = Loopback(NODES, tmp_path / "deploy")
     deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
+    workers = Path(tempfile.mkdtemp(prefix="dccow-"))  # flower.worker = "auto"; a short path
+    deployment.env["DCCO_WORKER_DIR"] = str(workers)  # (a Unix socket's is at most 107 bytes)
     reply_timeout = max(25.0, 12 * _import_seconds())
     patience = 12 * reply_timeout  # for any one awaited event: 300 s on an idle machine
     config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
@@ -258,6 +263,9 @@ def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_ph
         assert deployment.wait(run_id, timeout=patience) == "finished:completed", \
             deployment.details
     assert deployment.alive() == []
+    # the default (auto) answered from node workers: SuperNodes start one process a message
+    assert len(list(workers.glob("*.log"))) >= NODES
+    shutil.rmtree(workers, ignore_errors=True)
 
     last = parsed(run / "metrics.jsonl")[-1]
     assert last["round"] >= between and "STOP" in last["stopped"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from typing import Literal
 
 from dcco.config import ConfigError, RunConfig, from_dict, load_config
 
@@ -44,10 +45,12 @@ class FlowerConfig:
     """Connected SuperNodes needed before the first round."""
     wait_nodes: float = 120.0
     """Seconds to wait for ``min_nodes`` SuperNodes before giving up."""
-    worker: bool = False
+    worker: Literal["auto", True, False] = "auto"
     """Each node answers from a long-lived worker process that holds torch, the data and the
     model (``dcco.flower.worker``), instead of importing them in the process Flower starts
-    for every message."""
+    for every message. ``auto``: where the ClientApp runs in such a process (a deployed
+    SuperNode's ``flwr-clientapp``), not in Flower's simulation, whose long-lived Ray actors
+    keep their imports (``dcco.flower.worker.enabled``)."""
     secagg: bool = False
     """Aggregate statistics and updates with SecAgg+: the server sees only sums."""
     secagg_stats_clip: float = 64.0

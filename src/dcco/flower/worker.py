@@ -59,9 +59,32 @@ class WorkerError(RuntimeError):
 
 
 def enabled(run_config: Mapping[str, object]) -> bool:
-    """Whether the run asks for workers (``flower.worker``; read without dcco's config, which
-    imports torch)."""
-    return bool(run_config.get(KEY, False))
+    """Whether this message goes to the node's worker (``flower.worker``, read without dcco's
+    config, which imports torch): ``true`` or ``false`` as set; ``auto`` (the default) when
+    this process was started by a SuperNode for this one message (``per_message_process``)."""
+    value = run_config.get(KEY, "auto")
+    if value == "auto" and not isinstance(value, bool):
+        return per_message_process()
+    return bool(value)
+
+
+LAUNCHERS = ("flower-superexec", "flower-supernode")
+"""The commands that start a ClientApp process for every message: a SuperNode in Flower's
+default ``subprocess`` isolation starts ``flower-superexec``, which starts a new
+``flwr-clientapp`` for each message (flwr 1.42; older SuperNodes started it themselves)."""
+
+
+def per_message_process(parent: int | None = None) -> bool:
+    """Whether the process ``parent`` (default: this process's parent) is one of Flower's
+    ``LAUNCHERS``, i.e. this ClientApp lives for one message and would import torch and read the data again for
+    the next one. False in Flower's simulation (Ray actors, started by Ray), in process, and
+    wherever ``/proc`` cannot say."""
+    pid = os.getppid() if parent is None else parent
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(part.decode(errors="replace")).name in LAUNCHERS for part in command[:2])
 
 
 def socket_dir() -> Path:
@@ -72,8 +95,18 @@ def socket_dir() -> Path:
     return path
 
 
+SOCKET_PATH_MAX = 107
+"""The longest Unix socket path Linux binds, in bytes."""
+
+
 def socket_path(run_id: int, node_id: int) -> Path:
-    return socket_dir() / f"{run_id}-{node_id}.sock"
+    path = socket_dir() / f"{run_id}-{node_id}.sock"
+    longest = len(os.fsencode(path)) + 7  # the worker binds first to <path>.<pid>.tmp
+    if longest > SOCKET_PATH_MAX:
+        raise WorkerError(f"the node worker's socket path {path} is too long for a Unix socket "
+                          f"({longest} bytes with its temporary suffix, at most "
+                          f"{SOCKET_PATH_MAX}); set DCCO_WORKER_DIR to a shorter folder")
+    return path
 
 
 # ---------------------------------------------------------------------- framing
