@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers share 2 cores: one thread each, for
+    os.environ["OMP_NUM_THREADS"] = "1"  # torch here and the processes the tests start
 
 import numpy as np
 import pytest
