@@ -1,0 +1,204 @@
+"""Real deployments that lose processes: a SuperLink killed and restarted with resume, and
+SuperNodes killed in phase 1 and between the phases of a round (each message's ClientApp
+through the node's worker, the default in a deployment).
+
+Slow (minutes: Flower notices a lost node only by its missed heartbeats and each wait scales
+with the machine's speed); in their own file so that pytest-xdist (``--dist loadfile``) runs
+them beside ``tests/test_flower_loopback.py``, not after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcco.checkpoint import load_checkpoint
+from dcco.client import trainable_parameters
+from dcco.config import load_config
+from dcco.flower.loopback import Loopback, seconds_per_round
+from dcco.models import build_dual_encoder
+from dcco.optim import build_optimizer
+
+NODES = 3
+
+
+@pytest.mark.slow
+def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured_rounds(
+        tmp_path, tiny_fmnist):
+    """The whole deployment (SuperLink, ServerApp, SuperNodes) is killed once round 1's
+    checkpoint is written; a new one started with ``flower.resume = true`` continues from the
+    last checkpoint to the configured 3 rounds, logging each round once. (That the result is
+    bit-identical to an uninterrupted run is tested in process,
+    ``test_flower_resume__continues_from_the_checkpoint_bit_identically``: a third deployment
+    here would double this test's minutes.)"""
+    from dcco.flower.loopback import Loopback
+
+    def config(resume: bool = False) -> dict:
+        return {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
+                "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
+                "train.clients_per_round": 4, "train.rounds": 3, "train.log_every": 1,
+                "train.checkpoint_every": 1, "train.knn_every": 0, "flower.min_nodes": 2,
+                "flower.run_dir": str(run), "flower.resume": resume}
+
+    run = tmp_path / "run"
+    patience = 12 * max(25.0, 12 * _import_seconds())  # see the fault test below
+    first = Loopback(2, tmp_path / "deploy-1")
+    with first:
+        first.submit(config())
+        deadline = time.monotonic() + patience
+        while not (run / "checkpoint.safetensors").is_file():
+            assert time.monotonic() < deadline, first.log_tails()
+            time.sleep(0.2)
+    assert first.alive() == []  # killed mid-run
+    done_before = load_checkpoint(run / "checkpoint.safetensors", _net(run))
+    assert 1 <= done_before < 3
+
+    second = Loopback(2, tmp_path / "deploy-2")
+    with second:
+        run_id = second.submit(config(resume=True))
+        assert second.wait(run_id, timeout=2 * patience) == "finished:completed", \
+            second.details
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 3
+    assert load_checkpoint(run / "checkpoint.safetensors", _net(run)) == 3
+    rounds = [json.loads(line)["round"] for line in _lines(run / "metrics.jsonl")
+              if "loss" in json.loads(line)]
+    assert rounds == [1, 2, 3]
+
+
+def _import_seconds() -> float:
+    """How long a ClientApp's imports take on this machine now (a fresh process imports torch,
+    flwr and dcco's app for every message): the unit the fault test scales its waits by."""
+    code = "import time; t = time.perf_counter(); import dcco.flower.client_app; " \
+           "print(time.perf_counter() - t)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, check=True)
+    return float(done.stdout)
+
+
+@pytest.mark.slow
+def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_phases(
+        tmp_path, tiny_fmnist):
+    """Real processes: a SuperLink and 3 SuperNodes (with node workers, the default in a
+    deployment) train the model (its checkpoint moves,
+    every reply of round 1 is accepted); a SuperNode SIGKILLed during phase 1 of round 2, and
+    another between the phases of a later round. Each such round completes by the dropout rule
+    (the lost node's phase-1 statistics count, its update does not), and each node, started
+    again, takes its partition over; the first is seen used again in a round with every reply
+    accepted.
+
+    The run is as long as these events take, not a fixed number of rounds: it is configured
+    for many more, and stopped (``STOP`` in its run directory) once the last of them is
+    recorded, so a node that comes back late on a busy machine only makes the run longer.
+    ``flower.timeout`` bounds the wait for a lost node's reply (Flower notices a dead node only
+    after 60 s of missed heartbeats); it must leave live nodes, whose every message starts a
+    process (10-17 s an exchange on 2 busy cores), a margin, so it and every wait here scale
+    with the time a ClientApp's imports take now."""
+    run, stamps = tmp_path / "run", tmp_path / "timing.jsonl"
+    deployment = Loopback(NODES, tmp_path / "deploy")
+    deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
+    workers = Path(tempfile.mkdtemp(prefix="dccow-"))  # flower.worker = "auto"; a short path
+    deployment.env["DCCO_WORKER_DIR"] = str(workers)  # (a Unix socket's is at most 107 bytes)
+    reply_timeout = max(25.0, 12 * _import_seconds())
+    patience = 12 * reply_timeout  # for any one awaited event: 300 s on an idle machine
+    config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
+              "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
+              "train.clients_per_round": 9, "train.rounds": 500, "train.log_every": 1,
+              "train.knn_every": 0, "flower.min_nodes": NODES,
+              "flower.timeout": reply_timeout, "flower.run_dir": str(run)}
+
+    def parsed(path: Path) -> list[dict]:
+        out = []
+        for line in _lines(path):
+            with contextlib.suppress(json.JSONDecodeError):  # a line being written
+                out.append(json.loads(line))
+        return out
+
+    def records() -> list[dict]:
+        return [r for r in parsed(run / "metrics.jsonl") if "loss" in r]
+
+    def exchanges() -> list[dict]:
+        return [e for e in parsed(stamps) if e["kind"] == "exchange"]
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + patience
+        while not condition():
+            assert time.monotonic() < deadline, f"waited for {what}" + deployment.log_tails()
+            time.sleep(0.05)
+
+    with deployment:
+        run_id = deployment.submit(config)
+        wait_for(lambda: len(records()) >= 1, "round 1")
+        deployment.kill_node(2)  # round 2's statistics are asked of it: phase 1 is lost
+        lost_in_phase_1 = 2
+        # its replacement starts once round 2's phase 1 is over, so it cannot answer it
+        wait_for(lambda: any(e["round"] == lost_in_phase_1 - 1 for e in exchanges()),
+                 "round 2's statistics")
+        deployment.start_node(2)  # a new SuperNode for partition 2
+        wait_for(lambda: any(r["round"] > lost_in_phase_1 and all(
+            t["accepted"] == NODES for t in r["replies"].values()) for r in records()),
+            "the restarted node in a round")
+        used_again = len(records())
+        wait_for(lambda: any(e["round"] == used_again for e in exchanges()),
+                 f"round {used_again + 1}'s statistics")
+        deployment.kill_node(1)  # between the phases of round used_again + 1
+        between = used_again + 1
+        deployment.start_node(1)  # takes partition 1 over; later rounds need not wait for it
+        wait_for(lambda: any(r["round"] >= between for r in records()), f"round {between}")
+        (run / "STOP").touch()
+        assert deployment.wait(run_id, timeout=patience) == "finished:completed", \
+            deployment.details
+    assert deployment.alive() == []
+    # the default (auto) answered from node workers: SuperNodes start one process a message
+    assert len(list(workers.glob("*.log"))) >= NODES
+    shutil.rmtree(workers, ignore_errors=True)
+
+    last = parsed(run / "metrics.jsonl")[-1]
+    assert last["round"] >= between and "STOP" in last["stopped"]
+    by_round = {r["round"]: r for r in records()}
+    assert sorted(by_round) == list(range(1, last["round"] + 1))
+    assert all(math.isfinite(r["loss"]) and r["rounds_skipped"] == 0 for r in by_round.values())
+    lost = by_round[lost_in_phase_1]["replies"]
+    assert lost["stats"]["accepted"] == NODES - 1
+    assert lost["stats"]["missing"] + lost["stats"]["failed"] == 1
+    assert lost["update"]["sent"] == lost["update"]["accepted"] == NODES - 1
+    again = by_round[used_again]["replies"]
+    assert again["stats"]["accepted"] == again["update"]["accepted"] == NODES
+    cut = by_round[between]["replies"]
+    assert cut["stats"]["accepted"] == NODES  # its statistics are in the round's S_A
+    assert cut["update"]["accepted"] == NODES - 1
+    assert cut["update"]["missing"] + cut["update"]["failed"] == 1
+    first = by_round[1]["replies"]  # before any fault: every node answers both phases
+    assert all(t["accepted"] == t["sent"] == NODES and not t["rejected"]
+               for t in first.values())
+    assert all(s > 0 for s in seconds_per_round(run))
+    assert json.loads((run / "summary.json").read_text())["backend"] == "flower"
+    # the checkpoint, written where the run stopped, holds a trained model: not the initial
+    # one of the same config and seed
+    cfg = load_config(run / "config.toml")
+    initial = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+    trained = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+    opt = build_optimizer(trainable_parameters(trained), cfg.optim)
+    assert load_checkpoint(run / "checkpoint.safetensors", trained, opt) == last["round"]
+    moved = [not torch.equal(a, b) for (_, a), (_, b) in
+             zip(trainable_parameters(initial), trainable_parameters(trained), strict=True)]
+    assert sum(moved) > len(moved) // 2
+    assert (tmp_path / "deploy" / "logs" / "superlink.log").stat().st_size > 0
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def _net(run_dir: Path):
+    cfg = load_config(run_dir / "config.toml")
+    return build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
