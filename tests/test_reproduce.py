@@ -119,6 +119,17 @@ def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_pat
     again = json.loads(summary_path.read_text())["evaluations"]["supervised@20"]
     assert again["revision"] == 2
 
+    # a pretrained cell whose checkpoint is gone cannot run a missing evaluation: it says so
+    cell = out / "iid-2-dcco-s0"
+    (cell / "checkpoint.safetensors").unlink()
+    summary = json.loads((cell / "summary.json").read_text())
+    del summary["evaluations"]["linear@20"]
+    (cell / "summary.json").write_text(json.dumps(summary))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "[iid-2-dcco-s0] its pretraining finished, but its checkpoint" in err
+    assert f"delete the folder {cell}" in err
+
 
 def test_load_grid__errors_name_the_key(grid_file, tmp_path):
     with pytest.raises(ConfigError, match="no scale 'huge'"):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from dcco.data.paired import Dataset
+from dcco.errors import UserError
 from dcco.evaluate import StepCallback
 from dcco.experiments import (
     eval_config_for,
@@ -103,6 +104,12 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
         else:
             what = {"retrieval": "test pairs", "knn": "bank images", "case_linear": "labelled cases",
                     "case_finetune": "labelled cases"}.get(protocol, "labels")
+            if not run.checkpoint_path.is_file():  # e.g. a checkout that keeps small files only
+                raise UserError(
+                    f"[{cell.path.name}] its pretraining finished, but its checkpoint "
+                    f"{run.checkpoint_path} is gone, so its {e} evaluation cannot run; delete "
+                    f"the folder {cell.path} to pretrain the cell again (at the thread count "
+                    f"of its version.json it comes back bit for bit)")
             say(f"[{cell.path.name}] {protocol} evaluation, {labels} {what}"
                 + _stale_note(run, key))
             model = pretrained_model(cell.cfg, run, train.input_shapes, device)
