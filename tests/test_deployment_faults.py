@@ -41,7 +41,6 @@ def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured
     bit-identical to an uninterrupted run is tested in process,
     ``test_flower_resume__continues_from_the_checkpoint_bit_identically``: a third deployment
     here would double this test's minutes.)"""
-    from dcco.flower.loopback import Loopback
 
     def config(resume: bool = False) -> dict:
         return {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
@@ -76,8 +75,8 @@ def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured
 
 
 def _import_seconds() -> float:
-    """How long a ClientApp's imports take on this machine now (a fresh process imports torch,
-    flwr and dcco's app for every message): the unit the fault test scales its waits by."""
+    """How long the ClientApp's imports take on this machine now (Flower starts a process that
+    imports it for every message): the unit the fault tests scale their waits by."""
     code = "import time; t = time.perf_counter(); import dcco.flower.client_app; " \
            "print(time.perf_counter() - t)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

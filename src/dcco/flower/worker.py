@@ -63,22 +63,21 @@ def enabled(run_config: Mapping[str, object]) -> bool:
     config, which imports torch): ``true`` or ``false`` as set; ``auto`` (the default) when
     this process was started by a SuperNode for this one message (``per_message_process``)."""
     value = run_config.get(KEY, "auto")
-    if value == "auto" and not isinstance(value, bool):
-        return per_message_process()
-    return bool(value)
+    return per_message_process() if value == "auto" else bool(value)
 
 
 LAUNCHERS = ("flower-superexec", "flower-supernode")
 """The commands that start a ClientApp process for every message: a SuperNode in Flower's
 default ``subprocess`` isolation starts ``flower-superexec``, which starts a new
-``flwr-clientapp`` for each message (flwr 1.42; older SuperNodes started it themselves)."""
+``flwr-clientapp`` for each message (flwr 1.42); ``flower-supernode`` too, should a SuperNode
+start it itself."""
 
 
 def per_message_process(parent: int | None = None) -> bool:
     """Whether the process ``parent`` (default: this process's parent) is one of Flower's
-    ``LAUNCHERS``, i.e. this ClientApp lives for one message and would import torch and read the data again for
-    the next one. False in Flower's simulation (Ray actors, started by Ray), in process, and
-    wherever ``/proc`` cannot say."""
+    ``LAUNCHERS``, i.e. this ClientApp lives for one message and would import torch and read
+    the data again for the next one. False in Flower's simulation (Ray actors, started by
+    Ray), in process, and wherever ``/proc`` cannot say."""
     pid = os.getppid() if parent is None else parent
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
