@@ -27,7 +27,7 @@ from typing import Protocol
 from torch import Tensor
 from torch.nn import Module
 
-from dcco.client import ClientUpdate, client_update
+from dcco.client import PLAIN_SGD, ClientUpdate, LocalSGD, client_update
 from dcco.methods.base import Method
 from dcco.privacy import RoundNoise
 from dcco.stats import EncodingStats, Moments, StatsSpec, moving_average
@@ -164,6 +164,9 @@ class Algorithm:
     each parameter tensor's step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start), so local_lr
     is the relative step of every tensor (``dcco.client.client_update``). One local step is
     the same either way."""
+    local_sgd: LocalSGD = PLAIN_SGD
+    """Momentum, weight decay and gradient clipping of the local steps (FedSC's clients';
+    ``dcco.client.LocalSGD``). Decay or clipping makes even one step inexact."""
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1):
@@ -206,9 +209,11 @@ class Algorithm:
         if self.pseudo_gradient not in ("delta", "mean_gradient"):
             raise ValueError(f"train.pseudo_gradient must be 'delta' or 'mean_gradient', got "
                              f"{self.pseudo_gradient!r}")
-        if not self.method.federated and (self.local_steps != 1 or self.local_batch):
+        if not self.method.federated and (self.local_steps != 1 or self.local_batch
+                                          or self.local_sgd != PLAIN_SGD):
             raise ValueError(f"{self.method.name} is centralized: it takes no local steps "
-                             f"(train.local_steps = 1, train.local_batch = none)")
+                             f"(train.local_steps = 1, train.local_batch = none, no "
+                             f"train.local_momentum, local_weight_decay or local_grad_clip)")
 
     def client_update(self, model: Module, x1: Tensor, x2: Tensor,
                       shared: Moments | None) -> ClientUpdate:
@@ -216,13 +221,15 @@ class Algorithm:
         return client_update(model, self.method, x1, x2, shared, self.local_lr,
                              self.local_steps, self.local_batch, self.update_clip,
                              self.local_statistics == "own",
-                             self.local_optimizer == "layerwise", self.mixes, self.own_alpha)
+                             self.local_optimizer == "layerwise", self.mixes, self.own_alpha,
+                             self.local_sgd)
 
     def batched_exact(self, smallest_client: int) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
         step on all of each client's samples."""
         return self.update_clip is None and self.local_steps == 1 and not self.mixes and (
-            self.local_batch is None or self.local_batch >= smallest_client)
+            self.local_batch is None or self.local_batch >= smallest_client) and (
+            self.local_sgd.one_step_is_sgd)
 
     @property
     def mixes(self) -> bool:

@@ -32,6 +32,61 @@ class ClientUpdate:
     loss: float
 
 
+@dataclass(frozen=True)
+class LocalSGD:
+    """What a client's local steps add to plain SGD, as ``torch.optim.SGD`` with
+    ``clip_grad_norm_`` before each step (FedSC's clients: momentum 0.9, weight decay 5e-4,
+    clip 3). The momentum buffer starts empty every round, as FedSC's clients build a new
+    optimiser for every round.
+
+    Attributes:
+        momentum: μ, the heavy-ball coefficient: b ← μ b + d (b = d at the first step).
+        weight_decay: λ, added to the gradient as λ θ (coupled, after the clipping).
+        grad_clip: the largest L2 norm of each step's gradient over all parameters together
+            (scaled by min(1, c / (‖g‖ + 1e-6)), as ``clip_grad_norm_``), or None.
+    """
+
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"train.local_momentum must be in [0, 1), got {self.momentum}")
+        if not self.weight_decay >= 0.0:
+            raise ValueError(f"train.local_weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and not self.grad_clip > 0.0:
+            raise ValueError(f"train.local_grad_clip must be > 0 or none, got {self.grad_clip}")
+
+    @property
+    def one_step_is_sgd(self) -> bool:
+        """Whether one step is the plain SGD step (momentum alone changes nothing then)."""
+        return self.weight_decay == 0.0 and self.grad_clip is None
+
+    def directions(self, grads: list[Tensor | None], params: list[Tensor],
+                   buffers: list[Tensor | None]) -> list[Tensor | None]:
+        """One step's directions from its gradients at ``params``: clipped, decayed, then
+        through the momentum ``buffers`` (updated in place; None at the round's start)."""
+        if self.grad_clip is not None:
+            norms = [torch.linalg.vector_norm(g) for g in grads if g is not None]
+            total = torch.linalg.vector_norm(torch.stack(norms)) if norms else None
+            if total is not None:
+                scale = torch.clamp(self.grad_clip / (total + 1e-6), max=1.0)
+                grads = [None if g is None else g * scale for g in grads]
+        out: list[Tensor | None] = []
+        for i, (g, p) in enumerate(zip(grads, params, strict=True)):
+            if g is not None and self.weight_decay:
+                g = g + self.weight_decay * p
+            if g is not None and self.momentum:
+                g = g if buffers[i] is None else self.momentum * buffers[i] + g
+                buffers[i] = g
+            out.append(g)
+        return out
+
+
+PLAIN_SGD = LocalSGD()
+
+
 def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """The (name, parameter) pairs a round updates, in a fixed order."""
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -63,7 +118,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                   shared: Moments | None, local_lr: float, local_steps: int = 1,
                   local_batch: int | None = None, clip: float | None = None,
                   own_statistics: bool = False, layerwise: bool = False,
-                  mix: bool = False, alpha: float | None = None) -> ClientUpdate:
+                  mix: bool = False, alpha: float | None = None,
+                  sgd: LocalSGD = PLAIN_SGD) -> ClientUpdate:
     """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
     One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
@@ -97,6 +153,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         alpha: with ``own_statistics``, FedSC's weight of the client's own statistics in
             place of N_k/N: each step on L(α S_k + (1 − α) S_ext)/α (``stats.others_mix``);
             None: N_k/N, the exact weight. Any other α is not the centralized step.
+        sgd: momentum, weight decay and gradient clipping of the local steps (``LocalSGD``;
+            FedSC's recipe); one step with neither decay nor clipping is the SGD step.
         mix: ``shared`` is a stale aggregate A, and the loss is taken at the mix
             (N_k/N)·S_k + (1 − N_k/N)·A (``AnchoredMethod.refreshed_loss`` with S_k⁰ = A),
             N = A's count: the client's own statistics fresh, the others' stale
@@ -113,7 +171,7 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         raise ValueError("the own-statistics mix needs a statistics method and the "
                          "aggregate's sample count N")
     if local_steps == 1 and (local_batch is None or local_batch >= n) and (
-            alpha is None or not own_statistics):
+            alpha is None or not own_statistics) and sgd.one_step_is_sgd:
         f, g = model(x1, x2)
         w = min(1.0, n / float(shared.count)) if mix else 1.0
         # the mix's loss / w: its gradient ∇L(mix)·∂S_k, on the anchored loss's scale
@@ -134,6 +192,7 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         raise ValueError("own_statistics needs the aggregate's sample count N")
     weight = min(1.0, n / float(shared.count)) if refresh else 1.0  # N_k / N
     ratios: dict[str, Tensor | float] | None = None
+    buffers: list[Tensor | None] = [None] * len(named)
     for idx in local_batches(n, local_steps, local_batch):
         current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
         f, g = functional_call(model, current, (x1[idx], x2[idx]))
@@ -152,6 +211,9 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
             scaled = alpha if (alpha is not None and refresh and not mix) else weight
             first_loss = float(loss.detach()) * scaled
         grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
+        if sgd != PLAIN_SGD:
+            grads = sgd.directions(list(grads), [v.detach() for v in current.values()],
+                                   buffers)
         step = {name: (trust_ratio(p.detach().norm(), gr.norm()) if layerwise and gr is not None
                        else 1.0)
                 for (name, p), gr in zip(named, grads)}  # ‖θ₀‖/‖g_e‖

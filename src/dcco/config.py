@@ -17,6 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from dcco.algorithm import Algorithm
 from dcco.augment import AugmentConfig, is_image
+from dcco.client import LocalSGD
 from dcco.data.paired import is_paired
 from dcco.data.tables import TableConfig, ham10000_table
 from dcco.errors import UserError
@@ -125,6 +126,18 @@ class TrainConfig:
     objective: "exact", N_k/N (one step is the centralized step); "fedsc", FedSC's α, from 1
     at the first round linearly to 0.2 at the last, with the other clients' average at 1 − α
     (Jing et al. 2024's code; not the centralized step even for one local step)."""
+    local_momentum: float = 0.0
+    """SGD momentum of the local steps (FedSC: 0.9), its buffer empty at every round's start."""
+    local_weight_decay: float = 0.0
+    """Weight decay of the local steps, added to each gradient as λθ (FedSC: 5e-4). Not the
+    centralized step even for one local step."""
+    local_grad_clip: float | None = None
+    """Each local step's gradient clipped to this L2 norm over all parameters (FedSC: 3.0);
+    none: no clipping. Not the centralized step even for one local step."""
+    local_lr_schedule: Literal["constant", "cosine"] = "constant"
+    """The local learning rate over the rounds: "constant", local_lr; "cosine",
+    local_lr · ½(1 + cos(π r / R)) at round r of R (FedSC's clients, whose server averages
+    the models: ``optim.name = "sgd"``, ``optim.lr = 1``)."""
     local_optimizer: Literal["sgd", "layerwise"] = "sgd"
     """With E > 1: "sgd", raw SGD steps of local_lr; "layerwise", each parameter tensor's
     step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start; as LARS on the server), so local_lr
@@ -193,6 +206,11 @@ class TrainConfig:
             )
 
 
+def local_sgd(t: TrainConfig) -> LocalSGD:
+    """The local steps' momentum, weight decay and clipping of ``[train]``."""
+    return LocalSGD(t.local_momentum, t.local_weight_decay, t.local_grad_clip)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a pretraining run needs, section by section."""
@@ -218,7 +236,8 @@ class RunConfig:
                   t.stale_after, pseudo_gradient=t.pseudo_gradient,
                   local_statistics=t.local_statistics,
                   local_optimizer=t.local_optimizer, stale_statistics=t.stale_statistics,
-                  aggregate_decay=t.aggregate_decay)  # its checks name the train.* keys
+                  aggregate_decay=t.aggregate_decay,
+                  local_sgd=local_sgd(t))  # their checks name the train.* keys
         if t.own_weight != "exact" and t.local_statistics != "own":
             raise ValueError("train.own_weight weighs a client's own statistics in its local "
                              "steps; it needs train.local_statistics = 'own'")

@@ -21,7 +21,7 @@ from dcco.algorithm import Algorithm, RoundResult
 from dcco.augment import is_image, training_views
 from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
-from dcco.config import ConfigError, RunConfig
+from dcco.config import ConfigError, RunConfig, local_sgd
 from dcco.data.paired import Dataset
 from dcco.data.partition import (
     Partition,
@@ -109,15 +109,26 @@ def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundP
 def algorithm_of(cfg: RunConfig, round_index: int | None = None) -> Algorithm:
     """The run's method with its round settings (``train.local_*``, ``train.staleness``, and
     the update clipping of ``privacy``); with ``round_index``, the settings that change from
-    round to round too (``train.own_weight = "fedsc"``: ``fedsc_alpha``)."""
+    round to round too (``train.own_weight = "fedsc"``: ``fedsc_alpha``;
+    ``train.local_lr_schedule = "cosine"``: ``cosine_factor``)."""
     t = cfg.train
     clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
     alpha = (fedsc_alpha(round_index, t.rounds)
              if t.own_weight == "fedsc" and round_index is not None else None)
-    return Algorithm(build_method(t.method, cfg.loss), t.local_lr, t.local_steps,
+    local_lr = t.local_lr
+    if t.local_lr_schedule == "cosine" and round_index is not None:
+        local_lr = t.local_lr * cosine_factor(round_index, t.rounds)
+    return Algorithm(build_method(t.method, cfg.loss), local_lr, t.local_steps,
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
                      t.local_statistics, t.stale_statistics, t.aggregate_decay,
-                     own_alpha=alpha, local_optimizer=t.local_optimizer)
+                     own_alpha=alpha, local_optimizer=t.local_optimizer,
+                     local_sgd=local_sgd(t))
+
+
+def cosine_factor(round_index: int, rounds: int) -> float:
+    """½(1 + cos(π r / R)) at round r (0-based) of R: 1 at the first round, towards 0 at the
+    last (``torch.optim.lr_scheduler.CosineAnnealingLR`` with T_max = R, FedSC's)."""
+    return 0.5 * (1.0 + math.cos(math.pi * round_index / rounds))
 
 
 def fedsc_alpha(round_index: int, rounds: int, first: float = 1.0, last: float = 0.2) -> float:
@@ -310,8 +321,10 @@ class Pretraining:
 
     def round_algorithm(self, round_index: int) -> Algorithm:
         """The algorithm of round ``round_index``: the run's, with FedSC's α of that round
-        under ``train.own_weight = "fedsc"``."""
-        if self.cfg.train.own_weight == "exact":
+        under ``train.own_weight = "fedsc"``, its local learning rate under
+        ``train.local_lr_schedule = "cosine"``."""
+        t = self.cfg.train
+        if t.own_weight == "exact" and t.local_lr_schedule == "constant":
             return self.algorithm
         return algorithm_of(self.cfg, round_index)
 
