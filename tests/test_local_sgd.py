@@ -120,3 +120,41 @@ def test_local_sgd__bad_settings_name_the_key(key, value, match):
 def test_local_sgd__refused_for_centralized_methods():
     with pytest.raises(ValueError, match="centralized"):
         RunConfig(train=TrainConfig(method="cco", local_momentum=0.9))
+
+
+def test_uniform_weighting__the_clients_plain_mean_exact_only_over_clients_of_one_size():
+    """FedSC's server averages its clients' models unweighted: 1/K each. Over clients of one
+    size that is the sample-weighted round (and the batched path keeps it); over unequal
+    clients it is the plain mean of their updates, and no longer the centralized step."""
+    model = _model(projector=(24, 24, 16))
+    method = build_method("fedsc")
+    uniform = Algorithm(method, client_weighting="uniform")
+    for sizes in ([3, 3, 3, 3], SIZES):
+        x1, x2 = _views(sizes)
+        segments = Segments.from_counts(sizes)
+        exact = run_round(model, method, x1, x2, segments, "batched")
+        outs = [run_round(model, uniform, x1, x2, segments, b) for b in ("batched", "reference")]
+        flat = [torch.cat([v.flatten() for v in o.pseudo_gradient.values()]) for o in outs]
+        ref = torch.cat([v.flatten() for v in exact.pseudo_gradient.values()])
+        assert float((flat[0] - flat[1]).norm()) <= 1e-12 * float(flat[1].norm())
+        rel = float((flat[1] - ref).norm() / ref.norm())
+        assert (rel <= 1e-12) == (len(set(sizes)) == 1), (sizes, rel)
+        assert outs[1].num_samples == sum(sizes)
+    # the plain mean of the clients' own updates, by hand
+    x1, x2 = _views(SIZES)
+    shared = _shared(model, method, x1, x2)
+    deltas = [client_update(model, method, a, b, shared, 1.0).delta
+              for a, b in zip(x1.split(SIZES), x2.split(SIZES), strict=True)]
+    by_hand = torch.cat([-sum(d[n] for d in deltas).flatten() / len(deltas)
+                         for n in deltas[0]])
+    torch.testing.assert_close(flat[1], by_hand, rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="train.client_weighting"):
+        Algorithm(method, client_weighting="median")
+
+
+def test_uniform_weighting__refused_over_flower():
+    from dcco.config import ConfigError
+    from dcco.flower.appconfig import parse_run_config
+
+    with pytest.raises(ConfigError, match="client_weighting = 'uniform' is not supported"):
+        parse_run_config({"train.client_weighting": "uniform"})

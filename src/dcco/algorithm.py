@@ -21,6 +21,7 @@ steps, ``statistics`` and ``updates``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -31,6 +32,10 @@ from dcco.client import PLAIN_SGD, ClientUpdate, LocalSGD, client_update
 from dcco.methods.base import Method
 from dcco.privacy import RoundNoise
 from dcco.stats import EncodingStats, Moments, StatsSpec, moving_average
+
+Absent = Callable[[list[EncodingStats]], EncodingStats]
+"""The server's merge of a round's per-client statistics with its cache of the clients absent
+from the round (``dcco.statistics_cache.StatisticsCache.merge_round``)."""
 
 STATS_BYTES = 8
 """Bytes per shared statistic: sums travel in float64."""
@@ -74,6 +79,11 @@ class Executor(Protocol):
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
         """Exchange 1: every client's statistics, merged (raises ``RoundSkipped``)."""
+        ...
+
+    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
+        """Exchange 1, unmerged: each client's statistics, in the round's client order (the
+        simulator's executors; over Flower a node merges its clients)."""
         ...
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
@@ -164,6 +174,10 @@ class Algorithm:
     each parameter tensor's step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start), so local_lr
     is the relative step of every tensor (``dcco.client.client_update``). One local step is
     the same either way."""
+    client_weighting: str = "samples"
+    """How the server averages the clients' updates: "samples", by N_k/N (the exact round);
+    "uniform", 1/K each (FedSC's code). The same where all of a round's clients hold as many
+    samples (every Dirichlet partition), else not the centralized step."""
     local_sgd: LocalSGD = PLAIN_SGD
     """Momentum, weight decay and gradient clipping of the local steps (FedSC's clients';
     ``dcco.client.LocalSGD``). Decay or clipping makes even one step inexact."""
@@ -203,6 +217,9 @@ class Algorithm:
                                                and self.local_statistics == "own"):
             raise ValueError(f"a client's own weight α = {self.own_alpha} needs "
                              f"train.local_statistics = 'own' and 0 < α <= 1")
+        if self.client_weighting not in ("samples", "uniform"):
+            raise ValueError(f"train.client_weighting must be 'samples' or 'uniform', got "
+                             f"{self.client_weighting!r}")
         if self.local_optimizer not in ("sgd", "layerwise"):
             raise ValueError(f"train.local_optimizer must be 'sgd' or 'layerwise', got "
                              f"{self.local_optimizer!r}")
@@ -224,12 +241,14 @@ class Algorithm:
                              self.local_optimizer == "layerwise", self.mixes, self.own_alpha,
                              self.local_sgd)
 
-    def batched_exact(self, smallest_client: int) -> bool:
+    def batched_exact(self, smallest_client: int, largest_client: int | None = None) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
-        step on all of each client's samples."""
+        step on all of each client's samples, the updates weighted by sample count (or
+        uniformly, over clients of one size)."""
+        equal = largest_client is None or largest_client == smallest_client
         return self.update_clip is None and self.local_steps == 1 and not self.mixes and (
             self.local_batch is None or self.local_batch >= smallest_client) and (
-            self.local_sgd.one_step_is_sgd)
+            self.local_sgd.one_step_is_sgd) and (self.client_weighting == "samples" or equal)
 
     @property
     def mixes(self) -> bool:
@@ -253,16 +272,19 @@ class Algorithm:
         return 2 if fresh else 1
 
     def run_round(self, executor: Executor, previous: Moments | None = None,
-                  noise: RoundNoise | None = None) -> RoundResult:
+                  noise: RoundNoise | None = None, absent: Absent | None = None) -> RoundResult:
         """One round: statistics (fresh, or the previous round's aggregate), then the clients'
         updates against them, combined by the server. ``previous``: the last round's
         aggregate in stale mode. ``noise``: differential privacy's Gaussian noise, added by
-        the server to each released sum (statistics, averaged update)."""
+        the server to each released sum (statistics, averaged update). ``absent``: the
+        server's merge of the round's clients' statistics with its cache of the absent ones
+        (FedSC's partial participation), instead of the round's clients alone."""
         spec = self.method.stats
         shared = previous if self.staleness else None
         exchanges = self.exchanges(previous is not None)
         if spec is not None and shared is None:
-            stats = executor.statistics(spec)
+            stats = (executor.statistics(spec) if absent is None
+                     else absent(executor.each_statistics(spec)))
             if noise is not None:  # stale mode's first round: its one extra exchange
                 stats = noise.statistics(stats, spec, "first" if self.staleness else "stats")
             shared = stats.moments()
@@ -293,4 +315,4 @@ class Algorithm:
         return {"up": model_bytes + stats, "down": model_bytes + state_bytes + shared}
 
 
-__all__ = ["Algorithm", "Executor", "RoundResult", "RoundSkipped", "Updates"]
+__all__ = ["Absent", "Algorithm", "Executor", "RoundResult", "RoundSkipped", "Updates"]

@@ -161,6 +161,17 @@ class TrainConfig:
     aggregate_decay: float = 0.0
     """With staleness = 1: the statistics a stale round uses are an exponential moving
     average of the aggregates, β·A_prev + (1 − β)·A_new (0: the last round's)."""
+    client_weighting: Literal["samples", "uniform"] = "samples"
+    """How the server averages the clients' updates: "samples", by their share N_k/N of the
+    round's samples (the exact round); "uniform", 1/K each (FedSC's code). They agree when a
+    round's clients all hold as many samples (every Dirichlet partition); "uniform" runs in the
+    simulator in one process."""
+    absent_statistics: Literal["drop", "cached"] = "drop"
+    """Statistics methods: "drop", a round's aggregate is its own clients' (exact);
+    "cached", the server keeps every client's last statistics and merges those of the
+    clients absent from a round into its aggregate (FedSC's partial participation,
+    ``dcco.statistics_cache``; not a centralized step; the simulator only, one process,
+    without privacy)."""
     backend: Literal["batched", "reference"] = "batched"
     seed: int = 0
     device: str = "auto"
@@ -236,8 +247,19 @@ class RunConfig:
                   t.stale_after, pseudo_gradient=t.pseudo_gradient,
                   local_statistics=t.local_statistics,
                   local_optimizer=t.local_optimizer, stale_statistics=t.stale_statistics,
-                  aggregate_decay=t.aggregate_decay,
+                  aggregate_decay=t.aggregate_decay, client_weighting=t.client_weighting,
                   local_sgd=local_sgd(t))  # their checks name the train.* keys
+        if t.absent_statistics == "cached":
+            if method.stats is None:
+                raise ValueError(f"train.absent_statistics = 'cached' keeps clients' shared "
+                                 f"statistics; {method.name} shares none")
+            if t.staleness:
+                raise ValueError("train.absent_statistics = 'cached' takes fresh statistics "
+                                 "each round; it needs train.staleness = 0")
+            if self.privacy.enabled:
+                raise ValueError("train.absent_statistics = 'cached' keeps each client's own "
+                                 "statistics at the server, which differential privacy "
+                                 "forbids; use 'drop' with [privacy]")
         if t.own_weight != "exact" and t.local_statistics != "own":
             raise ValueError("train.own_weight weighs a client's own statistics in its local "
                              "steps; it needs train.local_statistics = 'own'")

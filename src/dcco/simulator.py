@@ -18,12 +18,13 @@ executors itself).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from dcco.algorithm import Algorithm, RoundResult, Updates
+from dcco.algorithm import Absent, Algorithm, RoundResult, Updates
 from dcco.client import client_statistics, trainable_parameters
 from dcco.methods.base import Method, Segments
 from dcco.privacy import RoundNoise
@@ -56,7 +57,12 @@ class ReferenceExecutor:
         return list(zip(torch.split(self.x1, sizes), torch.split(self.x2, sizes), strict=True))
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
-        return merge([client_statistics(self.model, a, b, spec) for a, b in self.views])
+        return merge(self.each_statistics(spec))
+
+    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
+        """Exchange 1, client by client: each client's statistics, unmerged (for the
+        server's cache of absent clients, ``dcco.statistics_cache``)."""
+        return [client_statistics(self.model, a, b, spec) for a, b in self.views]
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
@@ -64,9 +70,11 @@ class ReferenceExecutor:
         fresh = (ReferenceExecutor.statistics(self, with_stats) if with_stats is not None
                  else None)
         updates = [algorithm.client_update(self.model, a, b, shared) for a, b in self.views]
-        pooled = pooled_update(updates, dict(trainable_parameters(self.model)))
+        weighed = (updates if algorithm.client_weighting == "samples"
+                   else [replace(u, num_samples=1) for u in updates])  # 1/K each
+        pooled = pooled_update(weighed, dict(trainable_parameters(self.model)))
         pseudo = {k: -v for k, v in pooled.delta.items()}
-        return Updates(pseudo, pooled.loss, len(updates), pooled.num_samples, fresh)
+        return Updates(pseudo, pooled.loss, len(updates), self.segments.num_samples, fresh)
 
 
 class BatchedExecutor(ReferenceExecutor):
@@ -89,10 +97,20 @@ class BatchedExecutor(ReferenceExecutor):
         f, g = self._encodings
         return encoding_stats(f.detach(), g.detach(), spec)
 
+    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
+        if self._per_client:
+            return super().each_statistics(spec)
+        self._encodings = self.model(self.x1, self.x2)
+        sizes = self.segments.counts.tolist()
+        f, g = (t.detach() for t in self._encodings)
+        return [encoding_stats(a, b, spec)
+                for a, b in zip(f.split(sizes), g.split(sizes), strict=True)]
+
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
         encodings, self._encodings = self._encodings, None
-        if self._per_client or not algorithm.batched_exact(int(self.segments.counts.min())):
+        counts = self.segments.counts
+        if self._per_client or not algorithm.batched_exact(int(counts.min()), int(counts.max())):
             return super().updates(algorithm, shared, with_stats)
         named = trainable_parameters(self.model)
         f, g = encodings if encodings is not None else self.model(self.x1, self.x2)
@@ -113,7 +131,8 @@ EXECUTORS = {"batched": BatchedExecutor, "reference": ReferenceExecutor}
 
 def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tensor,
               segments: Segments, backend: Backend = "batched", local_lr: float = 1.0,
-              previous: Moments | None = None, noise: RoundNoise | None = None) -> RoundResult:
+              previous: Moments | None = None, noise: RoundNoise | None = None,
+              absent: Absent | None = None) -> RoundResult:
     """One round (or, for centralized methods, one step) on a round's views.
 
     Args:
@@ -126,6 +145,8 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         backend: ``"batched"`` or ``"reference"``.
         local_lr: client SGD learning rate η (paper: 1.0) when ``method`` is a method.
         previous: the previous round's aggregate (stale statistics), or None.
+        absent: merges the round's per-client statistics with the server's cache of absent
+            clients (``train.absent_statistics = "cached"``), or None.
         noise: differential privacy's noise for this round (``dcco.privacy.RoundNoise``).
     """
     algorithm = method if isinstance(method, Algorithm) else Algorithm(method, local_lr)
@@ -138,4 +159,5 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         )
     if backend not in EXECUTORS:
         raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
-    return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous, noise)
+    return algorithm.run_round(EXECUTORS[backend](model, x1, x2, segments), previous, noise,
+                               absent)

@@ -42,6 +42,7 @@ from dcco.privacy import Ledger, RoundNoise, solve_noise_multiplier, stats_sensi
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
 from dcco.simulator import EXECUTORS, run_round
+from dcco.statistics_cache import MAX_CACHE_BYTES, StatisticsCache, cache_bytes
 from dcco.stats import Moments
 
 
@@ -92,6 +93,8 @@ class RoundPlan:
 
     sample_ids: Tensor
     segments: Segments
+    clients: Tensor | None = None
+    """The round's client ids, in the order of ``segments`` (None: a centralized batch)."""
 
 
 def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundPlan:
@@ -100,7 +103,7 @@ def plan_round(cfg: RunConfig, partition: Partition, round_index: int) -> RoundP
     if METHODS[cfg.train.method].federated:
         clients = sample_clients(seed, round_index, partition.num_clients, k)
         ids, segment_ids = partition.gather(clients)
-        return RoundPlan(ids, Segments(segment_ids, partition.sizes[clients]))
+        return RoundPlan(ids, Segments(segment_ids, partition.sizes[clients]), clients)
     batch = k * cfg.data.samples_per_client
     ids = centralized_batch(seed, round_index, partition.indices, batch)
     return RoundPlan(ids, Segments.from_counts([batch]))
@@ -122,7 +125,7 @@ def algorithm_of(cfg: RunConfig, round_index: int | None = None) -> Algorithm:
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
                      t.local_statistics, t.stale_statistics, t.aggregate_decay,
                      own_alpha=alpha, local_optimizer=t.local_optimizer,
-                     local_sgd=local_sgd(t))
+                     client_weighting=t.client_weighting, local_sgd=local_sgd(t))
 
 
 def cosine_factor(round_index: int, rounds: int) -> float:
@@ -283,6 +286,12 @@ class Pretraining:
                 f"{self.method.name} over several ranks is not supported: a centralized batch "
                 f"is split over the ranks and run as DCCO, which is exact for CCO alone; run "
                 f"it in one process")
+        if self.world > 1 and cfg.train.client_weighting != "samples":
+            raise ConfigError("train.client_weighting = 'uniform' runs in one process: the "
+                              "ranks of torch.distributed weigh their shares by sample count")
+        self.cache = self._statistics_cache()
+        """The server's cache of every client's last statistics
+        (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
@@ -314,9 +323,13 @@ class Pretraining:
         if self.world > 1:
             return self.apply(self._shared_round(plan, r), lr, start)
         x1, x2 = self.views(plan, r)
+        absent = None
+        if self.cache is not None:
+            clients = plan.clients.tolist()
+            absent = functools.partial(self.cache.merge_round, clients)
         result = run_round(self.model, self.round_algorithm(r), x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
-                           previous=self.previous(r), noise=self.round_noise(r))
+                           previous=self.previous(r), noise=self.round_noise(r), absent=absent)
         return self.apply(result, lr, start)
 
     def round_algorithm(self, round_index: int) -> Algorithm:
@@ -405,12 +418,35 @@ class Pretraining:
             f"Rounds {bad}-{self.rounds_done} were applied before the check, so this model is "
             f"discarded: no checkpoint was written after round {bad - 1}")
 
+    def _statistics_cache(self) -> StatisticsCache | None:
+        """A new cache for ``train.absent_statistics = "cached"``, refused where it cannot
+        run or would not fit; None otherwise."""
+        t = self.cfg.train
+        if t.absent_statistics != "cached":
+            return None
+        if self.world > 1:
+            raise ConfigError("train.absent_statistics = 'cached' runs in one process: the "
+                              "ranks of torch.distributed all-reduce their clients' sums")
+        d_f = d_g = self.model.projection_dim
+        size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round,
+                           self.method.stats.num_values(d_f, d_g))
+        if size > MAX_CACHE_BYTES:
+            raise ConfigError(
+                f"train.absent_statistics = 'cached' would keep up to {size / 2**30:.1f} GiB "
+                f"of client statistics ({self.partition.num_clients} clients, "
+                f"{self.method.stats.num_values(d_f, d_g)} values each), over the "
+                f"{MAX_CACHE_BYTES / 2**30:.0f} GiB limit; it is meant for a few clients "
+                f"(FedSC: 10 to 20), or use 'drop'")
+        return StatisticsCache()
+
     def round_state(self) -> dict[str, Tensor]:
-        """What a checkpoint must keep besides model and optimiser: the last aggregate."""
+        """What a checkpoint must keep besides model and optimiser: the last aggregate, and
+        the cache of clients' statistics."""
+        cache = self.cache.state() if self.cache is not None else {}
         if self.aggregate is None:
-            return {}
+            return cache
         return {f"aggregate.{k}": v for k, v in self.aggregate.items()} | {
-            "aggregate.count": self.aggregate.count}
+            "aggregate.count": self.aggregate.count} | cache
 
     def load_round_state(self, state: dict[str, Tensor]) -> None:
         """Restore ``round_state``: the aggregate of the last round before the checkpoint."""
@@ -418,6 +454,8 @@ class Pretraining:
                   if k.startswith("aggregate.")}
         count = values.pop("count", None)
         self.aggregate = Moments(values, count=count) if values else None
+        if self.cache is not None:
+            self.cache = StatisticsCache.from_state(state)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,14 @@ def parse_run_config(run_config: Mapping[str, FlowerValue]) -> tuple[RunConfig, 
         raise ConfigError("model.norm = 'bn' is not supported over Flower: each client's "
                           "batch-norm running statistics would stay on its device, and the "
                           "server's model would evaluate with its initial ones; use 'gn'")
+    if cfg.train.client_weighting != "samples":
+        raise ConfigError("train.client_weighting = 'uniform' is not supported over Flower: "
+                          "a node replies with its clients' sample-weighted update; use "
+                          "'samples' (the same over clients of one size)")
+    if cfg.train.absent_statistics == "cached":
+        raise ConfigError("train.absent_statistics = 'cached' is not supported over Flower: "
+                          "a node merges its clients' statistics (and SecAgg+ hides each "
+                          "node's), so the server has no client's own to keep; use 'drop'")
     return cfg, from_dict(FlowerConfig, flower, SECTION)
 
 
