@@ -60,8 +60,30 @@ def test_launcher__refuses_an_undeclared_key_or_a_bad_value_before_starting_anyt
     assert not out.exists()
 
 
+def test_launcher__sighup_and_sigterm_stop_it_as_ctrl_c_does():
+    """The handler's two paths (the end-to-end test below runs each once): SIGINT raises
+    KeyboardInterrupt, SIGTERM and SIGHUP raise ``Stopped`` with their number, and any later
+    signal is ignored while the processes are being stopped."""
+    from dcco.flower.loopback import Stopped, _stop_on_signals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for signum, raised in ((signal.SIGHUP, Stopped), (signal.SIGTERM, Stopped),
+                               (signal.SIGINT, KeyboardInterrupt)):
+            _stop_on_signals()
+            handler = signal.getsignal(signum)
+            with pytest.raises(raised) as e:
+                handler(signum, None)
+            if raised is Stopped:
+                assert e.value.signum == signum and str(e.value) == signum.name
+            assert all(signal.getsignal(s) == signal.SIG_IGN for s in saved)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_launcher__a_signal_stops_every_process_it_started_with_one_line(
         tmp_path, tiny_fmnist, signum):
     out = tmp_path / "deploy"

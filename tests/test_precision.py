@@ -115,8 +115,6 @@ def test_prepared_models__keep_parameter_names_state_dict_and_checkpoints(tmp_pa
         assert load_checkpoint(tmp_path / "c.safetensors", fresh, None) == 3
         for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
             assert torch.equal(a, b), k
-    result = _round(Speed("float32", "on"), "dcco")
-    assert list(result.pseudo_gradient) == [n for n, _ in trainable_parameters(eager)]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -124,6 +122,7 @@ def test_compiled_round__agrees_with_eager(method):
     """torch.compile (inductor) against eager float32: loss to 1e-5 and pseudo-gradient to
     1e-4 relative (measured: 3e-6 to 1e-5)."""
     eager, compiled = _round(Speed(), method), _round(Speed("float32", "on"), method)
+    assert list(compiled.pseudo_gradient) == list(eager.pseudo_gradient)  # names unchanged
     assert float(compiled.loss) == pytest.approx(float(eager.loss), rel=1e-5)
     a, b = _flat(compiled), _flat(eager)
     assert float((a - b).norm() / b.norm()) < 1e-4
