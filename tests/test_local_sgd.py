@@ -23,7 +23,7 @@ from dcco.config import RunConfig, TrainConfig
 from dcco.methods import Segments, build_method
 from dcco.simulator import run_round
 from dcco.stats import merge
-from dcco.train import algorithm_of, cosine_factor
+from dcco.train import algorithm_of
 
 SIZES = [3, 6, 2, 5]
 
@@ -93,9 +93,11 @@ def test_cosine_local_lr__follows_the_round_and_reaches_the_clients():
     # torch's CosineAnnealingLR with T_max = R, as FedSC's server steps it once a round
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 200)
+    long = RunConfig(train=TrainConfig(method="fedsc", rounds=200, local_lr=1.0,
+                                       local_lr_schedule="cosine"))
     for r in range(200):
-        assert cosine_factor(r, 200) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-9,
-                                                      abs=1e-12), r
+        assert algorithm_of(long, r).local_lr == pytest.approx(
+            opt.param_groups[0]["lr"], rel=1e-9, abs=1e-12), r
         opt.step()
         schedule.step()
     cfg = RunConfig(train=TrainConfig(method="fedsc", rounds=10, local_lr=0.03,

@@ -113,25 +113,20 @@ def algorithm_of(cfg: RunConfig, round_index: int | None = None) -> Algorithm:
     """The run's method with its round settings (``train.local_*``, ``train.staleness``, and
     the update clipping of ``privacy``); with ``round_index``, the settings that change from
     round to round too (``train.own_weight = "fedsc"``: ``fedsc_alpha``;
-    ``train.local_lr_schedule = "cosine"``: ``cosine_factor``)."""
+    ``train.local_lr_schedule = "cosine"``: the server's schedule, ``scheduled_lr``, without
+    warm-up, as FedSC's CosineAnnealingLR with T_max = the rounds)."""
     t = cfg.train
     clip = cfg.privacy.update_clip if cfg.privacy.enabled else None
     alpha = (fedsc_alpha(round_index, t.rounds)
              if t.own_weight == "fedsc" and round_index is not None else None)
-    local_lr = t.local_lr
-    if t.local_lr_schedule == "cosine" and round_index is not None:
-        local_lr = t.local_lr * cosine_factor(round_index, t.rounds)
+    local_lr = (t.local_lr if round_index is None else
+                scheduled_lr(round_index, t.rounds, t.local_lr, schedule=t.local_lr_schedule))
     return Algorithm(build_method(t.method, cfg.loss), local_lr, t.local_steps,
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
                      t.local_statistics, t.stale_statistics, t.aggregate_decay,
                      own_alpha=alpha, local_optimizer=t.local_optimizer,
                      client_weighting=t.client_weighting, local_sgd=local_sgd(t))
 
-
-def cosine_factor(round_index: int, rounds: int) -> float:
-    """½(1 + cos(π r / R)) at round r (0-based) of R: 1 at the first round, towards 0 at the
-    last (``torch.optim.lr_scheduler.CosineAnnealingLR`` with T_max = R, FedSC's)."""
-    return 0.5 * (1.0 + math.cos(math.pi * round_index / rounds))
 
 
 def fedsc_alpha(round_index: int, rounds: int, first: float = 1.0, last: float = 0.2) -> float:
@@ -427,14 +422,14 @@ class Pretraining:
         if self.world > 1:
             raise ConfigError("train.absent_statistics = 'cached' runs in one process: the "
                               "ranks of torch.distributed all-reduce their clients' sums")
-        d_f = d_g = self.model.projection_dim
-        size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round,
-                           self.method.stats.num_values(d_f, d_g))
+        d = self.model.projection_dim  # both towers project to it
+        values = self.method.stats.num_values(d, d)
+        size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, values)
         if size > MAX_CACHE_BYTES:
             raise ConfigError(
                 f"train.absent_statistics = 'cached' would keep up to {size / 2**30:.1f} GiB "
                 f"of client statistics ({self.partition.num_clients} clients, "
-                f"{self.method.stats.num_values(d_f, d_g)} values each), over the "
+                f"{values} values each), over the "
                 f"{MAX_CACHE_BYTES / 2**30:.0f} GiB limit; it is meant for a few clients "
                 f"(FedSC: 10 to 20), or use 'drop'")
         return StatisticsCache()
