@@ -148,7 +148,7 @@ class _Shared(nn.Module):
         return self.encoder(x1), self.encoder(x2)
 
 
-def _dual(model: Model) -> tuple[nn.Module, Callable[[str], str]]:
+def dual_view(model: Model) -> tuple[nn.Module, Callable[[str], str]]:
     """The model as (x1, x2) → (F, G), and how its parameter names map back to ``model``'s."""
     if isinstance(model, DualEncoder):
         return model, lambda name: name
@@ -190,7 +190,7 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
         method: a statistics method's name (``dcco``, ``dvicreg``) or object.
     """
     m = _method(method, statistics=True)
-    dual, _ = _dual(model)
+    dual, _ = dual_view(model)
     n = int(x1.shape[0])
     if n == 0:
         raise ValueError("a client with no samples has no statistics; leave it out of the "
@@ -243,7 +243,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
                          f"got {int(x1.shape[0])}")
     if steps < 1 or (batch is not None and batch < 1):
         raise ValueError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
-    dual, back = _dual(model)
+    dual, back = dual_view(model)
     with _buffers_kept(dual):
         update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
     return replace(update, delta={back(k): v for k, v in update.delta.items()})

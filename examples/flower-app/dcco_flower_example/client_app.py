@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from dcco.flower import answer
+from dcco.flower import answer, secure_aggregation_mod
 from dcco_flower_example.task import (
     SmallCNN,
     augment,
@@ -17,7 +17,7 @@ from dcco_flower_example.task import (
 app = ClientApp()
 
 
-@app.train()
+@app.train(mods=[secure_aggregation_mod])  # SecAgg+ (secagg = true); plain messages pass
 def train(msg: Message, context: Context) -> Message:
     pid, cfg = int(context.node_config["partition-id"]), context.run_config
     if cfg["partitioner"] == "dirichlet":  # a flwr-datasets partitioner
@@ -25,6 +25,7 @@ def train(msg: Message, context: Context) -> Message:
                                   float(cfg["alpha"]))
     else:
         photos = node_photos(pid, int(cfg["photos-per-node"]))
-    if "phase" not in msg.content["config"]:  # Flower's FedAvg, for the speed comparison
+    config = msg.content.config_records.get("config")  # none under SecAgg+
+    if config is not None and "phase" not in config:  # Flower's FedAvg, for the speed test
         return fedavg_reply(msg, SmallCNN(), photos)
     return answer(msg, context, SmallCNN(), photos, augment=augment)

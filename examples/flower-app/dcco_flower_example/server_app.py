@@ -12,8 +12,8 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from dcco.flower import DCCO
-from dcco_flower_example.task import SmallCNN
+from dcco.flower import DCCO, SecAgg
+from dcco_flower_example.task import SmallCNN, augment, server_photos
 
 app = ServerApp()
 
@@ -23,8 +23,11 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     torch.manual_seed(0)
     model = SmallCNN()
+    secagg = (SecAgg(model=SmallCNN(), samples=server_photos(), augment=augment,
+                     max_samples=int(cfg["secagg-max-photos"])) if cfg["secagg"] else None)
     strategy = DCCO(fraction_train=float(cfg["fraction-train"]), min_train_nodes=2,
-                    min_available_nodes=2, optimizer="lars", lr=float(cfg["lr"]))
+                    min_available_nodes=2, optimizer="lars", lr=float(cfg["lr"]),
+                    secagg=secagg)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=int(cfg["num-server-rounds"]))
     if cfg["compare-fedavg"]:

@@ -73,6 +73,12 @@ def node_photos(partition_id: int, per_node: int) -> torch.Tensor:
     start = (partition_id // 10) * per_node
     return train.images[ids[start:start + per_node]]
 
+def server_photos(n: int = 32) -> torch.Tensor:
+    """The server's own photos, for SecAgg+'s calibration step (``secagg = true``): the first
+    ``n`` of the test split, which no node holds."""
+    return load_dataset("fashion_mnist", "test").images[:n]
+
+
 def fedavg_reply(msg, model: nn.Module, photos: torch.Tensor):
     """For the speed comparison with Flower's FedAvg (``compare-fedavg``): one local step of
     contrastive FedAvg (NT-Xent within the node) on the same model and photos, replied as

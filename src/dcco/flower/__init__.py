@@ -9,8 +9,9 @@ See ``docs/flower.md``.
 
 For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
 starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``, what
-your ClientApp's ``train`` handler returns (``userapp``). They are imported on first use, so
-that the ClientApp's module stays free of torch.
+your ClientApp's ``train`` handler returns (``userapp``); ``SecAgg`` and
+``secure_aggregation_mod`` for SecAgg+ (``secure_round``, ``mods``). They are imported on
+first use, so that the ClientApp's module stays free of torch.
 """
 
 from typing import Any
@@ -21,6 +22,14 @@ def __getattr__(name: str) -> Any:
         from dcco.flower.strategy import DCCO
 
         return DCCO
+    if name == "SecAgg":
+        from dcco.flower.secure_round import SecAgg
+
+        return SecAgg
+    if name == "secure_aggregation_mod":
+        from dcco.flower.mods import secure_aggregation_mod
+
+        return secure_aggregation_mod
     if name == "answer":
         from dcco.flower.userapp import answer
 
@@ -28,4 +37,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dcco.flower' has no attribute {name!r}")
 
 
-__all__ = ["DCCO", "answer"]
+__all__ = ["DCCO", "SecAgg", "answer", "secure_aggregation_mod"]

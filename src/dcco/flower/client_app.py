@@ -16,12 +16,10 @@ from __future__ import annotations
 import time
 
 from flwr.app import Context, Message, RecordDict
-from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import ClientAppCallable
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from dcco.flower import timing, worker
+from dcco.flower.mods import secure_aggregation_mod
 
 app = ClientApp()
 
@@ -37,15 +35,6 @@ def _handled(kind: str, msg: Message, context: Context) -> Message:
     if timing.enabled():  # when the reply goes back to Flower, for the reply gaps
         timing.record("app", message=kind, app_start=started, app_return=time.time())
     return Message(reply, reply_to=msg)
-
-
-def secure_aggregation_mod(msg: Message, context: Context,
-                           call_next: ClientAppCallable) -> Message:
-    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ exchange only, so that one
-    ClientApp serves plain and secure runs."""
-    if RECORD_KEY_CONFIGS in msg.content.config_records:
-        return secaggplus_mod(msg, context, call_next)
-    return call_next(msg, context)
 
 
 @app.query()

@@ -19,7 +19,8 @@ The server averages the valid updates by sample count and steps its optimiser (L
 phase 1 counts in S_A but not in the update (``dcco.server``'s rule), and a phase with fewer
 than ``min_survivors`` valid replies skips the round (no model change; its reason in the
 round's metrics). Methods without statistics (``cco_fedavg``, ``contrastive_fedavg``) run the
-update exchange alone, with the model.
+update exchange alone, with the model. With ``secagg=SecAgg(...)`` both exchanges go through
+Flower's SecAgg+ (``dcco.flower.secure_round``): the server sees only their averages.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from torch import Tensor
 
 from dcco.api import merge_statistics
 from dcco.client import ClientUpdate
-from dcco.flower import codec
+from dcco.flower import codec, secure_round
+from dcco.flower.codec import Instruction
 from dcco.flower.polling import push_and_pull
+from dcco.flower.secure_round import SecAgg
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
 from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
@@ -85,7 +88,11 @@ class DCCO(Strategy):
             the first round's valid-looking updates (the names most replies carry), kept for
             the run. The model's other floating arrays (batch norm's running statistics) are
             the sample-weighted average of what the nodes hold after their step, as FedAvg
-            averages them; integer arrays stay as they are.
+            averages them; integer arrays stay as they are. Under SecAgg+, the parameters
+            of ``secagg.model`` that require gradients.
+        secagg: both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``:
+            the nodes' model, the server's calibration samples, the most samples a node
+            holds); None: plain messages, each reply checked.
     """
 
     def __init__(self, fraction_train: float = 1.0, min_train_nodes: int = 2,
@@ -94,7 +101,8 @@ class DCCO(Strategy):
                  warmup_rounds: int = 0, schedule: str = "cosine",
                  vector_lr_scale: float = 1.0, local_lr: float = 1.0,
                  min_survivors: int = 1, seed: int = 0,
-                 trained: Iterable[str] | None = None) -> None:
+                 trained: Iterable[str] | None = None, secagg: SecAgg | None = None
+                 ) -> None:
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if min(min_train_nodes, min_available_nodes, min_survivors) < 1:
@@ -110,6 +118,21 @@ class DCCO(Strategy):
                                  vector_lr_scale=vector_lr_scale)
         self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
         self._given = None if trained is None else list(trained)
+        self.secagg = secagg
+        if secagg is not None:
+            if not isinstance(secagg, SecAgg):
+                raise TypeError(f"secagg must be a dcco.flower.SecAgg, got "
+                                f"{type(secagg).__name__}")
+            if min(min_train_nodes, min_available_nodes) < 2:
+                raise ValueError("SecAgg+ needs at least 2 nodes an exchange: set "
+                                 "min_train_nodes and min_available_nodes >= 2")
+            own = secagg.model.state_dict()
+            learned = [k for k, p in secagg.model.named_parameters() if p.requires_grad]
+            order = [k for k in own if k in set(learned)]
+            if self._given is not None and set(self._given) != set(order):
+                raise ValueError("under SecAgg+ the trained arrays are the parameters of "
+                                 "secagg.model that require gradients; leave trained=None")
+            self._given = order
         self.trained = self._given
         self._rng = random.Random(seed)
         self._weights: dict[str, Tensor] = {}
@@ -212,6 +235,10 @@ class DCCO(Strategy):
         if self.trained is not None and not set(self.trained) <= floating:
             raise ValueError(f"trained names arrays that initial_arrays does not hold as "
                              f"floating tensors: {sorted(set(self.trained) - floating)[:3]}")
+        if self.secagg is not None and (lacking := [
+                k for k in self.secagg.model.state_dict() if k not in self._weights]):
+            raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
+                             f"state_dict of the nodes' model")
         if evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
             result.evaluate_metrics_serverapp[0] = res
         config = train_config or ConfigRecord()
@@ -234,6 +261,8 @@ class DCCO(Strategy):
                ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """One round: the first exchange, the statistics' merge and the update exchange
         (statistics methods), then ``aggregate_train``."""
+        if self.secagg is not None:
+            return self._secure_round(grid, r, config, timeout)
         first = list(self.configure_train(r, codec.array_record(self._weights), config, grid))
         self._phase1_counts = {}
         if self.method.stats is None:
@@ -260,6 +289,49 @@ class DCCO(Strategy):
             self._skipped = stats | self._skipped
             return None, None
         return arrays, MetricRecord(stats | dict(metrics))
+
+    def _secure_round(self, grid: Grid, r: int, config: ConfigRecord, timeout: float
+                      ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """One round with both exchanges through SecAgg+ (``dcco.flower.secure_round``): the
+        server learns the averages of the nodes' statistics, updates and losses only."""
+        sa, spec = self.secagg, self.method.stats
+        nodes = self._sample(grid)
+        scales = secure_round.calibration(sa, self._weights, self.method, self.local_lr,
+                                          self.seed, r)
+        extra = {k: v for k, v in self._config("", r, dict(config)).items()
+                 if k not in (PHASE, ROUND)}  # the secure config carries its own
+        model = {k: self._weights[k] for k in sa.model.state_dict()}  # the nodes' order
+        shapes = {k: tuple(self._weights[k].shape) for k in self.trained}
+        metrics, shared = {}, None
+        if spec is not None:
+            tally = ReplyTally()
+            got = secure_round.exchange(sa, grid, {n: Instruction("stats", r, (), model)
+                                                   for n in nodes}, extra, scales,
+                                        sa.stats_clip, r, timeout, tally)
+            metrics |= _tally("stats", tally) | {"stats-clipped": got.clipped}
+            if got.values is None or len(got.counts) < max(self.min_survivors, 2):
+                self._skipped = metrics
+                return None, None
+            shared = secure_round.shared_of(got.values, spec, scales,
+                                            float(sum(got.counts.values())))
+            nodes, model = sorted(got.counts), None
+        tally = ReplyTally()
+        got = secure_round.exchange(sa, grid, {n: Instruction("update", r, (), model, shared)
+                                               for n in nodes}, extra, scales, sa.update_clip,
+                                    r, timeout, tally)
+        pooled = (secure_round.pooled_delta(got.values, shapes, scales)
+                  if got.values is not None else None)
+        if got.values is not None and pooled is None:
+            tally.accepted -= len(got.counts)
+            tally.reject("shape")
+        metrics |= _tally("update", tally) | {"update-clipped": got.clipped}
+        if pooled is None or len(got.counts) < max(self.min_survivors, 2):
+            self._skipped = metrics
+            return None, None
+        self._params_of(self._weights)
+        self._step(self._weights, {k: -v for k, v in pooled[0].items()}, r - 1, self._rounds)
+        return ArrayRecord(dict(self._weights)), MetricRecord(
+            metrics | {"loss": pooled[1], "num-examples": sum(got.counts.values())})
 
     @staticmethod
     def _replies(grid: Grid, messages: list[Message], timeout: float,
@@ -398,4 +470,4 @@ def _tally(phase: str, tally: ReplyTally) -> dict:
     return out
 
 
-__all__ = ["DCCO", "moments_of", "moments_record"]
+__all__ = ["DCCO", "SecAgg", "moments_of", "moments_record"]

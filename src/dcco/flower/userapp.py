@@ -17,16 +17,20 @@ method's ``update`` message brings the model itself.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from dcco.api import local_update, statistics
-from dcco.flower import codec
+from dcco.flower import codec, secagg
 from dcco.flower.strategy import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
+from dcco.methods.base import LossConfig, Method
+from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 from dcco.seeding import derive_seed
+from dcco.stats import Moments
 
 KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
 KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"
@@ -49,21 +53,19 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
             views (only for inputs that are already two views' worth of difference, e.g.
             features of two modalities; images want an augmentation).
 
+    Under SecAgg+ (``DCCO(secagg=SecAgg(...))``) the handler needs
+    ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
+
     Raises:
-        ValueError: a message without the strategy's config, or a phase ``update`` whose
-            model this node did not receive in phase ``stats`` (Flower reports the error to
-            the server, which counts the node as failed).
+        ValueError: a message without the strategy's config, a phase ``update`` whose
+            model this node did not receive in phase ``stats``, or (SecAgg+) more samples
+            than the strategy's ``SecAgg.max_samples`` (Flower reports the error to the
+            server, which counts the node as failed).
     """
-    config = msg.content.config_records.get("config")
-    missing = [k for k in (PHASE, ROUND, METHOD, VIEWS_SEED) if config is None or k not in config]
-    if missing:
-        raise ValueError(f"not a message of the dcco.flower.DCCO strategy (its config record "
-                         f"lacks {', '.join(missing)})")
-    phase, r = str(config[PHASE]), int(config[ROUND])
-    method, lr = str(config[METHOD]), float(config.get(LOCAL_LR, 1.0))
-    seed = int(config[VIEWS_SEED])
-    if "arrays" in msg.content.array_records:
-        weights = codec.tensors_of(msg.content.array_records["arrays"])
+    ask = _asked(msg.content, model)
+    phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
+    if ask.model is not None:
+        weights = ask.model
         if phase == "stats":
             context.state[KEPT_MODEL] = codec.array_record(weights)
             context.state[KEPT_ROUND] = ConfigRecord({"round": r})
@@ -87,17 +89,24 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
         context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
         stats = statistics(model, x1, x2, method)
+        if params is not None:
+            _check_weight(int(stats.count), params)
+            return Message(secagg.secure_stats_reply(stats, params, method.stats),
+                           reply_to=msg)
         sums = {k: v for k, v in stats.items() if k != "count"}
         return Message(RecordDict({"statistics": codec.array_record(sums),
                                    "metrics": MetricRecord({"num-examples": int(stats.count)})}),
                        reply_to=msg)
-    shared = (moments_of(msg.content.array_records["statistics"])
-              if "statistics" in msg.content.array_records else None)
-    update = local_update(model, x1, x2, shared, method, lr=lr)
+    update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr)
     for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
         context.state.config_records.pop(key, None)
+    if params is not None:  # positional: the trained arrays in the model's own order
+        _check_weight(update.num_samples, params)
+        ordered = {k: update.delta[k] for k in model.state_dict() if k in update.delta}
+        return Message(secagg.secure_update_reply(replace(update, delta=ordered), params),
+                       reply_to=msg)
     _forward_for_buffers(model, x1, x2)
     reply = {"arrays": codec.array_record(update.delta),
              "metrics": MetricRecord({"num-examples": update.num_samples,
@@ -107,6 +116,49 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
     if buffers:  # batch norm's running statistics after this node's step, to be averaged
         reply["buffers"] = codec.array_record(buffers)
     return Message(RecordDict(reply), reply_to=msg)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One message of the strategy, read: plain, or in SecAgg+'s layout (``secure``: its
+    ranges)."""
+
+    phase: str
+    round: int
+    method: Method
+    lr: float
+    seed: int
+    model: dict[str, Tensor] | None
+    shared: Moments | None
+    secure: secagg.SecureParams | None
+
+
+def _asked(content: RecordDict, model: nn.Module) -> _Asked:
+    secure = secagg.is_secure(content)
+    config = (content.config_records[secagg.FIT_CONFIG] if secure
+              else content.config_records.get("config"))
+    keys = ("phase", "round") if secure else (PHASE, ROUND)
+    missing = [k for k in (*keys, METHOD, VIEWS_SEED) if config is None or k not in config]
+    if missing:
+        raise ValueError(f"not a message of the dcco.flower.DCCO strategy (its config record "
+                         f"lacks {', '.join(missing)})")
+    method = build_method(str(config[METHOD]), LossConfig())
+    head = (str(config[keys[0]]), int(config[keys[1]]), method,
+            float(config.get(LOCAL_LR, 1.0)), int(config[VIEWS_SEED]))
+    if secure:
+        ins, params = secagg.decode_secure_instruction(content, list(model.state_dict()),
+                                                       method.stats)
+        return _Asked(*head, ins.model, ins.shared, params)
+    arrays = content.array_records
+    return _Asked(*head, codec.tensors_of(arrays["arrays"]) if "arrays" in arrays else None,
+                  moments_of(arrays["statistics"]) if "statistics" in arrays else None, None)
+
+
+def _check_weight(count: int, params: secagg.SecureParams) -> None:
+    """A node over SecAgg+'s ``max_weight`` would overflow its masked sums: it refuses."""
+    if count > params.max_weight:
+        raise ValueError(f"this node holds {count} samples, more than the strategy's "
+                         f"SecAgg.max_samples = {params.max_weight:g}; raise it")
 
 
 def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:

@@ -1,0 +1,174 @@
+"""The ``dcco.flower.DCCO`` strategy's round under SecAgg+: the server sees only sums.
+
+Both exchanges go through Flower's SecAgg+ (``dcco.flower.secagg``: the ranges, the wire
+format and the workflow), as in dcco's own app (docs/flower.md, "Secure aggregation"). Each
+round, the server runs one client-style step of the nodes' model on its own calibration
+samples (``SecAgg.samples``): it gives the public frame in which the nodes standardise their
+statistics and the unit of their updates, so that the values fit SecAgg+'s fixed-point range.
+
+What the server then learns of a round: the sample-weighted averages of the statistics and of
+the updates, the average loss, the share of values that SecAgg+'s clipping cut, and the
+nodes' counts (Flower's SecAgg+ reveals them); nothing of one node's statistics, update or
+loss. A reply cannot be checked one by one (the server never sees one): the unmasked
+averages are checked (their sizes, finite values) instead, and SecAgg+ leaves out the nodes
+that fail to take part. Flower's protocol needs at least 2 nodes an exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.serverapp import Grid
+from torch import Tensor, nn
+
+from dcco.api import dual_view
+from dcco.flower import secagg
+from dcco.flower.appconfig import FlowerConfig
+from dcco.flower.codec import Instruction
+from dcco.methods.base import Method
+from dcco.seeding import derive_seed
+from dcco.server import ReplyTally
+from dcco.stats import Moments, StatsSpec
+
+
+@dataclass(frozen=True)
+class SecAgg:
+    """SecAgg+ for both exchanges of the strategy's rounds (``DCCO(secagg=SecAgg(...))``).
+
+    The ClientApp's ``train`` handler then needs ``mods=[dcco.flower.secure_aggregation_mod]``
+    (Flower's ``secaggplus_mod`` for SecAgg+'s messages).
+
+    Args:
+        model: an instance of the nodes' model (its weights come from each round): the
+            server's calibration step runs it.
+        samples: the server's own samples for that step, (n, ...) with n >= 2 (a few dozen,
+            like the nodes' own: public data, or data the server may hold).
+        augment: the nodes' augmentation (None: the samples as both views).
+        max_samples: the most samples one node holds (SecAgg+'s ``max_weight``); a node
+            with more refuses to answer, naming both.
+        stats_clip, update_clip: the clipping ranges of the statistics (in units of the
+            calibration frame: encodings up to ~8 of its standard deviations pass) and the
+            updates (in units of the calibration step's largest |Δ|).
+        quantization, modulus, shares, threshold: SecAgg+'s settings (Flower's defaults;
+            ``dcco.flower.appconfig.FlowerConfig``'s ``secagg_*`` say what each does).
+    """
+
+    model: nn.Module
+    samples: Tensor
+    max_samples: int
+    augment: Callable[[Tensor], Tensor] | None = None
+    stats_clip: float = 64.0
+    update_clip: float = 64.0
+    quantization: int = 1 << 22
+    modulus: int = 1 << 32
+    shares: float = 1.0
+    threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise TypeError(f"SecAgg.model must be an instance of the nodes' model, got "
+                            f"{type(self.model).__name__}")
+        if not isinstance(self.samples, Tensor) or self.samples.ndim < 1 or \
+                self.samples.shape[0] < 2:
+            raise ValueError("SecAgg.samples must be a tensor of at least 2 samples, (n, ...)")
+        if int(self.max_samples) < 1:
+            raise ValueError(f"SecAgg.max_samples must be >= 1, got {self.max_samples}")
+        buffers = [k for k, v in self.model.state_dict().items() if v.is_floating_point()
+                   and k not in dict(self.model.named_parameters())]
+        if buffers:
+            raise ValueError(f"SecAgg+ in the strategy does not average the model's floating "
+                             f"buffers ({buffers[0]}: batch norm's running statistics); use "
+                             f"a model without them (GroupNorm) or secagg=None")
+        try:
+            self.flower_config(600.0)
+        except ValueError as e:
+            raise ValueError(str(e).replace("flower.secagg_", "SecAgg.")) from None
+
+    def flower_config(self, timeout: float) -> FlowerConfig:
+        """These settings in dcco's app's form (``secagg.secure_average`` reads them)."""
+        return FlowerConfig(timeout=timeout, secagg=True, secagg_stats_clip=self.stats_clip,
+                            secagg_update_clip=self.update_clip,
+                            secagg_quantization=self.quantization,
+                            secagg_modulus=self.modulus, secagg_shares=self.shares,
+                            secagg_threshold=self.threshold)
+
+
+def calibration(sa: SecAgg, weights: dict[str, Tensor], method: Method, local_lr: float,
+                seed: int, r: int) -> secagg.SecureScales:
+    """Round ``r``'s public ranges: one client-style step of the round's model on the
+    server's samples (views seeded by ``(seed, r)``)."""
+    from dcco.train import user_views
+
+    own = sa.model.state_dict()
+    sa.model.load_state_dict({k: weights[k].to(own[k].dtype) for k in own})
+    dtype = next(sa.model.parameters()).dtype
+    if sa.augment is None:
+        x1 = x2 = sa.samples.to(dtype) if sa.samples.is_floating_point() else sa.samples
+    else:
+        x1, x2 = user_views(sa.augment, sa.samples, derive_seed(seed, "calibrate"), r, dtype)
+    dual, _ = dual_view(sa.model)
+    return secagg.calibrate(dual, method, x1, x2, local_lr)
+
+
+@dataclass
+class SecureExchange:
+    """One secure exchange's outcome: the unmasked averages, the nodes summed and their
+    samples, and the share of values clipped (None, None when the protocol halted or the
+    averages are not finite)."""
+
+    values: list[np.ndarray] | None
+    counts: dict[int, int]
+    clipped: float = 0.0
+
+
+def exchange(sa: SecAgg, grid: Grid, instructions: dict[int, Instruction],
+             extra: dict, scales: secagg.SecureScales, clip: float, r: int, timeout: float,
+             tally: ReplyTally) -> SecureExchange:
+    """Run one exchange through SecAgg+ and count it in ``tally``: ``extra`` joins every
+    node's config (the strategy's keys: method, views' seed, local rate)."""
+    params = secagg.SecureParams(float(sa.max_samples), clip, sa.quantization, scales)
+    fitins = {}
+    for node, ins in instructions.items():
+        fit = secagg.secure_instruction(ins, params)
+        fit.config.update(extra)
+        fitins[node] = fit
+    tally.sent += len(fitins)
+    result = secagg.secure_average(grid, fitins, r, float(sa.max_samples), clip,
+                                   sa.flower_config(timeout))
+    took = len(result.counts) if result is not None else 0
+    tally.accepted += took
+    tally.failed += len(fitins) - took
+    if result is None:
+        return SecureExchange(None, {})
+    if not all(bool(np.isfinite(v).all()) for v in result.values):
+        tally.reject("nonfinite")
+        tally.accepted -= took
+        return SecureExchange(None, {})
+    return SecureExchange(result.values, result.counts, float(result.values[-1][-1]))
+
+
+def shared_of(values: list[np.ndarray], spec: StatsSpec, scales: secagg.SecureScales,
+              count: float) -> Moments:
+    """S_A from the statistics exchange's unmasked averages (raw moments, float64)."""
+    u = Moments({f"mean_{f.name}": torch.from_numpy(np.asarray(a, dtype=np.float64))
+                 for f, a in zip(spec.fields, values, strict=False)},
+                count=torch.tensor(count, dtype=torch.float64))
+    return secagg.unstandardise(u, scales, spec)
+
+
+def pooled_delta(values: list[np.ndarray], shapes: dict[str, tuple[int, ...]],
+                 scales: secagg.SecureScales) -> tuple[dict[str, Tensor], float] | None:
+    """The average update (name → Δ, in the order of ``shapes``) and the average loss from
+    the update exchange's unmasked averages; None when their sizes do not fit the model."""
+    if len(values) != len(shapes) + 1 or any(
+            v.size != int(np.prod(s)) for v, s in zip(values, shapes.values(), strict=False)):
+        return None
+    delta = {k: scales.update * torch.from_numpy(np.asarray(v, dtype=np.float64)).reshape(s)
+             for (k, s), v in zip(shapes.items(), values, strict=False)}
+    return delta, float(values[-1][0]) * scales.loss
+
+
+__all__ = ["SecAgg", "SecureExchange", "calibration", "exchange", "pooled_delta", "shared_of"]
