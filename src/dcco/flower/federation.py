@@ -398,22 +398,14 @@ class SecureExchanges(PlainExchanges):
         tally = self.replies[phase] = ReplyTally()
         if not self.targets:
             return None
-        max_weight = self.fed._max_weight(self.targets)
-        params = secagg.SecureParams(max_weight, clip, self.fed.fcfg.secagg_quantization,
-                                     self.scales)
-        fitins = {n: secagg.secure_instruction(make(c), params) for n, c in self.targets.items()}
-        tally.sent += len(fitins)
+        params = secagg.SecureParams(self.fed._max_weight(self.targets), clip,
+                                     self.fed.fcfg.secagg_quantization, self.scales)
         sent = time.time()
-        result = secagg.secure_average(self.fed.grid, fitins, self.r, max_weight, clip,
-                                       self.fed.fcfg)
-        took = len(result.counts) if result else 0
-        timing.record("exchange", round=self.r, sent=sent, received=time.time(), nodes=took)
-        tally.accepted += took
-        tally.failed += len(fitins) - took
-        if result is not None and not all(bool(torch.isfinite(torch.from_numpy(v)).all())
-                                          for v in result.values):
-            tally.reject("nonfinite")
-            return None
+        result = secagg.secure_exchange(self.fed.grid, {n: make(c) for n, c in
+                                                        self.targets.items()},
+                                        params, self.fed.fcfg, self.r, tally)
+        timing.record("exchange", round=self.r, sent=sent, received=time.time(),
+                      nodes=tally.accepted)
         return result
 
     def _moments(self, arrays: list, spec: StatsSpec, count: float) -> Moments:

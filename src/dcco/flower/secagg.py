@@ -62,6 +62,7 @@ from dcco.client import ClientUpdate, client_statistics, client_update
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.methods.base import Method
+from dcco.server import ReplyTally
 from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec
 
 FIT_CONFIG, FIT_PARAMETERS = "fitins.config", "fitins.parameters"
@@ -382,12 +383,34 @@ def secure_average(grid: Grid, instructions: dict[int, FitIns], round_index: int
     return exchange.result
 
 
+def secure_exchange(grid: Grid, instructions: dict[int, Instruction], params: SecureParams,
+                    fcfg: FlowerConfig, round_index: int, tally: ReplyTally,
+                    extra: dict | None = None) -> SecureAverage | None:
+    """One exchange through SecAgg+, counted in ``tally`` (nodes summed: accepted; the
+    others: failed): node id → its instruction, ``extra`` added to every node's config. None
+    when the protocol halted or the unmasked averages are not finite (counted ``nonfinite``).
+    dcco's app and the public strategy (``dcco.flower.secure_round``) both run it."""
+    fitins = {}
+    for node, ins in instructions.items():
+        fitins[node] = secure_instruction(ins, params)
+        fitins[node].config.update(extra or {})
+    tally.sent += len(fitins)
+    result = secure_average(grid, fitins, round_index, params.max_weight, params.clip, fcfg)
+    took = len(result.counts) if result is not None else 0
+    tally.failed += len(fitins) - took
+    if result is not None and not all(bool(np.isfinite(v).all()) for v in result.values):
+        tally.reject("nonfinite")
+        return None
+    tally.accepted += took
+    return result
+
+
 # ------------------------------------------------------------------------- client
 
 
 __all__ = [
     "SecureAverage", "SecureParams", "SecureScales", "calibrate", "decode_secure_instruction",
-    "error_bound", "is_secure", "secure_average",
+    "error_bound", "is_secure", "secure_average", "secure_exchange",
     "secure_instruction", "secure_stats_reply", "secure_update_reply", "standardise",
     "unstandardise",
 ]

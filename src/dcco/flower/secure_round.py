@@ -115,9 +115,9 @@ def calibration(sa: SecAgg, weights: dict[str, Tensor], method: Method, local_lr
 
 @dataclass
 class SecureExchange:
-    """One secure exchange's outcome: the unmasked averages, the nodes summed and their
-    samples, and the share of values clipped (None, None when the protocol halted or the
-    averages are not finite)."""
+    """One secure exchange's outcome: the unmasked averages (None when the protocol halted
+    or they are not finite), the nodes summed with their samples, and the share of values
+    SecAgg+ clipped."""
 
     values: list[np.ndarray] | None
     counts: dict[int, int]
@@ -130,22 +130,9 @@ def exchange(sa: SecAgg, grid: Grid, instructions: dict[int, Instruction],
     """Run one exchange through SecAgg+ and count it in ``tally``: ``extra`` joins every
     node's config (the strategy's keys: method, views' seed, local rate)."""
     params = secagg.SecureParams(float(sa.max_samples), clip, sa.quantization, scales)
-    fitins = {}
-    for node, ins in instructions.items():
-        fit = secagg.secure_instruction(ins, params)
-        fit.config.update(extra)
-        fitins[node] = fit
-    tally.sent += len(fitins)
-    result = secagg.secure_average(grid, fitins, r, float(sa.max_samples), clip,
-                                   sa.flower_config(timeout))
-    took = len(result.counts) if result is not None else 0
-    tally.accepted += took
-    tally.failed += len(fitins) - took
+    result = secagg.secure_exchange(grid, instructions, params, sa.flower_config(timeout), r,
+                                    tally, extra)
     if result is None:
-        return SecureExchange(None, {})
-    if not all(bool(np.isfinite(v).all()) for v in result.values):
-        tally.reject("nonfinite")
-        tally.accepted -= took
         return SecureExchange(None, {})
     return SecureExchange(result.values, result.counts, float(result.values[-1][-1]))
 
