@@ -139,6 +139,60 @@ def test_cli_pretrain__sigkill_then_resume_gives_bit_identical_weights(tiny_conf
     assert rounds == list(range(2, 121, 2))  # every logged round exactly once
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_pretrain__a_signal_stops_at_a_checkpoint_even_in_the_background(tiny_config,
+                                                                            tmp_path, signum):
+    """A run started as ``nohup dcco pretrain ... &`` from a script (SIGINT ignored, as a
+    non-interactive shell leaves it) still hears ``kill -INT`` and ``kill -TERM``: it stops at
+    the end of its logging window with a checkpoint (none was due: checkpoint_every 1000),
+    exits 130 naming the resume command, and the resumed run logs every round once."""
+    cfg = tiny_config(rounds=100, checkpoint_every=1000)
+    run = tmp_path / "run"
+    ignoring = ["bash", "-c", 'trap "" INT; exec "$@"', "-"]  # SIGINT ignored, as nohup & has it
+    proc = subprocess.Popen([*ignoring, sys.executable, "-m", "dcco.cli", "pretrain", str(cfg),
+                             "--run-dir", str(run), "--no-progress"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # a few rounds, then the signal
+        if metrics.is_file() and any(json.loads(line).get("round", 0) >= 4
+                                     for line in metrics.read_text().splitlines()[:-1]):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, err
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    stopped = records[-1]
+    assert stopped.get("stopped") == "interrupted" and 4 <= stopped["round"] < 100
+    assert (run / "checkpoint.safetensors").is_file() and not (run / "summary.json").exists()
+    assert "stopping at the next checkpoint" in err
+    assert f"stopped at round {stopped['round']} (interrupted)" in out
+    assert f"dcco pretrain --resume {run}" in out
+    resumed = dcco("pretrain", "--resume", str(run), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    rounds = [json.loads(x)["round"] for x in metrics.read_text().splitlines()
+              if "loss" in json.loads(x)]
+    assert rounds == list(range(2, 101, 2))
+
+
+def test_interrupts__the_first_signal_asks_a_repeat_soon_after_is_the_same_a_later_one_stops(
+        monkeypatch):
+    from dcco import cli
+
+    clock = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    interrupts = cli.Interrupts()
+    assert interrupts.stop() is None
+    interrupts.handle(signal.SIGINT, None)
+    assert interrupts.stop() == "interrupted"
+    clock[0] += 1.0
+    interrupts.handle(signal.SIGINT, None)  # the same Ctrl-C, passed on by a grid
+    clock[0] += cli.Interrupts.SAME_S
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.handle(signal.SIGTERM, None)
+
+
 def test_cli_supervised__writes_a_run_with_its_accuracy(tiny_config, tmp_path, capsys):
     run = tmp_path / "sup"
     assert main(["supervised", str(tiny_config()), "--run-dir", str(run)]) == 0

@@ -277,3 +277,35 @@ def test_reproduce__bad_jobs_and_budgets_are_refused_by_name(tmp_path, tiny_fmni
     assert main(base + ["--time-budget", "0"]) == 2
     assert "--time-budget must be > 0 minutes" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_reproduce_jobs__a_signal_stops_the_running_cells_at_a_checkpoint(tmp_path, tiny_fmnist):
+    """``dcco reproduce --jobs 2`` started in the background from a script (SIGINT ignored):
+    one ``kill -INT`` to it reaches its cells (it passes the request on), each stops at a
+    checkpoint with an ``interrupted`` record, and the command exits 130 (resuming a
+    stopped cell is the time budget's test above)."""
+    import os
+    import signal
+
+    grid = _grid(tmp_path, tiny_fmnist, 100_000)  # cannot finish before the signal
+    out = tmp_path / "out"
+    line = ["bash", "-c", 'trap "" INT; exec "$@"', "-",  # SIGINT ignored, as nohup & has it
+            sys.executable, "-m", "dcco", "reproduce", str(grid), "--scale", "tiny", "--out",
+            str(out), "--jobs", "2", "--no-progress"]
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.Popen(line, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = out / "iid-2-dcco-s0" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:  # wait for a few logged rounds
+        if metrics.is_file() and sum(1 for _ in metrics.open()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    said, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    run = RunDir(out / "iid-2-dcco-s0")
+    stops = [r for r in run.metrics() if "stopped" in r]
+    assert [s["stopped"] for s in stops] == ["interrupted"] and run.checkpoint_path.is_file()
+    assert "interrupted: " in said and "running cells stop at their next checkpoint" in said
+    assert f"[iid-2-dcco-s0] stopped at round {stops[0]['round']} of 100000" in said

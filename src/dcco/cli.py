@@ -9,11 +9,15 @@ and exit status 3; any other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -340,8 +344,14 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
     _resume_with(args, ["dcco", "pretrain", "--resume", str(run.path)])
     if on_run is not None:
         on_run(run)
+    interrupts = getattr(args, "interrupts", None)
     summary = _pretrain_with_progress(cfg, run, train, test, args.resume is not None,
-                                      not args.no_progress)
+                                      not args.no_progress,
+                                      interrupts.stop if interrupts is not None else None)
+    if "stopped" in summary:
+        _say(f"stopped at round {summary['rounds']} ({summary['stopped']}), checkpoint "
+             f"saved; continue with: dcco pretrain --resume {shlex.quote(str(run.path))}")
+        return 130
     knn, privacy = summary.get("knn"), summary.get("privacy")
     _say(f"done: {summary['rounds']} rounds, final loss {summary['final_loss']:.4g}"
          + (f", {summary.get('knn_monitor', 'k-NN')}: {100 * knn:.1f}%" if knn is not None
@@ -516,7 +526,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             _reproduce_pool(args, grid, cells, todo, out, jobs)
     if not args.no_table:
         _reproduce_table(args, grid, cells, out)
-    return 0
+    interrupts = getattr(args, "interrupts", None)
+    return 130 if interrupts is not None and interrupts.requested else 0
 
 
 def _budget(args: argparse.Namespace):
@@ -536,6 +547,10 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
 
     budget = _budget(args)
     splits = load_splits(grid.base)
+    interrupts = getattr(args, "interrupts", None) or Interrupts()
+
+    def stop() -> str | None:
+        return budget.stop() or interrupts.stop()
 
     def pretrain(cfg, run, train, test, resume, stop=None):
         return _pretrain_with_progress(cfg, run, train, test, resume, not args.no_progress,
@@ -544,7 +559,8 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
     busy, stopped, diverged = [], [], []
     with _PhaseProgress(not args.no_progress) as progress:
         for i, cell in enumerate(todo, 1):
-            reason = reason_not_to_start(cell, grid.evaluations, cells, budget)
+            reason = (INTERRUPTED if interrupts.requested else
+                      reason_not_to_start(cell, grid.evaluations, cells, budget))
             if reason is not None:
                 _say(f"({i}/{len(todo)}) [{cell.path.name}] not started: {reason}")
                 stopped.append(cell.path.name)
@@ -552,7 +568,7 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
             try:
                 outcome = run_cell(cell, grid.evaluations, splits, pretrain,
                                    lambda s, i=i: _say(f"({i}/{len(todo)}) {s}"), progress,
-                                   stop=budget.stop)
+                                   stop=stop)
                 if outcome == "stopped":
                     stopped.append(cell.path.name)
                 elif outcome == "diverged":
@@ -565,8 +581,8 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
     if busy:
         _say(f"{len(busy)} cells were busy in another process; rerun to finish them")
     if stopped:
-        _say(f"{len(stopped)} cells unfinished when the time budget ended; the same command "
-             f"resumes them")
+        why = "on a signal" if interrupts.requested else "when the time budget ended"
+        _say(f"{len(stopped)} cells unfinished {why}; the same command resumes them")
     if diverged:
         _say(f"{len(diverged)} cells diverged ({', '.join(diverged)}): their metrics.jsonl "
              f"says at which round; the table leaves them out")
@@ -602,8 +618,10 @@ def _reproduce_pool(args: argparse.Namespace, grid, cells: list, todo: list, out
             line += ["--data-dir", str(args.data_dir)]
         return line + (["--tensorboard"] if args.tensorboard else [])
 
+    interrupts = getattr(args, "interrupts", None)
     outcomes = run_pool(todo, grid.evaluations, jobs, budget, command, _say, out / ".logs",
-                        peers=cells, env=os.environ | threads_per_job(jobs, device))
+                        peers=cells, env=os.environ | threads_per_job(jobs, device),
+                        stop=interrupts.stop if interrupts is not None else None)
     finished = sum(o == "finished" for o in outcomes.values())
     _say(f"{finished} of {len(todo)} cells finished"
          + ("" if finished == len(todo) else "; the same command resumes the others"))
@@ -645,10 +663,64 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+INTERRUPTED = "interrupted"
+"""The reason a run or a grid stopped on a signal (``metrics.jsonl``'s ``stopped``)."""
+
+
+class Interrupts:
+    """SIGINT and SIGTERM, as a command sees them: the first asks the work to stop at its
+    next checkpoint (a run at the end of its logging window, with a checkpoint and a
+    ``stopped`` record, as a time budget stops it; a grid starts no further cell and passes
+    the request on to its cells); the second stops at once (``KeyboardInterrupt``: what was
+    done since the last checkpoint is lost). A signal within ``SAME_S`` seconds of the first
+    counts as the same one: a grid's cell hears a terminal's Ctrl-C both from the terminal
+    and from the grid, which passes it on."""
+
+    SAME_S = 3.0
+
+    def __init__(self) -> None:
+        self.requested, self._at = False, 0.0
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            if time.monotonic() - self._at > self.SAME_S:
+                raise KeyboardInterrupt
+            return
+        self.requested, self._at = True, time.monotonic()
+        print(f"\n{signal.Signals(signum).name}: stopping at the next checkpoint; "
+              f"interrupt again to stop at once (losing what was done since)",
+              file=sys.stderr, flush=True)
+
+    def stop(self) -> str | None:
+        """``INTERRUPTED`` once a signal came, else None (a run's ``stop``)."""
+        return INTERRUPTED if self.requested else None
+
+
+@contextlib.contextmanager
+def _interruptible(interrupts: Interrupts) -> Iterator[None]:
+    """``interrupts`` handles SIGINT and SIGTERM while a command runs, then the previous
+    handlers come back (the CLI may run in a caller's process). A process that a
+    non-interactive shell starts in the background (``nohup dcco reproduce ... &``) inherits
+    SIGINT ignored, and Python leaves it so: without this, ``kill -INT`` would not reach it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, interrupts.handle)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    args.interrupts = Interrupts()
     try:
-        return COMMANDS[args.command](args)
+        with _interruptible(args.interrupts):
+            return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         hint = getattr(args, "resume_hint", None)
         print("\ninterrupted" + (f"; continue with: {hint}" if hint else ""), file=sys.stderr)

@@ -456,7 +456,7 @@ class DCCO(Strategy):
 
 
 def _send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
-    """The replies to ``messages``: pulled every 0.1 s (``dcco.flower.polling``) instead of
+    """The replies to ``messages``: pulled every 0.01 s (``dcco.flower.polling``) instead of
     Flower's ``Grid.send_and_receive``, which sleeps 3 s between pulls on a deployment's
     grid; a grid that answers at once (``dcco.flower.inprocess``) is asked directly."""
     if getattr(grid, "replies_at_once", False):

@@ -168,7 +168,7 @@ def outcome_of(cell: Cell, evaluations: tuple[str, ...], returncode: int) -> str
     if not _missing_evaluations(cell, evaluations):
         return "finished"
     stops = [r for r in RunDir(cell.path).metrics() if "stopped" in r]
-    if returncode == 0 and stops:
+    if returncode in (0, 130) and stops:  # 130: stopped on a signal (dcco.cli)
         return f"stopped at round {stops[-1]['round']} of {cell.cfg.train.rounds}"
     if returncode == 0:
         return "unfinished (busy in another process, or stopped before an evaluation)"
@@ -186,7 +186,8 @@ class _Running:
 def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget: Budget,
              command: Callable[[Cell], list[str]], say: Callable[[str], None], logs: Path,
              peers: list[Cell] | None = None, poll: float = 1.0, status_every: float = 60.0,
-             grace: float | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+             grace: float | None = None, env: dict[str, str] | None = None,
+             stop: Callable[[], str | None] | None = None) -> dict[str, str]:
     """Run ``cells`` as up to ``jobs`` processes at once within ``budget``.
 
     Args:
@@ -204,6 +205,12 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
         grace: seconds after the deadline before a process that has not stopped is
             interrupted (SIGINT; SIGKILL 30 s later); default max(120, 5 % of the budget).
         env: the processes' environment (default: this one's).
+        stop: asked every ``poll`` seconds; once it gives a reason (the command was
+            interrupted), no further cell starts and each running process gets one SIGINT,
+            which stops it at its next checkpoint (a process that also heard the signal
+            itself, from a terminal's Ctrl-C, takes the two as one: ``dcco.cli.Interrupts``).
+            A ``KeyboardInterrupt`` here (a second signal) interrupts them again, which stops
+            them at once (SIGKILL 30 s later).
 
     Returns:
         Cell folder name → outcome ("finished", "stopped at round r of R", "not started: …",
@@ -217,7 +224,7 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
     total = len(pending)
     if grace is None:
         grace = max(120.0, 0.05 * max(budget.left(), 0.0)) if budget.deadline else 0.0
-    last_status = time.monotonic()
+    last_status, stopping = time.monotonic(), False
     try:
         while pending or running:
             for r in [r for r in running if r.process.poll() is not None]:
@@ -248,6 +255,15 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
                 say(status_line(running, len(pending), budget))
             if budget.deadline is not None and budget.left() < -grace:
                 _interrupt(running)
+            if stop is not None and not stopping and (reason := stop()) is not None:
+                stopping = True
+                for cell in pending:
+                    outcomes[cell.path.name] = f"not started: {reason}"
+                pending.clear()
+                for r in running:
+                    if r.process.poll() is None:
+                        r.process.send_signal(signal.SIGINT)
+                say(f"{reason}: {len(running)} running cells stop at their next checkpoint")
             if pending or running:
                 time.sleep(poll)
     except KeyboardInterrupt:
