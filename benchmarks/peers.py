@@ -19,7 +19,11 @@ The peers (each skipped, and said so, when it cannot be imported):
 - ``flower``: Flower's simulation (``flwr.simulation.run_simulation``, Ray), one virtual node
   per client, Flower's ``FedAvg`` (contrastive) or ``dcco.flower.DCCO`` (dcco), the round
   timed on the server;
-- ``pfl``: Apple's pfl (``pip install 'dcco[peers]'``), not wired yet: listed as skipped.
+- ``pfl``: Apple's pfl 0.6 (``pip install 'dcco[peers]'``), its ``FederatedAveraging`` on
+  its ``SimulatedBackend`` in this process (one user per client, a cohort of all K, one local
+  step on the whole user's data, updates weighted by samples with ``WeightByDatapoints``, the
+  central SGD at rate 1): contrastive FedAvg only (pfl has no round of shared statistics),
+  each round timed by a pfl callback.
 
 Every peer's first-round update must equal dcco's to float32 tolerance (relative 1e-4 of the
 update's norm) before it is timed. The in-process peers run interleaved in blocks (a slow
@@ -223,6 +227,97 @@ def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads:
     return out
 
 
+def pfl_rounds(method: str, clients: int, samples: int, rounds: int, threads: int,
+               widths=WIDTHS, projector=PROJECTOR, side=SIDE) -> dict:
+    """pfl's FedAvg simulation of contrastive FedAvg: the seconds of each round (a pfl
+    callback after each central iteration) and round 1's averaged update."""
+    import dataclasses
+
+    os.environ.setdefault("PFL_PYTORCH_DEVICE", "cpu")
+    from pfl.aggregate.simulate import SimulatedBackend
+    from pfl.aggregate.weighting import WeightByDatapoints
+    from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+    from pfl.callback.base import TrainingProcessCallback
+    from pfl.data.federated_dataset import FederatedDataset
+    from pfl.data.pytorch import PyTorchTensorDataset
+    from pfl.data.sampling import MinimizeReuseUserSampler
+    from pfl.hyperparam import NNTrainHyperParams
+    from pfl.metrics import Metrics, Weighted
+    from pfl.model.pytorch import PyTorchModel
+
+    loss = _client_loss(method)
+
+    class User(torch.nn.Module):  # pfl calls the module's loss and metrics on a user's data
+        def __init__(self) -> None:
+            super().__init__()
+            self.dual = build_dual_encoder(ModelConfig(widths=tuple(widths)), 1,
+                                           tuple(projector), seed=SEED)
+
+        def loss(self, x1, x2):
+            return loss(*self.dual(x1, x2), None)
+
+        @torch.no_grad()
+        def metrics(self, x1, x2):
+            return {"loss": Weighted(float(self.loss(x1, x2)) * len(x1), len(x1))}
+
+    class FedAvg(FederatedAveraging):
+        """pfl's FedAvg without its evaluation (it has no switch), keeping round 1's update."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.first: dict = {}
+
+        def process_aggregated_statistics(self, central_context, aggregate_metrics, model,
+                                          statistics):
+            out = super().process_aggregated_statistics(central_context, aggregate_metrics,
+                                                        model, statistics)
+            if central_context.current_central_iteration == 0:
+                self.first = {k.removeprefix("dual."): v.clone()
+                              for k, v in statistics.items()}
+            return out
+
+        def get_next_central_contexts(self, *args, **kwargs):
+            contexts, model, metrics = super().get_next_central_contexts(*args, **kwargs)
+            if contexts is not None:
+                contexts = tuple(dataclasses.replace(c, do_evaluation=False)
+                                 for c in contexts)
+            return contexts, model, metrics
+
+    class Timer(TrainingProcessCallback):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def on_train_begin(self, *, model):
+            self.stamps.append(time.perf_counter())
+            return Metrics()
+
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+            self.stamps.append(time.perf_counter())
+            return False, Metrics()
+
+    torch.set_num_threads(threads)
+    users = {k: PyTorchTensorDataset(node_views(k * samples, samples, side), user_id=str(k))
+             for k in range(clients)}
+    data = FederatedDataset(make_dataset_fn=lambda k: users[k],
+                            user_sampler=MinimizeReuseUserSampler(list(range(clients))))
+    module = User()
+    model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
+                         central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
+    algorithm, timer = FedAvg(), Timer()
+    algorithm.run(
+        algorithm_params=NNAlgorithmParams(central_num_iterations=rounds,
+                                           evaluation_frequency=1, train_cohort_size=clients,
+                                           val_cohort_size=None),
+        backend=SimulatedBackend(training_data=data, val_data=data,
+                                 postprocessors=[WeightByDatapoints()]),
+        model=model,
+        model_train_params=NNTrainHyperParams(local_num_epochs=1, local_learning_rate=1.0,
+                                              local_batch_size=None),
+        model_eval_params=None, callbacks=[timer], send_metrics_to_platform=False)
+    return {"first": algorithm.first,
+            "seconds": [b - a for a, b in itertools.pairwise(timer.stamps)]}
+
+
 def _fixed_views(x1, x2):
     """``answer``'s augmentation for precomputed views: the first call gives view 1, the
     second view 2 (its two calls a round, in order)."""
@@ -278,25 +373,40 @@ def measure(method: str, clients: int, samples: int, threads: int, rounds: int, 
         except ImportError:
             point["skipped"]["flower"] = "flwr is not installed (pip install 'dcco[flower]')"
         else:
-            out = flower_rounds(method, clients, samples, max(2, rounds * blocks // 2 + 1),
-                                threads, **shape)
-            error = _rel(out["first"], reference)
-            point["peers"]["flower"] = {"equal_to_dcco": error}
-            if error > TOLERANCE:
-                point["skipped"]["flower"] = f"its update differs from dcco's by {error:.2e}"
-            else:
-                kept = out["seconds"][1:] or out["seconds"]  # round 1 starts the actors
-                point["peers"]["flower"] |= {"seconds": out["seconds"],
-                                             "median_s": statistics.median(kept)}
+            _timed_elsewhere(point, "flower", flower_rounds(
+                method, clients, samples, max(2, rounds * blocks // 2 + 1), threads, **shape),
+                reference)
     if "pfl" in peers:
-        point["skipped"]["pfl"] = ("not wired yet: pfl 0.6 needs dp-accounting < 0.6, dcco "
-                                   "runs 0.6 (issue 40)")
+        try:
+            import pfl  # noqa: F401
+        except ImportError:
+            point["skipped"]["pfl"] = "pfl is not installed (pip install 'dcco[peers]')"
+        else:
+            if method != "contrastive":
+                point["skipped"]["pfl"] = "pfl has no round of shared statistics (DCCO)"
+            else:
+                _timed_elsewhere(point, "pfl", pfl_rounds(
+                    method, clients, samples, max(2, rounds * blocks // 2 + 1), threads,
+                    **shape), reference)
     base = point["peers"]["dcco"].get("median_s")
     for entry in point["peers"].values():
         if "median_s" in entry and base:
             entry["ratio_to_dcco"] = entry["median_s"] / base
     point["peak_rss_gib"] = round(peak_rss_gib(), 2)
     return point
+
+
+def _timed_elsewhere(point: dict, name: str, out: dict, reference: dict) -> None:
+    """A peer that runs its own rounds (Flower, pfl): its round-1 update checked against
+    dcco's, then the median of its rounds after the first (which starts actors or builds
+    state)."""
+    error = _rel(out["first"], reference)
+    point["peers"][name] = {"equal_to_dcco": error}
+    if error > TOLERANCE:
+        point["skipped"][name] = f"its update differs from dcco's by {error:.2e}"
+        return
+    kept = out["seconds"][1:] or out["seconds"]
+    point["peers"][name] |= {"seconds": out["seconds"], "median_s": statistics.median(kept)}
 
 
 def show(point: dict) -> str:

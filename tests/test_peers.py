@@ -28,5 +28,19 @@ def test_peers_benchmark__small_mode_checks_and_times_every_peer(tmp_path):
         assert entry["equal_to_dcco"] <= 1e-4, (peer, entry)
         assert entry["median_s"] > 0 and peer not in point["skipped"]
     assert point["peers"]["dcco"]["ratio_to_dcco"] == 1.0
-    assert "pfl" in point["skipped"] and point["skipped"]["pfl"]
+    assert "no round of shared statistics" in point["skipped"]["pfl"]
     assert (tmp_path / "peers.png").stat().st_size > 0
+
+
+def test_peers_benchmark__pfl_runs_contrastive_fedavg_to_dccos_update(tmp_path):
+    """pfl's FedAvg (the [peers] extra, in the dev extra) on the contrastive workload: its
+    first update equals dcco's batched round's, and it is timed."""
+    record = tmp_path / "peers.json"
+    done = subprocess.run([sys.executable, "benchmarks/peers.py", "--small", "--methods",
+                           "contrastive", "--peers", "dcco", "pfl", "--record", str(record)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (point,) = json.loads(record.read_text())["points"]
+    entry = point["peers"]["pfl"]
+    assert entry["equal_to_dcco"] <= 1e-4 and entry["median_s"] > 0, entry
+    assert point["skipped"] == {}
