@@ -281,7 +281,7 @@ def test_reproduce__bad_jobs_and_budgets_are_refused_by_name(tmp_path, tiny_fmni
 
 def test_reproduce_jobs__a_signal_stops_the_running_cells_at_a_checkpoint(tmp_path, tiny_fmnist):
     """``dcco reproduce --jobs 2`` started in the background from a script (SIGINT ignored):
-    one ``kill -INT`` to it reaches its cells (it passes the request on), each stops at a
+    one ``kill -INT`` to it reaches its cells (by their stop files), each stops at a
     checkpoint with an ``interrupted`` record, and the command exits 130 (resuming a
     stopped cell is the time budget's test above)."""
     import os

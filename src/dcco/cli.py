@@ -668,18 +668,21 @@ INTERRUPTED = "interrupted"
 
 
 class Interrupts:
-    """SIGINT and SIGTERM, as a command sees them: the first asks the work to stop at its
-    next checkpoint (a run at the end of its logging window, with a checkpoint and a
-    ``stopped`` record, as a time budget stops it; a grid starts no further cell and passes
-    the request on to its cells); the second stops at once (``KeyboardInterrupt``: what was
-    done since the last checkpoint is lost). A signal within ``SAME_S`` seconds of the first
-    counts as the same one: a grid's cell hears a terminal's Ctrl-C both from the terminal
-    and from the grid, which passes it on."""
+    """SIGINT and SIGTERM, as ``pretrain`` and ``reproduce`` see them: the first asks the work
+    to stop at its next checkpoint (a run at the end of its logging window, with a checkpoint
+    and a ``stopped`` record, as a time budget stops it; a grid starts no further cell and
+    asks its cells to stop); the second stops at once (``KeyboardInterrupt``: what was done
+    since the last checkpoint is lost). A signal within ``SAME_S`` seconds of the first
+    counts as the same one (a terminal's Ctrl-C reaches a grid's cells too). A grid asks its
+    cells by a file (``STOP_FILE``, in their environment), which a cell's ``stop`` reads: a
+    file cannot be lost as a signal can, at a process's start."""
 
     SAME_S = 3.0
+    STOP_FILE = "DCCO_STOP_FILE"
 
     def __init__(self) -> None:
         self.requested, self._at = False, 0.0
+        self.stop_file = os.environ.get(self.STOP_FILE)
 
     def handle(self, signum: int, frame: object) -> None:
         if self.requested:
@@ -687,18 +690,22 @@ class Interrupts:
                 raise KeyboardInterrupt
             return
         self.requested, self._at = True, time.monotonic()
-        print(f"\n{signal.Signals(signum).name}: stopping at the next checkpoint; "
-              f"interrupt again to stop at once (losing what was done since)",
-              file=sys.stderr, flush=True)
+        # os.write, not print: a signal that lands inside a print would make print re-enter
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping at the next checkpoint; "
+                    f"interrupt again to stop at once (losing what was done since)\n".encode())
 
     def stop(self) -> str | None:
-        """``INTERRUPTED`` once a signal came, else None (a run's ``stop``)."""
+        """``INTERRUPTED`` once a signal came or the grid asked, else None (a run's
+        ``stop``)."""
+        if not self.requested and self.stop_file and os.path.exists(self.stop_file):
+            self.requested = True
         return INTERRUPTED if self.requested else None
 
 
 @contextlib.contextmanager
-def _interruptible(interrupts: Interrupts) -> Iterator[None]:
-    """``interrupts`` handles SIGINT and SIGTERM while a command runs, then the previous
+def _interruptible(interrupts: Interrupts | None) -> Iterator[None]:
+    """``interrupts`` handles SIGINT and SIGTERM while a command runs (None: SIGINT raises
+    ``KeyboardInterrupt``, SIGTERM ends the process, as by default), then the previous
     handlers come back (the CLI may run in a caller's process). A process that a
     non-interactive shell starts in the background (``nohup dcco reproduce ... &``) inherits
     SIGINT ignored, and Python leaves it so: without this, ``kill -INT`` would not reach it."""
@@ -706,8 +713,11 @@ def _interruptible(interrupts: Interrupts) -> Iterator[None]:
         yield
         return
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in old:
-        signal.signal(s, interrupts.handle)
+    if interrupts is None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    else:
+        for s in old:
+            signal.signal(s, interrupts.handle)
     try:
         yield
     finally:
@@ -717,7 +727,10 @@ def _interruptible(interrupts: Interrupts) -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    args.interrupts = Interrupts()
+    # the commands that stop at a checkpoint (torchrun's ranks do not: they must stop together)
+    graceful = args.command == "reproduce" or (
+        args.command == "pretrain" and int(os.environ.get("WORLD_SIZE", "1")) <= 1)
+    args.interrupts = Interrupts() if graceful else None
     try:
         with _interruptible(args.interrupts):
             return COMMANDS[args.command](args)

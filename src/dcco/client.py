@@ -193,21 +193,23 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
     weight = min(1.0, n / float(shared.count)) if refresh else 1.0  # N_k / N
     ratios: dict[str, Tensor | float] | None = None
     buffers: list[Tensor | None] = [None] * len(named)
-    starts: dict[tuple[int, ...] | int, Moments] = {}
-    bufferless = next(model.buffers(), None) is None  # a forward changes no running statistics
+    # a forward that changes no running statistics and draws no dropout gives the same S_k⁰
+    deterministic = next(model.buffers(), None) is None and not any(
+        isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+    last_start: tuple[tuple[int, ...], Moments] | None = None
     for idx in local_batches(n, local_steps, local_batch):
         current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
         f, g = functional_call(model, current, (x1[idx], x2[idx]))
         if refresh:
             if mix:  # the client's share moves from A (its fresh statistics, then its steps)
                 start = shared
-            else:  # at the round's model: the same for every step on the same samples
-                key = tuple(idx.tolist()) if bufferless else len(starts)
-                if key not in starts:
+            else:  # at the round's model: the same for consecutive steps on the same samples
+                key = tuple(idx.tolist())
+                if not (deterministic and last_start is not None and last_start[0] == key):
                     with torch.no_grad():
-                        starts[key] = encoding_stats(*model(x1[idx], x2[idx]),
-                                                     method.stats).moments()
-                start = starts[key]
+                        last_start = key, encoding_stats(*model(x1[idx], x2[idx]),
+                                                         method.stats).moments()
+                start = last_start[1]
             loss = (method.others_loss(f, g, shared, start, weight, alpha)
                     if alpha is not None and not mix
                     else method.refreshed_loss(f, g, shared, start, weight))

@@ -393,13 +393,14 @@ def secure_exchange(grid: Grid, instructions: dict[int, Instruction], params: Se
     fitins = {}
     for node, ins in instructions.items():
         fitins[node] = secure_instruction(ins, params)
-        fitins[node].config.update(extra or {})
+        fitins[node].config = dict(extra or {}) | fitins[node].config  # SecAgg+'s keys win
     tally.sent += len(fitins)
     result = secure_average(grid, fitins, round_index, params.max_weight, params.clip, fcfg)
     took = len(result.counts) if result is not None else 0
     tally.failed += len(fitins) - took
     if result is not None and not all(bool(np.isfinite(v).all()) for v in result.values):
-        tally.reject("nonfinite")
+        for _ in range(took):  # the nodes summed: one of them (unknown) sent such values
+            tally.reject("nonfinite")
         return None
     tally.accepted += took
     return result

@@ -323,7 +323,8 @@ class DCCO(Strategy):
                   if got.values is not None else None)
         if got.values is not None and pooled is None:
             tally.accepted -= len(got.counts)
-            tally.reject("shape")
+            for _ in got.counts:
+                tally.reject("shape")
         metrics |= _tally("update", tally) | {"update-clipped": got.clipped}
         if pooled is None or len(got.counts) < max(self.min_survivors, 2):
             self._skipped = metrics

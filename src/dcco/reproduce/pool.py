@@ -167,11 +167,13 @@ def outcome_of(cell: Cell, evaluations: tuple[str, ...], returncode: int) -> str
     """What a finished cell process did, from the cell's records and its exit status."""
     if not _missing_evaluations(cell, evaluations):
         return "finished"
-    stops = [r for r in RunDir(cell.path).metrics() if "stopped" in r]
-    if returncode in (0, 130) and stops:  # 130: stopped on a signal (dcco.cli)
-        return f"stopped at round {stops[-1]['round']} of {cell.cfg.train.rounds}"
-    if returncode == 0:
-        return "unfinished (busy in another process, or stopped before an evaluation)"
+    metrics = RunDir(cell.path).metrics()
+    last = metrics[-1] if metrics else {}
+    if returncode in (0, 130) and "stopped" in last:  # 130: stopped on a signal (dcco.cli)
+        return f"stopped at round {last['round']} of {cell.cfg.train.rounds}"
+    if returncode in (0, 130):
+        return ("unfinished (busy in another process, stopped before an evaluation, or "
+                "interrupted)")
     return f"failed (exit status {returncode})"
 
 
@@ -227,6 +229,14 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
     last_status, stopping = time.monotonic(), False
     try:
         while pending or running:
+            if stop is not None and not stopping and (reason := stop()) is not None:
+                stopping = True
+                for cell in pending:
+                    outcomes[cell.path.name] = f"not started: {reason}"
+                pending.clear()
+                for r in running:
+                    _stop_file(logs, r.cell).touch()
+                say(f"{reason}: {len(running)} running cells stop at their next checkpoint")
             for r in [r for r in running if r.process.poll() is not None]:
                 running.remove(r)
                 outcome = outcome_of(r.cell, evaluations, r.process.returncode)
@@ -245,9 +255,12 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
                     say(f"[{cell.path.name}] {outcomes[cell.path.name]}")
                     continue
                 log = logs / f"{cell.path.name}.log"
+                _stop_file(logs, cell).unlink(missing_ok=True)
+                cell_env = (env if env is not None else dict(os.environ)) | {
+                    "DCCO_STOP_FILE": str(_stop_file(logs, cell))}
                 with open(log, "a") as fh:
                     process = subprocess.Popen(command(cell), stdout=fh,
-                                               stderr=subprocess.STDOUT, env=env)
+                                               stderr=subprocess.STDOUT, env=cell_env)
                 running.append(_Running(cell, process, time.monotonic(), log))
                 say(f"[{cell.path.name}] started ({len(running)} running)")
             if running and time.monotonic() - last_status >= status_every:
@@ -255,15 +268,7 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
                 say(status_line(running, len(pending), budget))
             if budget.deadline is not None and budget.left() < -grace:
                 _interrupt(running)
-            if stop is not None and not stopping and (reason := stop()) is not None:
-                stopping = True
-                for cell in pending:
-                    outcomes[cell.path.name] = f"not started: {reason}"
-                pending.clear()
-                for r in running:
-                    if r.process.poll() is None:
-                        r.process.send_signal(signal.SIGINT)
-                say(f"{reason}: {len(running)} running cells stop at their next checkpoint")
+
             if pending or running:
                 time.sleep(poll)
     except KeyboardInterrupt:
@@ -285,12 +290,20 @@ def status_line(running: list[_Running], pending: int, budget: Budget) -> str:
             f"{pending} waiting, {when}")
 
 
+def _stop_file(logs: Path, cell: Cell) -> Path:
+    return logs / f"{cell.path.name}.stop"
+
+
 def _interrupt(running: list[_Running]) -> None:
-    """SIGINT to every running process (their checkpoints are atomic), SIGKILL to those still
-    alive 30 s later."""
-    for r in running:
-        if r.process.poll() is None:
-            r.process.send_signal(signal.SIGINT)
+    """Stop every running process at once: SIGINT twice, further apart than
+    ``dcco.cli.Interrupts.SAME_S`` (the first only asks for a checkpoint), then SIGKILL to
+    those still alive 30 s later (their checkpoints are atomic)."""
+    for second in (False, True):
+        if second:
+            time.sleep(3.5)
+        for r in running:
+            if r.process.poll() is None:
+                r.process.send_signal(signal.SIGINT)
     end = time.monotonic() + 30
     for r in running:
         try:
