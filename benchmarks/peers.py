@@ -29,7 +29,9 @@ Every peer's first-round update must equal dcco's to float32 tolerance (relative
 update's norm) before it is timed. The in-process peers run interleaved in blocks (a slow
 spell hits all alike); Flower runs its own rounds in the same process afterwards. Reported:
 the median seconds per round of each peer and its ratio to dcco's, and each peer's peak
-resident memory over its rounds.
+resident memory (this process's over the peer's first round, or over its own run for
+Flower and pfl, from a reset of Linux's VmHWM; the workload's own memory is
+``baseline_rss_gib``; Flower's ClientApps run in Ray's actor processes, not counted).
 
     python benchmarks/peers.py --clients 32 256 1024 --samples 1 4 --threads 1 2 \\
         --record benchmarks/results/peers.json --plot benchmarks/results/peers.png
@@ -339,6 +341,27 @@ def peak_rss_gib() -> float:
 # ------------------------------------------------------------------------------ one point
 
 
+def reset_peak() -> None:
+    """Start this process's peak resident memory afresh (Linux: ``/proc/self/clear_refs``
+    with 5 resets VmHWM), so that the next ``peak_gib`` is one peer's."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def memory_gib(field: str = "VmHWM") -> float | None:
+    """This process's peak (``VmHWM``) or current (``VmRSS``) resident memory, GiB; None
+    where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return round(int(line.split()[1]) / 2**20, 3)
+    except OSError:
+        pass
+    return None
+
+
 def measure(method: str, clients: int, samples: int, threads: int, rounds: int, blocks: int,
             peers: list[str], small: bool = False) -> dict:
     """One point of the sweep: every peer's equality check, then its seconds per round."""
@@ -348,13 +371,15 @@ def measure(method: str, clients: int, samples: int, threads: int, rounds: int, 
     point = {"method": method, "clients": clients, "samples_per_client": samples,
              "threads": threads, "peers": {}, "skipped": {}}
     reference = dcco_round(model, method, x1, x2, segments)
+    point["baseline_rss_gib"] = memory_gib("VmRSS")  # the workload's views and model held
     runs = {"dcco": lambda: dcco_round(model, method, x1, x2, segments),
             "loop-deepcopy": lambda: loop_round(model, method, x1, x2, segments, False),
             "loop-reload": lambda: loop_round(model, method, x1, x2, segments, True)}
     timed = {}
     for name in [p for p in peers if p in runs]:
+        reset_peak()
         error = _rel(runs[name](), reference)
-        point["peers"][name] = {"equal_to_dcco": error}
+        point["peers"][name] = {"equal_to_dcco": error, "peak_rss_gib": memory_gib()}
         if error > TOLERANCE:
             point["skipped"][name] = f"its update differs from dcco's by {error:.2e}"
             continue
@@ -373,9 +398,13 @@ def measure(method: str, clients: int, samples: int, threads: int, rounds: int, 
         except ImportError:
             point["skipped"]["flower"] = "flwr is not installed (pip install 'dcco[flower]')"
         else:
+            reset_peak()
             _timed_elsewhere(point, "flower", flower_rounds(
                 method, clients, samples, max(2, rounds * blocks // 2 + 1), threads, **shape),
                 reference)
+            # this process's: the ServerApp and the simulation's driver; the ClientApps run
+            # in Ray's actor processes, which this does not count
+            point["peers"]["flower"]["peak_rss_gib"] = memory_gib()
     if "pfl" in peers:
         try:
             import pfl  # noqa: F401
@@ -385,14 +414,16 @@ def measure(method: str, clients: int, samples: int, threads: int, rounds: int, 
             if method != "contrastive":
                 point["skipped"]["pfl"] = "pfl has no round of shared statistics (DCCO)"
             else:
+                reset_peak()
                 _timed_elsewhere(point, "pfl", pfl_rounds(
                     method, clients, samples, max(2, rounds * blocks // 2 + 1), threads,
                     **shape), reference)
+                point["peers"]["pfl"]["peak_rss_gib"] = memory_gib()
     base = point["peers"]["dcco"].get("median_s")
     for entry in point["peers"].values():
         if "median_s" in entry and base:
             entry["ratio_to_dcco"] = entry["median_s"] / base
-    point["peak_rss_gib"] = round(peak_rss_gib(), 2)
+    point["peak_rss_gib"] = round(peak_rss_gib(), 2)  # the process's, over the whole run
     return point
 
 

@@ -27,6 +27,7 @@ def test_peers_benchmark__small_mode_checks_and_times_every_peer(tmp_path):
         entry = point["peers"][peer]
         assert entry["equal_to_dcco"] <= 1e-4, (peer, entry)
         assert entry["median_s"] > 0 and peer not in point["skipped"]
+        assert entry["peak_rss_gib"] >= point["baseline_rss_gib"] > 0
     assert point["peers"]["dcco"]["ratio_to_dcco"] == 1.0
     assert "no round of shared statistics" in point["skipped"]["pfl"]
     assert (tmp_path / "peers.png").stat().st_size > 0
@@ -43,4 +44,5 @@ def test_peers_benchmark__pfl_runs_contrastive_fedavg_to_dccos_update(tmp_path):
     (point,) = json.loads(record.read_text())["points"]
     entry = point["peers"]["pfl"]
     assert entry["equal_to_dcco"] <= 1e-4 and entry["median_s"] > 0, entry
+    assert entry["peak_rss_gib"] > 0
     assert point["skipped"] == {}
