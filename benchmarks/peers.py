@@ -463,9 +463,14 @@ def main() -> None:
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
     ap.add_argument("--small", action="store_true",
                     help="2 clients, 1 round, a tiny network: the test's mode")
-    ap.add_argument("--record", type=Path)
+    ap.add_argument("--record", type=Path, help="written after every point")
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--table", type=Path, metavar="RECORD",
+                    help="print a record's Markdown table (README) and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     if args.small:
         args.clients, args.samples, args.threads = [2], [2], [1]
         args.rounds, args.blocks = 1, 1
@@ -478,15 +483,41 @@ def main() -> None:
                         args.peers, args.small)
         points.append(point)
         print(show(point), flush=True)
+        if args.record:  # after every point: a long sweep stopped keeps what it measured
+            record = {"command": "python benchmarks/peers.py " + " ".join(sys.argv[1:]),
+                      "machine": f"{cpu_name()} ({os.cpu_count()} cores), {platform.system()}",
+                      "code": code_version(), "tolerance": TOLERANCE, "points": points}
+            args.record.parent.mkdir(parents=True, exist_ok=True)
+            args.record.write_text(json.dumps(record, indent=1) + "\n")
     if args.record:
-        record = {"command": "python benchmarks/peers.py " + " ".join(sys.argv[1:]),
-                  "machine": f"{cpu_name()} ({os.cpu_count()} cores), {platform.system()}",
-                  "code": code_version(), "tolerance": TOLERANCE, "points": points}
-        args.record.parent.mkdir(parents=True, exist_ok=True)
-        args.record.write_text(json.dumps(record, indent=1) + "\n")
         print(f"record: {args.record}")
     if args.plot:
         plot(points, args.plot)
+
+
+def table(record: dict) -> str:
+    """The record as a Markdown table: seconds per round of dcco and each peer's ratio to it
+    (— where a peer was skipped), and the peak memory of each."""
+    peers = [p for p in PEERS if any(p in pt["peers"] for pt in record["points"])]
+    head = ("| method | K × samples | threads | " + " | ".join(peers)
+            + " | peak memory, GiB (" + ", ".join(peers) + ") |")
+    lines = [head, "|" + "---|" * (4 + len(peers))]
+    for pt in record["points"]:
+        cells = []
+        for name in peers:
+            e = pt["peers"].get(name, {})
+            if name == "dcco" and "median_s" in e:
+                cells.append(f"{e['median_s']:.2f} s")
+            elif "ratio_to_dcco" in e:
+                cells.append(f"{e['ratio_to_dcco']:.2f} ×")
+            else:
+                cells.append("—")
+        memory = ", ".join(f"{pt['peers'][n]['peak_rss_gib']:.2f}"
+                           if pt["peers"].get(n, {}).get("peak_rss_gib") is not None else "—"
+                           for n in peers)
+        lines.append(f"| {pt['method']} | {pt['clients']} × {pt['samples_per_client']} | "
+                     f"{pt['threads']} | " + " | ".join(cells) + f" | {memory} |")
+    return "\n".join(lines)
 
 
 def plot(points: list[dict], path: Path) -> None:
