@@ -309,3 +309,18 @@ def test_reproduce_jobs__a_signal_stops_the_running_cells_at_a_checkpoint(tmp_pa
     assert [s["stopped"] for s in stops] == ["interrupted"] and run.checkpoint_path.is_file()
     assert "interrupted: " in said and "running cells stop at their next checkpoint" in said
     assert f"[iid-2-dcco-s0] stopped at round {stops[0]['round']} of 100000" in said
+
+
+def test_outcome_of__only_a_last_stop_record_is_a_stop_and_exit_130_is_unfinished(tmp_path,
+                                                                                  tiny_fmnist):
+    from dcco.reproduce.pool import outcome_of
+
+    grid = load_grid(_grid(tmp_path, tiny_fmnist, 10), "tiny")
+    cell, = (c for c in plan_cells(grid, tmp_path / "out") if c.method == "dcco")
+    run = RunDir.create(cell.path, cell.cfg)
+    run.append_metrics({"round": 4, "stopped": "time budget"})
+    assert outcome_of(cell, grid.evaluations, 130) == "stopped at round 4 of 10"
+    run.append_metrics({"round": 6, "loss": 1.0})  # resumed, then ended without a record
+    said = outcome_of(cell, grid.evaluations, 130)
+    assert said.startswith("unfinished") and "interrupted" in said
+    assert outcome_of(cell, grid.evaluations, -9) == "failed (exit status -9)"
