@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+FAILED_LOSS = 125.0
+"""A DCCO run whose final CCO loss is above it did not train (experiments/paired_cells.py)."""
 SETTINGS = {"non-iid-4": "non-IID 4 (32 clients of 4)", "non-iid-16": "non-IID 16 (8 of 16)"}
 SERIES = [  # label, folder, cell prefix, local steps
     ("FedSC, E = 1", "fedsc_fmnist-small", "fedsc", 1),
@@ -50,8 +52,8 @@ def cell(folder: str, setting: str, method: str, seed: int) -> dict | None:
 
 
 def table(found: dict, seeds: list[int]) -> str:
-    lines = ["| setting | series | seeds | probe (%) | k-NN at exchange 100 / 300 / 600 (%) "
-             "| final loss | pretraining s |", "|---|---|---|---|---|---|---|"]
+    lines = [("| setting | series | seeds | probe (%) | k-NN at exchange 100 / 300 / 600 (%) "
+              "| final loss | pretraining s |"), "|---|---|---|---|---|---|---|"]
     for setting, name in SETTINGS.items():
         for label, *_ in SERIES:
             runs = [found[(setting, label, s)] for s in seeds if (setting, label, s) in found]
@@ -86,8 +88,10 @@ def plot(found: dict, seeds: list[int], path: Path) -> None:
                 rounds = sorted(r["curve"])
                 acc = [r["curve"][k] for k in rounds]
                 style = "-" if method == "fedsc" else "--"
-                kw = {"label": label if seed == seeds[0] else None, "ls": style,
-                      "marker": "o", "ms": 3}
+                failed = method == "dcco" and r["final_loss"] > FAILED_LOSS
+                name = label + (f" (seed {seed} did not train)" if failed else "")
+                kw = {"label": name if seed == seeds[0] or failed else None, "ls": style,
+                      "marker": "o", "ms": 3, "alpha": 0.4 if failed else 1.0}
                 axes[0, col].plot([k * r["exchanges"] for k in rounds], acc, **kw)
                 axes[1, col].plot([k * steps for k in rounds], acc, **kw)
         axes[0, col].set_title(SETTINGS[setting])
@@ -96,7 +100,8 @@ def plot(found: dict, seeds: list[int], path: Path) -> None:
         axes[1, col].set_xscale("log")
     for row in range(2):
         axes[row, 0].set_ylabel("k-NN accuracy (%), 1,000 queries")
-    axes[0, 0].legend(fontsize=8)
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     fig.suptitle(f"FedSC's local steps on Fashion-MNIST, small recipe, seeds {seeds}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
