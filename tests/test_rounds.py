@@ -106,3 +106,36 @@ def test_run_round__leaves_the_model_unchanged():
         run_round(model, build_method("dcco"), x1, x2, Segments.from_counts(SIZES), backend)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("method", ["dcco", "dvicreg", "fedsc", "cco_fedavg",
+                                    "contrastive_fedavg", "vicreg_fedavg", "spectral_fedavg"])
+def test_batched_round_in_client_groups__equals_the_round_in_one_forward(method):
+    """``train.max_batch``: the clients in groups of at most 6 samples ([2, 3], [5], [2, 4]:
+    a larger client alone), one forward and backward a group, give the same round: the
+    pseudo-gradient, the loss, the statistics (merged, per client, and the fresh ones sent
+    with the updates), in float64."""
+    from dcco.algorithm import Algorithm
+    from dcco.simulator import BatchedExecutor, client_groups
+
+    m = build_method(method)
+    model, (x1, x2) = _model(), _round_views(SIZES_FEDAVG, seed=2)
+    segments = Segments.from_counts(SIZES_FEDAVG)
+    assert [g.counts.tolist() for _, g in client_groups(segments, 6)] == [[2, 3], [5], [2, 4]]
+    assert client_groups(segments, 16) is None and client_groups(segments, None) is None
+    whole = run_round(model, m, x1, x2, segments, "batched")
+    grouped = run_round(model, m, x1, x2, segments, "batched", chunk=6)
+    assert _flat(whole).norm() > 0
+    assert _rel(_flat(grouped), _flat(whole)) <= 1e-12
+    assert abs(float(grouped.loss) - float(whole.loss)) <= 1e-12 * abs(float(whole.loss))
+    if m.stats is None:
+        return
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=0) for a, b in
+               zip(grouped.shared.tensors(), whole.shared.tensors(), strict=True))
+    one, groups = (BatchedExecutor(model, x1, x2, segments, c) for c in (None, 6))
+    for a, b in zip(groups.each_statistics(m.stats), one.each_statistics(m.stats), strict=True):
+        assert all(torch.allclose(a[k], b[k], rtol=1e-12, atol=1e-15) for k, _ in b.items())
+    shared = whole.shared
+    fresh = [e.updates(Algorithm(m, 1.0), shared, m.stats).stats for e in (groups, one)]
+    assert all(torch.allclose(fresh[0][k], fresh[1][k], rtol=1e-12, atol=1e-15)
+               for k, _ in fresh[1].items())

@@ -173,6 +173,12 @@ class TrainConfig:
     ``dcco.statistics_cache``; not a centralized step; the simulator only, one process,
     without privacy)."""
     backend: Literal["batched", "reference"] = "batched"
+    max_batch: int | Literal["auto"] | None = "auto"
+    """The batched backend runs a round's clients in groups of whole clients of at most this
+    many samples, one forward and backward a group, the gradients summed: the same round
+    (``dcco.simulator.client_groups``), in less memory. None: all in one forward. "auto":
+    256 on a CPU, where one forward of a few thousand images runs at about half the speed
+    of its groups (docs/performance.md), and None on a GPU."""
     seed: int = 0
     device: str = "auto"
     """"auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
@@ -203,6 +209,10 @@ class TrainConfig:
         for name in ("rounds", "clients_per_round", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool) and \
+                self.max_batch < 1:
+            raise ValueError(f"train.max_batch must be >= 1, \"auto\" or \"none\", got "
+                             f"{self.max_batch}")
         if self.knn_every < 0:
             raise ValueError(f"train.knn_every must be >= 0, got {self.knn_every}")
         if not self.local_lr > 0:
@@ -526,8 +536,18 @@ def _coerce(value: Any, tp: Any, key: str, default: Any) -> Any:
     if origin in (Union, types.UnionType):
         if (value is None or value == "none") and type(None) in args:  # None: from JSON
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(value, inner, key, default)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _coerce(value, inner[0], key, default)
+        for a in inner:  # e.g. int | Literal["auto"]: the first that takes the value
+            try:
+                return _coerce(value, a, key, default)
+            except ConfigError:
+                continue
+        kinds = [", ".join(repr(x) for x in get_args(a)) if get_origin(a) is Literal
+                 else f"a{'n' if a is int else ''} {getattr(a, '__name__', a)}" for a in inner]
+        kinds += ["'none'"] if type(None) in args else []
+        raise ConfigError(f"{key} = {value!r} is not allowed; give {' or '.join(kinds)}")
     if origin is Literal:
         if value not in args:
             allowed = ", ".join(repr(a) for a in args)

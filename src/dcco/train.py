@@ -41,7 +41,7 @@ from dcco.precision import prepare_model
 from dcco.privacy import Ledger, RoundNoise, solve_noise_multiplier, stats_sensitivity
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
-from dcco.simulator import EXECUTORS, run_round
+from dcco.simulator import EXECUTORS, BatchedExecutor, run_round
 from dcco.statistics_cache import MAX_CACHE_BYTES, StatisticsCache, cache_bytes
 from dcco.stats import Moments
 
@@ -224,6 +224,15 @@ class Diverged(FloatingPointError):
         self.round = round_index
 
 
+def max_batch_of(max_batch: int | str | None, device: torch.device) -> int | None:
+    """``train.max_batch`` on ``device``: "auto" is 256 samples on a CPU (a forward of a few
+    thousand images there runs at about half the speed of its groups; docs/performance.md)
+    and None (one forward) elsewhere."""
+    if max_batch == "auto":
+        return 256 if device.type == "cpu" else None
+    return max_batch
+
+
 class Pretraining:
     """The state of one pretraining run: model, server optimiser and the rounds done so far.
 
@@ -248,6 +257,7 @@ class Pretraining:
         self.cfg = cfg
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
+        self.chunk = max_batch_of(cfg.train.max_batch, self.device)
         self.speed = cfg.speed
         self.dtype = self.speed.param_dtype
         self.algorithm = algorithm_of(cfg)
@@ -324,7 +334,8 @@ class Pretraining:
             absent = functools.partial(self.cache.merge_round, clients)
         result = run_round(self.model, self.round_algorithm(r), x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
-                           previous=self.previous(r), noise=self.round_noise(r), absent=absent)
+                           previous=self.previous(r), noise=self.round_noise(r), absent=absent,
+                           chunk=self.chunk)
         return self.apply(result, lr, start)
 
     def round_algorithm(self, round_index: int) -> Algorithm:
@@ -347,8 +358,9 @@ class Pretraining:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
         x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
-        inner = EXECUTORS[self.cfg.train.backend](self.model, x1, x2,
-                                                  segments.to(self.device))
+        inner = (BatchedExecutor(self.model, x1, x2, segments.to(self.device), self.chunk)
+                 if self.cfg.train.backend == "batched"
+                 else EXECUTORS["reference"](self.model, x1, x2, segments.to(self.device)))
         executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples)
         return algorithm.run_round(executor, self.previous(r), self.round_noise(r))
 
