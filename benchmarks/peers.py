@@ -12,7 +12,7 @@ update the sample-weighted average of the clients' deltas. Two methods:
 The peers (each skipped, and said so, when it cannot be imported):
 
 - ``dcco``: dcco's batched simulator (``dcco.simulator.run_round``, the clients in one forward
-  and backward);
+  and backward, or on a CPU in groups of at most 256 samples: ``train.max_batch = "auto"``);
 - ``loop-deepcopy``: the plain loop, a ``copy.deepcopy`` of the global model per client, an
   SGD step, the deltas accumulated;
 - ``loop-reload``: the same with one model refilled by ``load_state_dict`` per client;
@@ -59,6 +59,7 @@ from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
 from dcco.rundir import code_version, cpu_name
 from dcco.simulator import run_round
+from dcco.train import max_batch_of
 
 WIDTHS, PROJECTOR, SIDE = (16, 32, 64), (128, 128, 128), 28
 SEED = 0
@@ -98,7 +99,9 @@ def _params(model) -> list[tuple[str, torch.nn.Parameter]]:
 def dcco_round(model, method: str, x1, x2, segments) -> dict[str, torch.Tensor]:
     """The batched round's averaged delta, −pseudo-gradient."""
     name = "contrastive_fedavg" if method == "contrastive" else "dcco"
-    out = run_round(model, build_method(name), x1, x2, segments, "batched")
+    # as a run on this machine computes it: train.max_batch = "auto"
+    chunk = max_batch_of("auto", next(model.parameters()).device)
+    out = run_round(model, build_method(name), x1, x2, segments, "batched", chunk=chunk)
     return {k: -v for k, v in out.pseudo_gradient.items()}
 
 
