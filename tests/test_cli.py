@@ -190,7 +190,7 @@ def test_interrupts__the_first_signal_asks_a_repeat_soon_after_is_the_same_a_lat
     assert interrupts.stop() == "interrupted"
     clock[0] += 1.0
     interrupts.handle(signal.SIGINT, None)  # the same Ctrl-C, passed on by a grid
-    clock[0] += cli.Interrupts.SAME_S
+    clock[0] += interrupts.same_s
     with pytest.raises(KeyboardInterrupt):
         interrupts.handle(signal.SIGTERM, None)
 

@@ -334,11 +334,11 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
     from dcco.flower import secagg, secure_round
 
     seen = {}
-    calibration, shared_of = secure_round.calibration, secure_round.shared_of
+    calibration, secure_moments = secure_round.calibration, secagg.secure_moments
     monkeypatch.setattr(secure_round, "calibration", lambda *a: seen.setdefault(
         "scales", calibration(*a)))
-    monkeypatch.setattr(secure_round, "shared_of", lambda *a: seen.setdefault(
-        "shared", shared_of(*a)))
+    monkeypatch.setattr(secagg, "secure_moments", lambda *a: seen.setdefault(
+        "shared", secure_moments(*a)))
     model, initial = _initial()
     # FedAvg's server (SGD at rate 1): the weights move by the average update itself
     strategy = DCCO(method=method, optimizer="sgd", lr=1.0, weight_decay=0.0,

@@ -672,21 +672,21 @@ class Interrupts:
     to stop at its next checkpoint (a run at the end of its logging window, with a checkpoint
     and a ``stopped`` record, as a time budget stops it; a grid starts no further cell and
     asks its cells to stop); the second stops at once (``KeyboardInterrupt``: what was done
-    since the last checkpoint is lost). A signal within ``SAME_S`` seconds of the first
-    counts as the same one (a terminal's Ctrl-C reaches a grid's cells too). A grid asks its
-    cells by a file (``STOP_FILE``, in their environment), which a cell's ``stop`` reads: a
-    file cannot be lost as a signal can, at a process's start."""
-
-    SAME_S = 3.0
-    STOP_FILE = "DCCO_STOP_FILE"
+    since the last checkpoint is lost). A signal within ``SAME_SIGNAL_S`` seconds of the
+    first counts as the same one (a terminal's Ctrl-C reaches a grid's cells too). A grid
+    asks its cells by a file (named by ``STOP_FILE_ENV`` in their environment;
+    ``dcco.reproduce.pool``), which a cell's ``stop`` reads: a file cannot be lost as a
+    signal can, at a process's start."""
 
     def __init__(self) -> None:
-        self.requested, self._at = False, 0.0
-        self.stop_file = os.environ.get(self.STOP_FILE)
+        from dcco.reproduce.pool import SAME_SIGNAL_S, STOP_FILE_ENV
+
+        self.requested, self._at, self.same_s = False, 0.0, SAME_SIGNAL_S
+        self.stop_file = os.environ.get(STOP_FILE_ENV)
 
     def handle(self, signum: int, frame: object) -> None:
         if self.requested:
-            if time.monotonic() - self._at > self.SAME_S:
+            if time.monotonic() - self._at > self.same_s:
                 raise KeyboardInterrupt
             return
         self.requested, self._at = True, time.monotonic()

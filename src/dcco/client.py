@@ -194,7 +194,7 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
     ratios: dict[str, Tensor | float] | None = None
     buffers: list[Tensor | None] = [None] * len(named)
     # a forward that changes no running statistics and draws no dropout gives the same S_k⁰
-    deterministic = next(model.buffers(), None) is None and not any(
+    deterministic = refresh and not mix and next(model.buffers(), None) is None and not any(
         isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
     last_start: tuple[tuple[int, ...], Moments] | None = None
     for idx in local_batches(n, local_steps, local_batch):

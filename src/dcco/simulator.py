@@ -42,7 +42,7 @@ from dcco.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
 Backend = Literal["batched", "reference"]
 
 __all__ = ["Backend", "BatchedExecutor", "ReferenceExecutor", "RoundResult", "client_groups",
-           "run_round"]
+           "executor_for", "run_round"]
 
 
 class ReferenceExecutor:
@@ -150,7 +150,6 @@ class BatchedExecutor(ReferenceExecutor):
         return Updates(pseudo, loss.detach(), self.segments.num_clients,
                        self.segments.num_samples, fresh)
 
-
     def _group_updates(self, algorithm: Algorithm, shared: Moments | None,
                        with_stats: StatsSpec | None, named: list) -> Updates:
         """``updates`` group by group: Σ_c (N_c/N) ∇ round_loss(group c) = ∇ round_loss."""
@@ -178,14 +177,12 @@ def client_groups(segments: Segments, chunk: int | None) -> list[tuple[slice, Se
     holds them all (or ``chunk`` is None)."""
     if chunk is None or segments.num_samples <= chunk:
         return None
-    groups, start, current = [], 0, []
+    groups: list[list[int]] = [[]]
     for n in segments.counts.tolist():
-        if current and sum(current) + n > chunk:
-            groups.append(current)
-            current = []
-        current.append(n)
-    groups.append(current)
-    out = []
+        if groups[-1] and sum(groups[-1]) + n > chunk:
+            groups.append([])
+        groups[-1].append(n)
+    out, start = [], 0
     for counts in groups:
         out.append((slice(start, start + sum(counts)), Segments.from_counts(counts)))
         start += sum(counts)
@@ -193,6 +190,16 @@ def client_groups(segments: Segments, chunk: int | None) -> list[tuple[slice, Se
 
 
 EXECUTORS = {"batched": BatchedExecutor, "reference": ReferenceExecutor}
+
+
+def executor_for(backend: Backend, model: nn.Module, x1: Tensor, x2: Tensor,
+                 segments: Segments, chunk: int | None = None) -> ReferenceExecutor:
+    """The backend's executor of a round's views (``chunk``: ``BatchedExecutor``'s groups)."""
+    if backend not in EXECUTORS:
+        raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
+    if backend == "batched":
+        return BatchedExecutor(model, x1, x2, segments, chunk)
+    return ReferenceExecutor(model, x1, x2, segments)
 
 
 def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tensor,
@@ -225,8 +232,5 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
             f"{algorithm.method.name} needs at least {needed} samples per client, but a "
             f"client of this round has {small}; use a partition with more samples per client"
         )
-    if backend not in EXECUTORS:
-        raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
-    executor = (BatchedExecutor(model, x1, x2, segments, chunk) if backend == "batched"
-                else ReferenceExecutor(model, x1, x2, segments))
-    return algorithm.run_round(executor, previous, noise, absent)
+    return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk), previous,
+                               noise, absent)

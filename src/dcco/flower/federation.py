@@ -408,12 +408,6 @@ class SecureExchanges(PlainExchanges):
                       nodes=tally.accepted)
         return result
 
-    def _moments(self, arrays: list, spec: StatsSpec, count: float) -> Moments:
-        u = Moments({f"mean_{f.name}": torch.from_numpy(a) for f, a in
-                     zip(spec.fields, arrays, strict=True)},
-                    count=torch.tensor(count, dtype=torch.float64))
-        return secagg.unstandardise(u, self.scales, spec)
-
     def statistics(self, spec: StatsSpec) -> EncodingStats:
         res = self._secure("stats", lambda c: self._instruction("stats", c),
                            self.fed.fcfg.secagg_stats_clip)
@@ -422,7 +416,7 @@ class SecureExchanges(PlainExchanges):
         self.clipped["stats"] = float(res.values[len(spec.fields)][0])
         self.targets = {k: self.targets[k] for k in res.counts}
         n = float(sum(res.counts.values()))
-        m = self._moments(res.values[:len(spec.fields)], spec, n)
+        m = secagg.secure_moments(res.values[:len(spec.fields)], spec, self.scales, n)
         return EncodingStats({"count": m.count} | {"sum_" + k[len("mean_"):]: v * n
                                                     for k, v in m.items()})
 
@@ -438,7 +432,7 @@ class SecureExchanges(PlainExchanges):
         n = float(sum(res.counts.values()))
         fresh = None
         if with_stats is not None:
-            m = self._moments(res.values[len(params):-1], with_stats, n)
+            m = secagg.secure_moments(res.values[len(params):-1], with_stats, self.scales, n)
             fresh = EncodingStats({"count": m.count} | {"sum_" + k[len("mean_"):]: v * n
                                                         for k, v in m.items()})
         return Updates(pseudo, loss_entry * self.scales.loss,

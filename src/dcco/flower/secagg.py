@@ -183,6 +183,16 @@ def unstandardise(u: Moments, s: SecureScales, spec: StatsSpec = CCO_STATS) -> M
     return Moments(out, count=u.count)
 
 
+def secure_moments(arrays: Sequence[np.ndarray], spec: StatsSpec, scales: SecureScales,
+                   count: float) -> Moments:
+    """Raw moments (float64) from a secure exchange's averages of the standardised ones,
+    one array a field of ``spec`` in its order."""
+    u = Moments({f"mean_{f.name}": torch.from_numpy(np.asarray(a, dtype=np.float64))
+                 for f, a in zip(spec.fields, arrays, strict=True)},
+                count=torch.tensor(count, dtype=torch.float64))
+    return unstandardise(u, scales, spec)
+
+
 def error_bound(max_weight: float, counts: Sequence[int], clip: float, levels: int,
                 max_abs: float) -> float:
     """Worst-case |secure − plain| of one averaged value, in the units it is sent in.
@@ -410,8 +420,19 @@ def secure_exchange(grid: Grid, instructions: dict[int, Instruction], params: Se
 
 
 __all__ = [
-    "SecureAverage", "SecureParams", "SecureScales", "calibrate", "decode_secure_instruction",
-    "error_bound", "is_secure", "secure_average", "secure_exchange",
-    "secure_instruction", "secure_stats_reply", "secure_update_reply", "standardise",
+    "SecureAverage",
+    "SecureParams",
+    "SecureScales",
+    "calibrate",
+    "decode_secure_instruction",
+    "error_bound",
+    "is_secure",
+    "secure_average",
+    "secure_exchange",
+    "secure_instruction",
+    "secure_moments",
+    "secure_stats_reply",
+    "secure_update_reply",
+    "standardise",
     "unstandardise",
 ]

@@ -31,7 +31,6 @@ from dcco.flower.codec import Instruction
 from dcco.methods.base import Method
 from dcco.seeding import derive_seed
 from dcco.server import ReplyTally
-from dcco.stats import Moments, StatsSpec
 
 
 @dataclass(frozen=True)
@@ -100,10 +99,10 @@ def calibration(sa: SecAgg, weights: dict[str, Tensor], method: Method, local_lr
                 seed: int, r: int) -> secagg.SecureScales:
     """Round ``r``'s public ranges: one client-style step of the round's model on the
     server's samples (views seeded by ``(seed, r)``)."""
+    from dcco.flower.userapp import load_weights  # the nodes' own loading
     from dcco.train import user_views
 
-    own = sa.model.state_dict()
-    sa.model.load_state_dict({k: weights[k].to(own[k].dtype) for k in own})
+    load_weights(sa.model, weights)
     dtype = next(sa.model.parameters()).dtype
     if sa.augment is None:
         x1 = x2 = sa.samples.to(dtype) if sa.samples.is_floating_point() else sa.samples
@@ -137,15 +136,6 @@ def exchange(sa: SecAgg, grid: Grid, instructions: dict[int, Instruction],
     return SecureExchange(result.values, result.counts, float(result.values[-1][-1]))
 
 
-def shared_of(values: list[np.ndarray], spec: StatsSpec, scales: secagg.SecureScales,
-              count: float) -> Moments:
-    """S_A from the statistics exchange's unmasked averages (raw moments, float64)."""
-    u = Moments({f"mean_{f.name}": torch.from_numpy(np.asarray(a, dtype=np.float64))
-                 for f, a in zip(spec.fields, values, strict=False)},
-                count=torch.tensor(count, dtype=torch.float64))
-    return secagg.unstandardise(u, scales, spec)
-
-
 def pooled_delta(values: list[np.ndarray], shapes: dict[str, tuple[int, ...]],
                  scales: secagg.SecureScales) -> tuple[dict[str, Tensor], float] | None:
     """The average update (name → Δ, in the order of ``shapes``) and the average loss from
@@ -158,4 +148,4 @@ def pooled_delta(values: list[np.ndarray], shapes: dict[str, tuple[int, ...]],
     return delta, float(values[-1][0]) * scales.loss
 
 
-__all__ = ["SecAgg", "SecureExchange", "calibration", "exchange", "pooled_delta", "shared_of"]
+__all__ = ["SecAgg", "SecureExchange", "calibration", "exchange", "pooled_delta"]

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from dcco.api import merge_statistics
 from dcco.client import ClientUpdate
-from dcco.flower import codec, secure_round
+from dcco.flower import codec, secagg, secure_round
 from dcco.flower.codec import Instruction
 from dcco.flower.polling import push_and_pull
 from dcco.flower.secure_round import SecAgg
@@ -312,8 +312,8 @@ class DCCO(Strategy):
             if got.values is None or len(got.counts) < max(self.min_survivors, 2):
                 self._skipped = metrics
                 return None, None
-            shared = secure_round.shared_of(got.values, spec, scales,
-                                            float(sum(got.counts.values())))
+            shared = secagg.secure_moments(got.values[:len(spec.fields)], spec, scales,
+                                           float(sum(got.counts.values())))
             nodes, model = sorted(got.counts), None
         tally = ReplyTally()
         got = secure_round.exchange(sa, grid, {n: Instruction("update", r, (), model, shared)
@@ -329,7 +329,6 @@ class DCCO(Strategy):
         if pooled is None or len(got.counts) < max(self.min_survivors, 2):
             self._skipped = metrics
             return None, None
-        self._params_of(self._weights)
         self._step(self._weights, {k: -v for k, v in pooled[0].items()}, r - 1, self._rounds)
         return ArrayRecord(dict(self._weights)), MetricRecord(
             metrics | {"loss": pooled[1], "num-examples": sum(got.counts.values())})

@@ -64,6 +64,10 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
     """
     ask = _asked(msg.content, model)
     phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
+    if params is not None and samples.shape[0] > params.max_weight:
+        # over SecAgg+'s max_weight, its masked sums would overflow: the node refuses
+        raise ValueError(f"this node holds {samples.shape[0]} samples, more than the "
+                         f"strategy's SecAgg.max_samples = {params.max_weight:g}; raise it")
     if ask.model is not None:
         weights = ask.model
         if phase == "stats":
@@ -76,7 +80,7 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
                              f"'stats', but this node holds "
                              f"{'none' if kept is None else 'round ' + str(kept['round'])}")
         weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
-    _load(model, weights)
+    load_weights(model, weights)
     kept_views = context.state.config_records.get(KEPT_VIEWS_ROUND)
     if (phase == "update" and kept_views is not None and int(kept_views["round"]) == r
             and int(kept_views["seed"]) == seed):
@@ -90,7 +94,6 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
         stats = statistics(model, x1, x2, method)
         if params is not None:
-            _check_weight(int(stats.count), params)
             return Message(secagg.secure_stats_reply(stats, params, method.stats),
                            reply_to=msg)
         sums = {k: v for k, v in stats.items() if k != "count"}
@@ -103,7 +106,6 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
         context.state.config_records.pop(key, None)
     if params is not None:  # positional: the trained arrays in the model's own order
-        _check_weight(update.num_samples, params)
         ordered = {k: update.delta[k] for k in model.state_dict() if k in update.delta}
         return Message(secagg.secure_update_reply(replace(update, delta=ordered), params),
                        reply_to=msg)
@@ -154,13 +156,6 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
                   moments_of(arrays["statistics"]) if "statistics" in arrays else None, None)
 
 
-def _check_weight(count: int, params: secagg.SecureParams) -> None:
-    """A node over SecAgg+'s ``max_weight`` would overflow its masked sums: it refuses."""
-    if count > params.max_weight:
-        raise ValueError(f"this node holds {count} samples, more than the strategy's "
-                         f"SecAgg.max_samples = {params.max_weight:g}; raise it")
-
-
 def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
     """One training-mode forward of the round's views without gradients, for the running
     statistics a local step would leave (``dcco.local_update`` leaves the model as it was)."""
@@ -174,7 +169,7 @@ def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
             model(x2)
 
 
-def _load(model: nn.Module, weights: dict[str, Tensor]) -> None:
+def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
     """The server's weights into ``model``, each in the model's own dtype."""
     own = model.state_dict()
     missing = [k for k in own if k not in weights]

@@ -37,6 +37,12 @@ from dcco.rundir import RunDir, RunDirBusy, code_version
 
 TIME_BUDGET = "time budget"
 """The reason a cell records when the budget ends."""
+STOP_FILE_ENV = "DCCO_STOP_FILE"
+"""The environment variable that names a cell process's stop file: once it exists, the cell
+stops at its next checkpoint (``dcco.cli.Interrupts``)."""
+SAME_SIGNAL_S = 3.0
+"""A second SIGINT or SIGTERM within this many seconds of the first is the same one (a
+terminal's Ctrl-C reaches a grid and its cells alike); a later one stops at once."""
 
 
 @dataclass
@@ -208,11 +214,10 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
             interrupted (SIGINT; SIGKILL 30 s later); default max(120, 5 % of the budget).
         env: the processes' environment (default: this one's).
         stop: asked every ``poll`` seconds; once it gives a reason (the command was
-            interrupted), no further cell starts and each running process gets one SIGINT,
-            which stops it at its next checkpoint (a process that also heard the signal
-            itself, from a terminal's Ctrl-C, takes the two as one: ``dcco.cli.Interrupts``).
-            A ``KeyboardInterrupt`` here (a second signal) interrupts them again, which stops
-            them at once (SIGKILL 30 s later).
+            interrupted), no further cell starts and each running process is asked to stop
+            at its next checkpoint by its stop file (``<logs>/<cell>.stop``, named in its
+            environment by ``STOP_FILE_ENV``; ``dcco.cli.Interrupts`` reads it). A
+            ``KeyboardInterrupt`` here (a second signal) stops them at once (``_interrupt``).
 
     Returns:
         Cell folder name → outcome ("finished", "stopped at round r of R", "not started: …",
@@ -257,7 +262,7 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
                 log = logs / f"{cell.path.name}.log"
                 _stop_file(logs, cell).unlink(missing_ok=True)
                 cell_env = (env if env is not None else dict(os.environ)) | {
-                    "DCCO_STOP_FILE": str(_stop_file(logs, cell))}
+                    STOP_FILE_ENV: str(_stop_file(logs, cell))}
                 with open(log, "a") as fh:
                     process = subprocess.Popen(command(cell), stdout=fh,
                                                stderr=subprocess.STDOUT, env=cell_env)
@@ -268,7 +273,6 @@ def run_pool(cells: list[Cell], evaluations: tuple[str, ...], jobs: int, budget:
                 say(status_line(running, len(pending), budget))
             if budget.deadline is not None and budget.left() < -grace:
                 _interrupt(running)
-
             if pending or running:
                 time.sleep(poll)
     except KeyboardInterrupt:
@@ -296,12 +300,13 @@ def _stop_file(logs: Path, cell: Cell) -> Path:
 
 def _interrupt(running: list[_Running]) -> None:
     """Stop every running process at once: SIGINT twice, further apart than
-    ``dcco.cli.Interrupts.SAME_S`` (the first only asks for a checkpoint), then SIGKILL to
+    ``SAME_SIGNAL_S`` (the first only asks for a checkpoint), then SIGKILL to
     those still alive 30 s later (their checkpoints are atomic)."""
     for second in (False, True):
-        if second:
-            time.sleep(3.5)
-        for r in running:
+        alive = [r for r in running if r.process.poll() is None]
+        if second and alive:
+            time.sleep(SAME_SIGNAL_S + 0.5)
+        for r in alive:
             if r.process.poll() is None:
                 r.process.send_signal(signal.SIGINT)
     end = time.monotonic() + 30
