@@ -36,6 +36,10 @@ Flower and pfl, from a reset of Linux's VmHWM; the workload's own memory is
     python benchmarks/peers.py --clients 32 256 1024 --samples 1 4 --threads 1 2 \\
         --record benchmarks/results/peers.json --plot benchmarks/results/peers.png
     python benchmarks/peers.py --small     # 2 clients, 1 round: the test's mode
+
+An existing ``--record`` is extended, not overwritten: the points it holds are kept and only
+the others are measured, so a long sweep can be stopped and run on later (``--rounds 1
+--blocks 2`` for the slowest points: Flower then runs 2 rounds and reports its second).
 """
 
 from __future__ import annotations
@@ -477,25 +481,62 @@ def main() -> None:
     if args.small:
         args.clients, args.samples, args.threads = [2], [2], [1]
         args.rounds, args.blocks = 1, 1
-    points = []
+    command = "python benchmarks/peers.py " + " ".join(sys.argv[1:])
+    code = code_version()
+    record = {"command": command,
+              "machine": f"{cpu_name()} ({os.cpu_count()} cores), {platform.system()}",
+              "code": code, "tolerance": TOLERANCE, "points": []}
+    if args.record and args.record.exists():
+        record = resumed(args.record, record)
+    done = {_key(p) for p in record["points"]}
     for method, clients, samples, threads in itertools.product(
             args.methods, args.clients, args.samples, args.threads):
         if method == "contrastive" and samples < 2:
             continue  # NT-Xent within a client needs two samples
+        if (method, clients, samples, threads) in done:
+            print(f"{method}, K = {clients} × {samples}, {threads} thread(s): in the record, "
+                  "kept", flush=True)
+            continue
         point = measure(method, clients, samples, threads, args.rounds, args.blocks,
                         args.peers, args.small)
-        points.append(point)
+        point |= {"command": command, "git_commit": code.get("git_commit")}
+        record["points"].append(point)
         print(show(point), flush=True)
         if args.record:  # after every point: a long sweep stopped keeps what it measured
-            record = {"command": "python benchmarks/peers.py " + " ".join(sys.argv[1:]),
-                      "machine": f"{cpu_name()} ({os.cpu_count()} cores), {platform.system()}",
-                      "code": code_version(), "tolerance": TOLERANCE, "points": points}
             args.record.parent.mkdir(parents=True, exist_ok=True)
-            args.record.write_text(json.dumps(record, indent=1) + "\n")
+            tmp = args.record.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+            tmp.replace(args.record)
     if args.record:
         print(f"record: {args.record}")
     if args.plot:
-        plot(points, args.plot)
+        plot(record["points"], args.plot)
+
+
+def _key(point: dict) -> tuple:
+    return (point["method"], point["clients"], point["samples_per_client"], point["threads"])
+
+
+def resumed(path: Path, fresh: dict) -> dict:
+    """An earlier record at ``path`` to extend: its points are kept (each says the command
+    and commit that measured it) and only the points it lacks are measured. A record of
+    another tolerance or machine is refused rather than mixed."""
+    try:
+        old = json.loads(path.read_text())
+        points = old["points"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        sys.exit(f"peers.py: {path} is not a record of this benchmark ({err}); move it away "
+                 "or name another --record")
+    if old.get("tolerance") != fresh["tolerance"] or old.get("machine") != fresh["machine"]:
+        sys.exit(f"peers.py: {path} was measured on {old.get('machine')!r} at tolerance "
+                 f"{old.get('tolerance')}; this run is {fresh['machine']!r} at "
+                 f"{fresh['tolerance']}: name another --record")
+    for point in points:  # the first sweep's points predate per-point provenance
+        point.setdefault("command", old.get("command"))
+        point.setdefault("git_commit", old.get("code", {}).get("git_commit"))
+    commands = old.get("commands") or [old.get("command")]
+    return old | {"commands": commands + [fresh["command"]], "command": fresh["command"],
+                  "points": points}
 
 
 def table(record: dict) -> str:
@@ -505,7 +546,8 @@ def table(record: dict) -> str:
     head = ("| method | K × samples | threads | " + " | ".join(peers)
             + " | peak memory, GiB (" + ", ".join(peers) + ") |")
     lines = [head, "|" + "---|" * (4 + len(peers))]
-    for pt in record["points"]:
+    for pt in sorted(record["points"], key=lambda p: (p["method"], p["threads"],
+                                                     p["samples_per_client"], p["clients"])):
         cells = []
         for name in peers:
             e = pt["peers"].get(name, {})

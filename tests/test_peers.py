@@ -46,3 +46,31 @@ def test_peers_benchmark__pfl_runs_contrastive_fedavg_to_dccos_update(tmp_path):
     assert entry["equal_to_dcco"] <= 1e-4 and entry["median_s"] > 0, entry
     assert entry["peak_rss_gib"] > 0
     assert point["skipped"] == {}
+    assert point["git_commit"] and "--peers dcco pfl" in point["command"]
+
+
+def test_peers_benchmark__extends_a_record_and_keeps_its_points(tmp_path):
+    """A second run on the same record measures only the points it lacks (a long sweep goes
+    on where it stopped); a record of another machine is refused, not mixed."""
+    record = tmp_path / "peers.json"
+    run = [sys.executable, "benchmarks/peers.py", "--small", "--peers", "dcco", "loop-reload",
+           "--record", str(record), "--methods"]
+    first = subprocess.run(run + ["dcco"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900, check=False)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (measured,) = json.loads(record.read_text())["points"]
+    again = subprocess.run(run + ["dcco", "contrastive"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=900, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "dcco, K = 2 × 2, 1 thread(s): in the record, kept" in again.stdout
+    extended = json.loads(record.read_text())
+    kept, added = extended["points"]
+    assert kept == measured and added["method"] == "contrastive"
+    assert added["peers"]["loop-reload"]["equal_to_dcco"] <= 1e-4
+    assert [c.split("--methods")[1] for c in extended["commands"]] == [" dcco",
+                                                                      " dcco contrastive"]
+    extended["machine"] = "another machine"
+    record.write_text(json.dumps(extended))
+    refused = subprocess.run(run + ["dcco"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=900, check=False)
+    assert refused.returncode != 0 and "another machine" in refused.stderr
