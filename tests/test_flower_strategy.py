@@ -420,3 +420,21 @@ def test_example_flower_app__trains_under_secagg_in_process(tmp_path):
         m = rounds[r]
         assert (m["stats-accepted"], m["update-accepted"], m["skipped"]) == (2, 2, 0)
         assert m["update-clipped"] == 0 and math.isfinite(m["loss"])
+
+
+def test_strategy__flowers_own_hooks_give_starts_round_for_a_fedavg_method():
+    """``configure_train`` then ``aggregate_train`` (Flower's own loop) give the round that
+    ``start`` runs, through the same checks (``dcco.flower.exchanges``)."""
+    from flwr.app import ConfigRecord
+
+    _, initial = _initial()
+    kw = {"method": "contrastive_fedavg", "optimizer": "adam", "lr": 1e-3,
+          "min_available_nodes": 4}
+    expected = DCCO(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=1)
+    strategy, grid = DCCO(**kw), _grid()
+    strategy.start(grid=grid, initial_arrays=initial, num_rounds=0)  # sets the weights
+    strategy._rounds = 1
+    messages = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
+    arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
+    assert _rel(arrays.to_torch_state_dict(), expected.arrays.to_torch_state_dict()) <= 1e-12
+    assert metrics["update-accepted"] == 3 and metrics["update-failed"] == 1

@@ -35,12 +35,14 @@ from flwr.common.serde import recorddict_to_proto
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from dcco.algorithm import Algorithm, RoundResult, RoundSkipped, Updates
+from dcco.algorithm import RoundResult, RoundSkipped
+from dcco.client import ClientUpdate
 from dcco.config import RunConfig
 from dcco.data.datasets import ImageDataset
-from dcco.flower import codec, secagg, timing
+from dcco.flower import codec, secagg
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
+from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.nodes import NodeIdentity, assign
 from dcco.flower.polling import push_and_pull
 from dcco.methods.base import Segments
@@ -49,13 +51,10 @@ from dcco.seeding import generator
 from dcco.server import (
     ReplyError,
     ReplyTally,
-    accept_valid,
-    pooled_update,
-    skip_reason,
     validate_statistics,
     validate_update,
 )
-from dcco.stats import EncodingStats, Moments, StatsSpec, merge
+from dcco.stats import EncodingStats, Moments, StatsSpec
 from dcco.train import (
     MetricsWindow,
     Pretraining,
@@ -264,8 +263,13 @@ class Federation:
         self.grid.take()  # node discovery is not the round's traffic
         targets, unreachable = self.targets(r)
         weights = {k: v.detach() for k, v in self.pt.model.state_dict().items()}
-        exchanges = (SecureExchanges if self.fcfg.secagg else PlainExchanges)(
-            self, r, targets, weights)
+        wire = AppWire(self.pt, r, weights)
+        if self.fcfg.secagg:
+            exchanges = SecureExchanges(self.grid, wire, r, targets, self.fcfg.min_survivors,
+                                        self.calibration(r), self.fcfg, self._max_weight)
+        else:
+            exchanges = PlainExchanges(self.grid.send_and_receive, wire, r, self.fcfg.timeout,
+                                       targets, self.fcfg.min_survivors, self._answered)
         try:
             result = self.pt.algorithm.run_round(exchanges, self.pt.previous(r),
                                                  self.pt.round_noise(r))
@@ -287,28 +291,10 @@ class Federation:
             self.pt.rounds_done += 1
         return agg
 
-    def exchange(self, r: int, contents: dict[int, RecordDict],
-                 tally: ReplyTally) -> dict[int, RecordDict]:
-        """Send ``train`` messages and return the contents of the non-error replies."""
-        msgs = [Message(c, dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(r))
-                for n, c in contents.items()]
-        tally.sent += len(msgs)
-        sent = time.time()
-        got: dict[int, RecordDict] = {}
-        failed: set[int] = set()
-        for reply in self.grid.send_and_receive(msgs, timeout=self.fcfg.timeout):
-            node = reply.metadata.src_node_id
-            if node not in contents or node in got or node in failed:
-                continue  # not asked, or a duplicate
-            if reply.has_error():
-                failed.add(node)
-            else:
-                got[node] = reply.content
-        tally.failed += len(failed)
-        tally.missing += len(contents) - len(got) - len(failed)
-        self.unresponsive = (self.unresponsive | (set(contents) - set(got))) - set(got)
-        timing.record("exchange", round=r, sent=sent, received=time.time(), nodes=len(got))
-        return got
+    def _answered(self, asked: set[int], answered: set[int]) -> None:
+        """After an exchange: the nodes asked that brought no valid-looking answer are
+        unresponsive (a restarted SuperNode may take their partitions over)."""
+        self.unresponsive = (self.unresponsive | (asked - answered)) - answered
 
     def _max_weight(self, targets: dict[int, list[int]]) -> float:
         """SecAgg+'s weight normaliser: the most samples one node holds in the round."""
@@ -325,118 +311,45 @@ class Federation:
                                 self.pt.cfg.train.local_lr)
 
 
-class PlainExchanges:
-    """``Algorithm.run_round``'s two steps as Flower exchanges of plain messages, one per node
-    hosting sampled clients, with every reply checked (``dcco.server``).
+class AppWire:
+    """dcco's app's layout of a round's messages (``dcco.flower.codec``): each node hosts
+    several of the run's clients, named in its instruction, and its replies are checked
+    against the server's own model (``dcco.flower.exchanges.Wire``).
 
     Args:
-        fed: the federation (grid, nodes, training state).
-        r: the round. targets: node id → its sampled clients. weights: the global model.
+        pt: the training state (the model's width and trained parameters).
+        r: the round. weights: the global model (``state_dict``).
     """
 
-    def __init__(self, fed: Federation, r: int, targets: dict[int, list[int]],
-                 weights: dict[str, Tensor]) -> None:
-        self.fed, self.r, self.targets, self.weights = fed, r, targets, weights
-        self.replies: dict[str, ReplyTally] = {}
-        self.clipped: dict[str, float] = {}
-        self.model_sent = False
-        """Whether the nodes got the model in the statistics exchange (they keep it)."""
+    def __init__(self, pt: Pretraining, r: int, weights: dict[str, Tensor]) -> None:
+        self.pt, self.r, self.weights = pt, r, weights
 
-    def _instruction(self, phase: str, clients: list[int], shared: Moments | None = None,
-                     with_stats: bool = False) -> Instruction:
-        model = None if phase == "update" and self.model_sent else self.weights
-        return Instruction(phase, self.r, tuple(clients), model, shared, with_stats)
+    def instruction(self, phase: str, clients: list[int], model: bool,
+                    shared: Moments | None = None, with_stats: bool = False) -> Instruction:
+        return Instruction(phase, self.r, tuple(clients), self.weights if model else None,
+                           shared, with_stats)
 
-    def _check(self, phase: str, count: int, shared: Moments | None = None) -> None:
-        if reason := skip_reason(phase, count, self.fed.fcfg.min_survivors):
-            raise RoundSkipped(reason, shared)
+    def stats_message(self, clients: list[int]) -> RecordDict:
+        return codec.encode_instruction(self.instruction("stats", clients, True))
 
-    def statistics(self, spec: StatsSpec) -> EncodingStats:
-        tally = self.replies["stats"] = ReplyTally()
-        got = self.fed.exchange(self.r, {n: codec.encode_instruction(
-            self._instruction("stats", c)) for n, c in self.targets.items()}, tally)
-        d = self.fed.pt.model.projection_dim
-        valid = accept_valid(got.values(), lambda c: validate_statistics(
-            codec.decode_stats_reply(c), d, d, spec=spec), tally)
-        nodes = list(got)
-        self.targets = {nodes[i]: self.targets[nodes[i]] for i, _ in valid}
-        self.model_sent = True
-        self._check("stats", len(valid))
-        return merge([s for _, s in valid])
+    def update_message(self, clients: list[int], model: bool, shared: Moments | None,
+                       with_stats: bool) -> RecordDict:
+        return codec.encode_instruction(self.instruction("update", clients, model, shared,
+                                                         with_stats))
 
-    def updates(self, algorithm: Algorithm, shared: Moments | None,
-                with_stats: StatsSpec | None) -> Updates:
-        tally = self.replies["update"] = ReplyTally()
-        got = self.fed.exchange(self.r, {n: codec.encode_instruction(self._instruction(
-            "update", c, shared, with_stats is not None)) for n, c in self.targets.items()},
-            tally)
-        shapes = {name: tuple(p.shape) for name, p in self.fed.pt.params}
-        d = self.fed.pt.model.projection_dim
-        valid = accept_valid(got.values(),
-                             lambda c: validate_update_reply(c, shapes, d, with_stats), tally)
-        self._check("update", len(valid), shared)
-        nodes = list(got)
-        updates = [u for _, (u, _) in valid]
-        pooled = pooled_update(updates, dict(self.fed.pt.params))
-        fresh = merge([s for _, (_, s) in valid]) if with_stats is not None else None
-        return Updates({k: -v for k, v in pooled.delta.items()}, pooled.loss,
-                       sum(len(self.targets[nodes[i]]) for i, _ in valid), pooled.num_samples,
-                       fresh)
+    def stats_check(self, contents: list[RecordDict], spec: StatsSpec
+                    ) -> Callable[[RecordDict], EncodingStats]:
+        d = self.pt.model.projection_dim
+        return lambda c: validate_statistics(codec.decode_stats_reply(c), d, d, spec=spec)
 
+    def update_check(self, contents: list[RecordDict], with_stats: StatsSpec | None
+                     ) -> Callable[[RecordDict], tuple[ClientUpdate, EncodingStats | None]]:
+        shapes = {name: tuple(p.shape) for name, p in self.pt.params}
+        d = self.pt.model.projection_dim
+        return lambda c: validate_update_reply(c, shapes, d, with_stats)
 
-class SecureExchanges(PlainExchanges):
-    """The same two steps under SecAgg+: the server sees only the nodes' weighted averages,
-    in the frame of the round's calibration (``dcco.flower.secagg``)."""
-
-    def __init__(self, fed: Federation, r: int, targets: dict[int, list[int]],
-                 weights: dict[str, Tensor]) -> None:
-        super().__init__(fed, r, targets, weights)
-        self.scales = fed.calibration(r)
-
-    def _secure(self, phase: str, make: Callable[[list[int]], Instruction],
-                clip: float) -> secagg.SecureAverage | None:
-        tally = self.replies[phase] = ReplyTally()
-        if not self.targets:
-            return None
-        params = secagg.SecureParams(self.fed._max_weight(self.targets), clip,
-                                     self.fed.fcfg.secagg_quantization, self.scales)
-        sent = time.time()
-        result = secagg.secure_exchange(self.fed.grid, {n: make(c) for n, c in
-                                                        self.targets.items()},
-                                        params, self.fed.fcfg, self.r, tally)
-        timing.record("exchange", round=self.r, sent=sent, received=time.time(),
-                      nodes=tally.accepted)
-        return result
-
-    def statistics(self, spec: StatsSpec) -> EncodingStats:
-        res = self._secure("stats", lambda c: self._instruction("stats", c),
-                           self.fed.fcfg.secagg_stats_clip)
-        self.model_sent = True
-        self._check("stats", len(res.counts) if res else 0)
-        self.clipped["stats"] = float(res.values[len(spec.fields)][0])
-        self.targets = {k: self.targets[k] for k in res.counts}
-        n = float(sum(res.counts.values()))
-        m = secagg.secure_moments(res.values[:len(spec.fields)], spec, self.scales, n)
-        return EncodingStats({"count": m.count} | {"sum_" + k[len("mean_"):]: v * n
-                                                    for k, v in m.items()})
-
-    def updates(self, algorithm: Algorithm, shared: Moments | None,
-                with_stats: StatsSpec | None) -> Updates:
-        res = self._secure("update", lambda c: self._instruction(
-            "update", c, shared, with_stats is not None), self.fed.fcfg.secagg_update_clip)
-        self._check("update", len(res.counts) if res else 0, shared)
-        params = self.fed.pt.params
-        pseudo = {name: (-self.scales.update * torch.from_numpy(v)).to(p.dtype).reshape(p.shape)
-                  for (name, p), v in zip(params, res.values[:len(params)], strict=True)}
-        loss_entry, self.clipped["update"] = (float(x) for x in res.values[-1])
-        n = float(sum(res.counts.values()))
-        fresh = None
-        if with_stats is not None:
-            m = secagg.secure_moments(res.values[len(params):-1], with_stats, self.scales, n)
-            fresh = EncodingStats({"count": m.count} | {"sum_" + k[len("mean_"):]: v * n
-                                                        for k, v in m.items()})
-        return Updates(pseudo, loss_entry * self.scales.loss,
-                       sum(len(self.targets[k]) for k in res.counts), int(n), fresh)
+    def params(self) -> dict[str, Tensor]:
+        return dict(self.pt.params)
 
 
 def validate_update_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]], d: int,

@@ -19,18 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-from flwr.serverapp import Grid
 from torch import Tensor, nn
 
 from dcco.api import dual_view
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig
-from dcco.flower.codec import Instruction
 from dcco.methods.base import Method
 from dcco.seeding import derive_seed
-from dcco.server import ReplyTally
 
 
 @dataclass(frozen=True)
@@ -112,40 +107,4 @@ def calibration(sa: SecAgg, weights: dict[str, Tensor], method: Method, local_lr
     return secagg.calibrate(dual, method, x1, x2, local_lr)
 
 
-@dataclass
-class SecureExchange:
-    """One secure exchange's outcome: the unmasked averages (None when the protocol halted
-    or they are not finite), the nodes summed with their samples, and the share of values
-    SecAgg+ clipped."""
-
-    values: list[np.ndarray] | None
-    counts: dict[int, int]
-    clipped: float = 0.0
-
-
-def exchange(sa: SecAgg, grid: Grid, instructions: dict[int, Instruction],
-             extra: dict, scales: secagg.SecureScales, clip: float, r: int, timeout: float,
-             tally: ReplyTally) -> SecureExchange:
-    """Run one exchange through SecAgg+ and count it in ``tally``: ``extra`` joins every
-    node's config (the strategy's keys: method, views' seed, local rate)."""
-    params = secagg.SecureParams(float(sa.max_samples), clip, sa.quantization, scales)
-    result = secagg.secure_exchange(grid, instructions, params, sa.flower_config(timeout), r,
-                                    tally, extra)
-    if result is None:
-        return SecureExchange(None, {})
-    return SecureExchange(result.values, result.counts, float(result.values[-1][-1]))
-
-
-def pooled_delta(values: list[np.ndarray], shapes: dict[str, tuple[int, ...]],
-                 scales: secagg.SecureScales) -> tuple[dict[str, Tensor], float] | None:
-    """The average update (name → Δ, in the order of ``shapes``) and the average loss from
-    the update exchange's unmasked averages; None when their sizes do not fit the model."""
-    if len(values) != len(shapes) + 1 or any(
-            v.size != int(np.prod(s)) for v, s in zip(values, shapes.values(), strict=False)):
-        return None
-    delta = {k: scales.update * torch.from_numpy(np.asarray(v, dtype=np.float64)).reshape(s)
-             for (k, s), v in zip(shapes.items(), values, strict=False)}
-    return delta, float(values[-1][0]) * scales.loss
-
-
-__all__ = ["SecAgg", "SecureExchange", "calibration", "exchange", "pooled_delta"]
+__all__ = ["SecAgg", "calibration"]

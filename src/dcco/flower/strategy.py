@@ -30,6 +30,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -37,18 +38,19 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import Tensor
 
-from dcco.api import merge_statistics
+from dcco.algorithm import Algorithm, RoundSkipped
 from dcco.client import ClientUpdate
-from dcco.flower import codec, secagg, secure_round
+from dcco.flower import codec, secure_round
 from dcco.flower.codec import Instruction
+from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
 from dcco.flower.polling import push_and_pull
 from dcco.flower.secure_round import SecAgg
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
 from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.seeding import derive_seed
-from dcco.server import ReplyError, ReplyTally, accept_valid, pooled_update, validate_update
-from dcco.stats import Moments
+from dcco.server import ReplyError, ReplyTally, validate_statistics, validate_update
+from dcco.stats import EncodingStats, Moments, StatsSpec
 
 LOG = logging.getLogger("flwr.dcco")
 PHASE, ROUND, VIEWS_SEED, METHOD, LOCAL_LR = ("phase", "server-round", "views-seed", "method",
@@ -111,6 +113,7 @@ class DCCO(Strategy):
         self.method = build_method(method, LossConfig())
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
+        self.algorithm = Algorithm(self.method, local_lr=local_lr)
         self.fraction_train, self.min_train_nodes = fraction_train, min_train_nodes
         self.min_available_nodes = min_available_nodes
         self.optim = OptimConfig(name=optimizer, lr=lr, weight_decay=weight_decay,
@@ -138,9 +141,8 @@ class DCCO(Strategy):
         self._weights: dict[str, Tensor] = {}
         self._params: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
-        self._rounds = self._asked = 1
+        self._rounds = 1
         self._asked_nodes: set[int] | None = None
-        self._phase1_counts: dict[int, int] = {}
         self._skipped: dict | None = None
 
     # Flower's hooks. ``configure_train`` gives a round's first exchange (the statistics, or
@@ -152,54 +154,37 @@ class DCCO(Strategy):
                         grid: Grid) -> Iterable[Message]:
         """The round's first messages: the model and ``phase = "stats"`` (statistics
         methods) or ``"update"`` (FedAvg methods) to each sampled node."""
-        phase = "stats" if self.method.stats is not None else "update"
-        return [Message(RecordDict({"arrays": arrays, "config": self._config(
-            phase, server_round, dict(config))}), dst_node_id=n,
-            message_type=MessageType.TRAIN, group_id=str(server_round))
-            for n in self._sample(grid)]
+        wire = UserWire(self, server_round, dict(config), arrays)
+        nodes = self._sample(grid)
+        self._asked_nodes = set(nodes)
+        return [Message(wire.stats_message([n]) if self.method.stats is not None
+                        else wire.update_message([n], True, None, False), dst_node_id=n,
+                        message_type=MessageType.TRAIN, group_id=str(server_round))
+                for n in nodes]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The update replies' valid average applied with the server optimiser: the new
         model, and the round's loss, samples and reply counters (None, None when too few are
-        valid: the round is skipped)."""
-        tally = ReplyTally()
-        contents, seen = [], set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if node in seen or (self._asked_nodes is not None and node not in self._asked_nodes):
-                continue  # a duplicate, or a node that was not asked
-            seen.add(node)
-            if reply.has_error():
-                tally.failed += 1
-            else:
-                contents.append((node, reply.content))
-        tally.sent = max(self._asked, len(seen))  # the messages sent (``start``'s round)
-        tally.missing = tally.sent - len(seen)
-        check = self._check_update(self._weights, [c for _, c in contents])
-
-        def checked(item: tuple[int, RecordDict]) -> ClientUpdate:
-            node, content = item
-            update = check(content)
-            counted = self._phase1_counts.get(node)
-            if counted is not None and counted != update.num_samples:
-                raise ReplyError("count", f"node {node} sent statistics of {counted} samples "
-                                          f"and an update of {update.num_samples}")
-            return update
-
-        updates = accept_valid(contents, checked, tally)
-        metrics = _tally("update", tally)
-        if len(updates) < self.min_survivors:
-            self._skipped = metrics
+        valid: the round is skipped). ``start`` runs its rounds through the same checks
+        (``dcco.flower.exchanges``); this is the hook for Flower's own loop, where the
+        update exchange is the round's only one."""
+        if self.secagg is not None:
+            raise RuntimeError("under SecAgg+ a round runs in DCCO.start: the server never "
+                               "sees one node's reply to aggregate")
+        replies = list(replies)
+        asked = self._asked_nodes or {m.metadata.src_node_id for m in replies}
+        exchanges = PlainExchanges(None, UserWire(self, server_round, {}), server_round, 0.0,
+                                   {n: [n] for n in sorted(asked)}, self.min_survivors)
+        tally = exchanges.replies["update"] = ReplyTally()
+        tally.sent = len(asked)
+        try:
+            updates = exchanges.take_updates(replies_by_node(replies, asked, tally), tally)
+        except RoundSkipped:
+            self._skipped = _tally("update", tally)
             return None, None
-        pooled = pooled_update([u for _, u in updates], self._params_of(self._weights))
-        self._step(self._weights, {k: -v for k, v in pooled.delta.items()}, server_round - 1,
-                   self._rounds)
-        self._average_buffers([contents[i][1] for i, _ in updates],
-                              [u.num_samples for _, u in updates])
-        self._skipped = None
-        return (ArrayRecord(dict(self._weights)), MetricRecord(
-            metrics | {"loss": pooled.loss, "num-examples": pooled.num_samples}))
+        return self._apply(server_round, exchanges, updates.pseudo_gradient, updates.loss,
+                           updates.num_samples)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -259,99 +244,53 @@ class DCCO(Strategy):
 
     def _round(self, grid: Grid, r: int, config: ConfigRecord, timeout: float
                ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """One round: the first exchange, the statistics' merge and the update exchange
-        (statistics methods), then ``aggregate_train``."""
-        if self.secagg is not None:
-            return self._secure_round(grid, r, config, timeout)
-        first = list(self.configure_train(r, codec.array_record(self._weights), config, grid))
-        self._phase1_counts = {}
-        if self.method.stats is None:
-            self._asked = len(first)
-            self._asked_nodes = {m.metadata.dst_node_id for m in first}
-            return self.aggregate_train(r, _send_and_receive(grid, first, timeout))
-        tally = ReplyTally()
-        got = self._replies(grid, first, timeout, tally)
-        merged = self._merge(list(got.values()), tally)
-        stats = _tally("stats", tally)
-        if merged is None or len(merged.accepted) < self.min_survivors:
-            self._skipped = stats
+        """One round: ``Algorithm.run_round`` over the sampled nodes' exchanges (plain or
+        SecAgg+: ``dcco.flower.exchanges``, the round of dcco's own app), then the server's
+        step."""
+        targets = {n: [n] for n in self._sample(grid)}
+        exchanges = self._exchanges(r, targets, config, timeout, grid)
+        self._asked_nodes = set(targets)
+        try:
+            result = self.algorithm.run_round(exchanges)
+        except RoundSkipped:
+            self._skipped = self._metrics(exchanges)
             return None, None
-        survivors = [n for i, n in enumerate(got) if i in merged.accepted]
-        self._phase1_counts = {n: merged.counts[merged.accepted.index(i)]
-                               for i, n in enumerate(got) if i in merged.accepted}
-        second = [Message(RecordDict({"statistics": moments_record(merged.aggregate),
-                                      "config": self._config("update", r, dict(config))}),
-                          dst_node_id=n, message_type=MessageType.TRAIN, group_id=str(r))
-                  for n in survivors]
-        self._asked, self._asked_nodes = len(second), set(survivors)
-        arrays, metrics = self.aggregate_train(r, _send_and_receive(grid, second, timeout))
-        if metrics is None:
-            self._skipped = stats | self._skipped
-            return None, None
-        return arrays, MetricRecord(stats | dict(metrics))
+        return self._apply(r, exchanges, result.pseudo_gradient, result.loss,
+                           result.num_samples)
 
-    def _secure_round(self, grid: Grid, r: int, config: ConfigRecord, timeout: float
-                      ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """One round with both exchanges through SecAgg+ (``dcco.flower.secure_round``): the
-        server learns the averages of the nodes' statistics, updates and losses only."""
-        sa, spec = self.secagg, self.method.stats
-        nodes = self._sample(grid)
+    def _exchanges(self, r: int, targets: dict[int, list[int]], config: ConfigRecord,
+                   timeout: float, grid: Grid | None = None) -> PlainExchanges:
+        wire = UserWire(self, r, dict(config))
+        if self.secagg is None:
+            return PlainExchanges(partial(_send_and_receive, grid), wire, r, timeout, targets,
+                                  self.min_survivors)
+        sa = self.secagg
         scales = secure_round.calibration(sa, self._weights, self.method, self.local_lr,
                                           self.seed, r)
-        extra = {k: v for k, v in self._config("", r, dict(config)).items()
-                 if k not in (PHASE, ROUND)}  # the secure config carries its own
-        model = {k: self._weights[k] for k in sa.model.state_dict()}  # the nodes' order
-        shapes = {k: tuple(self._weights[k].shape) for k in self.trained}
-        metrics, shared = {}, None
-        if spec is not None:
-            tally = ReplyTally()
-            got = secure_round.exchange(sa, grid, {n: Instruction("stats", r, (), model)
-                                                   for n in nodes}, extra, scales,
-                                        sa.stats_clip, r, timeout, tally)
-            metrics |= _tally("stats", tally) | {"stats-clipped": got.clipped}
-            if got.values is None or len(got.counts) < max(self.min_survivors, 2):
-                self._skipped = metrics
-                return None, None
-            shared = secagg.secure_moments(got.values[:len(spec.fields)], spec, scales,
-                                           float(sum(got.counts.values())))
-            nodes, model = sorted(got.counts), None
-        tally = ReplyTally()
-        got = secure_round.exchange(sa, grid, {n: Instruction("update", r, (), model, shared)
-                                               for n in nodes}, extra, scales, sa.update_clip,
-                                    r, timeout, tally)
-        pooled = (secure_round.pooled_delta(got.values, shapes, scales)
-                  if got.values is not None else None)
-        if got.values is not None and pooled is None:
-            tally.accepted -= len(got.counts)
-            for _ in got.counts:
-                tally.reject("shape")
-        metrics |= _tally("update", tally) | {"update-clipped": got.clipped}
-        if pooled is None or len(got.counts) < max(self.min_survivors, 2):
-            self._skipped = metrics
-            return None, None
-        self._step(self._weights, {k: -v for k, v in pooled[0].items()}, r - 1, self._rounds)
+        return SecureExchanges(grid, wire, r, targets, self.min_survivors, scales,
+                               sa.flower_config(timeout), lambda _: float(sa.max_samples),
+                               wire.secure_extra())
+
+    def _apply(self, r: int, exchanges: PlainExchanges, pseudo: dict[str, Tensor],
+               loss: float, samples: int) -> tuple[ArrayRecord, MetricRecord]:
+        """The server's step with the round's pseudo-gradient, the untrained floating arrays
+        averaged from the replies used (plain messages), and the round's metrics."""
+        self._step(self._weights, pseudo, r - 1, self._rounds)
+        if exchanges.used:
+            self._average_buffers([c for _, c, _ in exchanges.used],
+                                  [n for _, _, n in exchanges.used])
+        self._skipped = None
         return ArrayRecord(dict(self._weights)), MetricRecord(
-            metrics | {"loss": pooled[1], "num-examples": sum(got.counts.values())})
+            self._metrics(exchanges) | {"loss": float(loss), "num-examples": samples})
 
     @staticmethod
-    def _replies(grid: Grid, messages: list[Message], timeout: float,
-                 tally: ReplyTally) -> dict[int, RecordDict]:
-        """The contents of the non-error replies, by node (duplicates and strangers left
-        out), with the failed and missing ones counted."""
-        asked = {m.metadata.dst_node_id for m in messages}
-        tally.sent += len(messages)
-        got, failed = {}, set()
-        for reply in _send_and_receive(grid, messages, timeout):
-            node = reply.metadata.src_node_id
-            if node not in asked or node in got or node in failed:
-                continue
-            if reply.has_error():
-                failed.add(node)
-            else:
-                got[node] = reply.content
-        tally.failed += len(failed)
-        tally.missing += len(asked) - len(got) - len(failed)
-        return got
+    def _metrics(exchanges: PlainExchanges) -> dict:
+        out = {}
+        for phase, tally in exchanges.replies.items():
+            out |= _tally(phase, tally)
+            if isinstance(exchanges, SecureExchanges):
+                out[f"{phase}-clipped"] = exchanges.clipped.get(phase, 0.0)
+        return out
 
     def _sample(self, grid: Grid) -> list[int]:
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
@@ -365,55 +304,6 @@ class DCCO(Strategy):
         return ConfigRecord(extra | {PHASE: phase, ROUND: r, METHOD: self.method.name,
                                      VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
                                      LOCAL_LR: self.local_lr})
-
-    def _merge(self, contents: list[RecordDict], tally: ReplyTally):
-        """The valid statistics replies merged (``dcco.api.merge_statistics``), with the
-        encoding width read from the replies (the most common width of ``sum_f``)."""
-        replies = []
-        for c in contents:
-            try:
-                sums = codec.tensors_of(c.array_records["statistics"])
-                sums["count"] = c.metric_records["metrics"]["num-examples"]
-            except (KeyError, TypeError, ValueError):
-                sums = {}  # counted as malformed by the merge
-            replies.append(sums)
-        first = f"sum_{self.method.stats.fields[0].name}"  # its first axis is the width d
-        widths = Counter(int(s[first].shape[0]) for s in replies
-                         if isinstance(s.get(first), Tensor) and s[first].ndim >= 1)
-        if not widths:
-            for _ in replies:
-                tally.reject("missing_key")
-            return None
-        merged = merge_statistics(replies, widths.most_common(1)[0][0], self.method)
-        tally.accepted += merged.tally.accepted
-        for kind, n in merged.tally.rejected.items():
-            tally.rejected[kind] = tally.rejected.get(kind, 0) + n
-        return merged if merged.aggregate is not None else None
-
-    def _check_update(self, weights: dict[str, Tensor], contents: Iterable[RecordDict]):
-        if self.trained is None:  # the names most replies train, fixed from now on
-            names = Counter()
-            for c in contents:
-                try:
-                    names[tuple(sorted(codec.tensors_of(c.array_records["arrays"])))] += 1
-                except (KeyError, TypeError, ValueError):
-                    continue
-            if names:
-                self.trained = [k for k in weights if k in set(names.most_common(1)[0][0])]
-        shapes = {k: tuple(weights[k].shape) for k in self.trained or () if k in weights}
-
-        def check(c: RecordDict) -> ClientUpdate:
-            if not shapes:
-                raise ReplyError("missing_key", "no update names a parameter of the model")
-            delta = codec.tensors_of(c.array_records["arrays"])
-            m = c.metric_records["metrics"]
-            extra = set(delta) - set(shapes)
-            if extra:
-                raise ReplyError("missing_key", f"update holds arrays the model lacks or does "
-                                                f"not train: {sorted(extra)[:3]}")
-            return validate_update(delta, m["num-examples"], shapes, loss=m.get("loss"))
-
-        return check
 
     def _average_buffers(self, contents: list[RecordDict], counts: list[int]) -> None:
         """The model's floating arrays that nobody trains (batch norm's running statistics)
@@ -455,7 +345,107 @@ class DCCO(Strategy):
             weights[k] = p.detach().clone()
 
 
-def _send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+class UserWire:
+    """The strategy's layout of a round's messages (``dcco.flower.exchanges.Wire``): the
+    records a user's ClientApp answers with ``dcco.flower.answer``, one client a node. The
+    replies are checked against what most of them hold (the encoding width of most
+    statistics replies, the arrays most updates train): the strategy has no model of its own.
+
+    Args:
+        strategy: the strategy (its weights, method and settings). r: the round (from 1).
+        config: the user's ``train_config``. arrays: the model to send (default: the
+            strategy's weights).
+    """
+
+    def __init__(self, strategy: DCCO, r: int, config: dict,
+                 arrays: ArrayRecord | None = None) -> None:
+        self.s, self.r, self.config, self._arrays = strategy, r, config, arrays
+
+    def _model(self) -> ArrayRecord:
+        if self._arrays is None:  # one record for every node's message
+            self._arrays = codec.array_record(self.s._weights)
+        return self._arrays
+
+    def stats_message(self, clients: list[int]) -> RecordDict:
+        return RecordDict({"arrays": self._model(),
+                           "config": self.s._config("stats", self.r, self.config)})
+
+    def update_message(self, clients: list[int], model: bool, shared: Moments | None,
+                       with_stats: bool) -> RecordDict:
+        content = {"config": self.s._config("update", self.r, self.config)}
+        if model:
+            content["arrays"] = self._model()
+        if shared is not None:
+            content["statistics"] = moments_record(shared)
+        return RecordDict(content)
+
+    def instruction(self, phase: str, clients: list[int], model: bool,
+                    shared: Moments | None = None, with_stats: bool = False) -> Instruction:
+        weights = self.s._weights  # in the nodes' order (secagg.model's)
+        own = {k: weights[k] for k in self.s.secagg.model.state_dict()} if model else None
+        return Instruction(phase, self.r, (), own, shared, with_stats)
+
+    def secure_extra(self) -> dict:
+        """The strategy's keys for a secure exchange's config (which carries its own phase
+        and round)."""
+        return {k: v for k, v in self.s._config("", self.r, self.config).items()
+                if k not in (PHASE, ROUND)}
+
+    def stats_check(self, contents: list[RecordDict], spec: StatsSpec
+                    ) -> Callable[[RecordDict], EncodingStats]:
+        def sums_of(c: RecordDict) -> dict:
+            sums = codec.tensors_of(c.array_records["statistics"])
+            return sums | {"count": c.metric_records["metrics"]["num-examples"]}
+
+        first = f"sum_{spec.fields[0].name}"  # its first axis is the width d
+        widths = Counter()
+        for c in contents:
+            try:
+                if (s := sums_of(c).get(first)) is not None and s.ndim >= 1:
+                    widths[int(s.shape[0])] += 1
+            except (KeyError, TypeError, ValueError):
+                continue
+        d = widths.most_common(1)[0][0] if widths else None
+
+        def check(c: RecordDict) -> EncodingStats:
+            if d is None:
+                raise ReplyError("missing_key", f"no statistics reply holds {first}")
+            return validate_statistics(sums_of(c), d, d, spec=spec)
+
+        return check
+
+    def update_check(self, contents: list[RecordDict], with_stats: StatsSpec | None
+                     ) -> Callable[[RecordDict], tuple[ClientUpdate, None]]:
+        s = self.s
+        if s.trained is None:  # the names most replies train, fixed from now on
+            names = Counter()
+            for c in contents:
+                try:
+                    names[tuple(sorted(codec.tensors_of(c.array_records["arrays"])))] += 1
+                except (KeyError, TypeError, ValueError):
+                    continue
+            if names:
+                s.trained = [k for k in s._weights if k in set(names.most_common(1)[0][0])]
+        shapes = {k: tuple(s._weights[k].shape) for k in s.trained or () if k in s._weights}
+
+        def check(c: RecordDict) -> tuple[ClientUpdate, None]:
+            if not shapes:
+                raise ReplyError("missing_key", "no update names a parameter of the model")
+            delta = codec.tensors_of(c.array_records["arrays"])
+            m = c.metric_records["metrics"]
+            extra = set(delta) - set(shapes)
+            if extra:
+                raise ReplyError("missing_key", f"update holds arrays the model lacks or does "
+                                                f"not train: {sorted(extra)[:3]}")
+            return validate_update(delta, m["num-examples"], shapes, loss=m.get("loss")), None
+
+        return check
+
+    def params(self) -> dict[str, Tensor]:
+        return self.s._params_of(self.s._weights)
+
+
+def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float) -> list[Message]:
     """The replies to ``messages``: pulled every 0.01 s (``dcco.flower.polling``) instead of
     Flower's ``Grid.send_and_receive``, which sleeps 3 s between pulls on a deployment's
     grid; a grid that answers at once (``dcco.flower.inprocess``) is asked directly."""
