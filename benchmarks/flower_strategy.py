@@ -9,6 +9,16 @@ every round from the server (``evaluate_fn`` after each). The ratio is of the me
 rounds after each block's first.
 
     python benchmarks/flower_strategy.py --record benchmarks/results/flower_strategy.json
+
+Where the time goes at a few photos a node: Flower's simulation engine picks the messages
+waiting for its nodes up on a fixed poll (``add_messages_to_queue`` in
+``flwr/server/superlink/fleet/vce/vce_api.py``, 0.1 s in 1.41/1.42), so an exchange whose
+nodes compute for less than that still takes about one poll, and DCCO's second exchange one
+poll more. ``--engine-poll`` runs the same app in this process (``run_simulation``) with the
+engine's poll set to each value given, to show it:
+
+    python benchmarks/flower_strategy.py --engine-poll 0.1 0.01 \
+        --record benchmarks/results/flower_strategy_engine_poll.json
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from dcco.flower.loopback import LocalSimulation
@@ -43,6 +54,80 @@ def measure(args: argparse.Namespace, photos: int) -> dict:
         if status != "finished:completed":
             sys.exit(f"the run ended {status}: {sim.details}")
         seconds = json.loads((out / "timings.json").read_text())
+    return summarise(args, photos, seconds)
+
+
+def measure_in_process(args: argparse.Namespace, photos: int, poll: float) -> dict:
+    """``measure`` with the app in this process (``flwr.simulation.run_simulation``) and the
+    simulation engine's pickup poll set to ``poll`` seconds."""
+    import tomllib
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    sys.path.insert(0, str(PROJECT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(  # Ray's actors import the example's modules
+        p for p in (str(PROJECT), os.environ.get("PYTHONPATH")) if p)
+    from dcco_flower_example import client_app, server_app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        config = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"][
+            "app"]["config"] | {"num-server-rounds": args.rounds, "blocks": args.blocks,
+                                "fraction-train": args.fraction, "compare-fedavg": True,
+                                "photos-per-node": photos, "out": str(out)}
+        server, client = ServerApp(), ClientApp()
+
+        def configured(c: Context) -> Context:  # run_simulation passes no run config
+            return Context(run_id=c.run_id, node_id=c.node_id, node_config=c.node_config,
+                           state=c.state, run_config=config)
+
+        @server.main()
+        def main(grid: Grid, context: Context) -> None:
+            server_app.main(grid, configured(context))
+
+        handlers = Path(tmp) / "handlers.jsonl"
+
+        @client.train()
+        def train(msg: Message, context: Context) -> Message:
+            started = time.perf_counter()
+            reply = client_app.train(msg, configured(context))  # the state is the node's
+            config = msg.content.config_records.get("config")
+            kind = "fedavg" if config is None or "phase" not in config else config["phase"]
+            with handlers.open("a") as f:  # one short line: an atomic append (POSIX)
+                f.write(json.dumps([kind, time.perf_counter() - started]) + "\n")
+            return reply
+
+        def pickup(state, queue, nodes_mapping, f_stop) -> None:
+            """The engine's pickup of the messages waiting for its nodes, every ``poll``."""
+            while not f_stop.is_set():
+                for node_id in nodes_mapping:
+                    for msg in state.get_message_ins(node_id=node_id, limit=1):
+                        queue.put(msg)
+                f_stop.wait(poll)
+
+        original = vce_api.add_messages_to_queue
+        vce_api.add_messages_to_queue = pickup
+        try:
+            run_simulation(server_app=server, client_app=client, num_supernodes=args.nodes,
+                           backend_config={"client_resources": {"num_cpus": 1}})
+        finally:
+            vce_api.add_messages_to_queue = original
+        seconds = json.loads((out / "timings.json").read_text())
+        handled: dict[str, list[float]] = {}
+        for line in handlers.read_text().splitlines():
+            kind, took = json.loads(line)
+            handled.setdefault(kind, []).append(took)
+    row = summarise(args, photos, seconds)
+    # what a node's handler took per message, by message: the compute and the data a round
+    # waits for on each node, the rest of a round being Flower's and the server's
+    return row | {"engine_poll_s": poll, "handler_median_s": {
+        k: statistics.median(v) for k, v in handled.items()}}
+
+
+def summarise(args: argparse.Namespace, photos: int, seconds: dict) -> dict:
     medians = {}
     for name, values in seconds.items():
         # a block of R rounds gives R round times; its first (the strategy's warm-up) is
@@ -61,11 +146,22 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.5, help="fraction_train")
     ap.add_argument("--photos", type=int, nargs="+", default=[8],
                     help="photos per node: one simulation each (the app's photos-per-node)")
+    ap.add_argument("--engine-poll", type=float, nargs="+", metavar="SECONDS",
+                    help="in this process, with the simulation engine's pickup poll at each "
+                         "value (Flower's: 0.1)")
     ap.add_argument("--record", type=Path)
     args = ap.parse_args()
-    rows = [measure(args, photos) for photos in args.photos]
+    if args.engine_poll:
+        rows = [measure_in_process(args, photos, poll) for photos in args.photos
+                for poll in args.engine_poll]
+    else:
+        rows = [measure(args, photos) for photos in args.photos]
     for row in rows:
-        print(f"{row['photos_per_node']} photos a node: FedAvg {row['median_s']['fedavg']:.3f} "
+        poll = ""
+        if "engine_poll_s" in row:
+            poll = f" (engine poll {row['engine_poll_s']} s; a node's handler: " + ", ".join(
+                f"{k} {1e3 * v:.0f} ms" for k, v in row["handler_median_s"].items()) + ")"
+        print(f"{row['photos_per_node']} photos a node{poll}: FedAvg {row['median_s']['fedavg']:.3f} "
               f"s a round, DCCO {row['median_s']['dcco']:.3f} s a round: {row['ratio']:.2f} × "
               f"(target ≤ {TARGET} ×)")
     if args.record:
