@@ -30,10 +30,11 @@ SERIES = [  # label, folder, cell prefix, local steps
     ("FedSC, E = 2, FedSC's α", "fedsc_fmnist-small-e2-fedsc", "fedsc", 2),
     ("FedSC, E = 5, N_k/N", "fedsc_fmnist-small-e5", "fedsc", 5),
     ("FedSC, E = 5, FedSC's α", "fedsc_fmnist-small-e5-fedsc", "fedsc", 5),
-    ("FedSC, FedAvg server, E = 1, local lr 0.03", "fedsc_fmnist-fedavg-e1-lr03", "fedsc", 1),
-    ("FedSC, FedAvg server, E = 1, local lr 0.003", "fedsc_fmnist-fedavg-e1-lr003", "fedsc",
+    # the scales' names: lr03 is a local rate of 0.3, lr003 of 0.03 (FedSC's own)
+    ("FedSC, FedAvg server, E = 1, local lr 0.3", "fedsc_fmnist-fedavg-e1-lr03", "fedsc", 1),
+    ("FedSC, FedAvg server, E = 1, local lr 0.03", "fedsc_fmnist-fedavg-e1-lr003", "fedsc",
      1),
-    ("FedSC, FedAvg server, E = 5, local lr 0.03", "fedsc_fmnist-fedavg-e5-lr03", "fedsc", 5),
+    ("FedSC, FedAvg server, E = 5, local lr 0.3", "fedsc_fmnist-fedavg-e5-lr03", "fedsc", 5),
     ("DCCO, E = 1", "local_steps_fmnist-curve-e1", "dcco", 1),
     ("DCCO, E = 4, layer-wise, local lr 1e-5", "local_steps_fmnist-curve-lw-e4", "dcco", 4),
 ]
