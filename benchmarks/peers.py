@@ -544,8 +544,8 @@ def table(record: dict) -> str:
     (— where a peer was skipped), and the peak memory of each."""
     peers = [p for p in PEERS if any(p in pt["peers"] for pt in record["points"])]
     head = ("| method | K × samples | threads | " + " | ".join(peers)
-            + " | peak memory, GiB (" + ", ".join(peers) + ") |")
-    lines = [head, "|" + "---|" * (4 + len(peers))]
+            + " | peak memory, GiB (" + ", ".join(peers) + ") | commit |")
+    lines = [head, "|" + "---|" * (5 + len(peers))]
     for pt in sorted(record["points"], key=lambda p: (p["method"], p["threads"],
                                                      p["samples_per_client"], p["clients"])):
         cells = []
@@ -560,8 +560,9 @@ def table(record: dict) -> str:
         memory = ", ".join(f"{pt['peers'][n]['peak_rss_gib']:.2f}"
                            if pt["peers"].get(n, {}).get("peak_rss_gib") is not None else "—"
                            for n in peers)
+        commit = (pt.get("git_commit") or record.get("code", {}).get("git_commit") or "?")[:7]
         lines.append(f"| {pt['method']} | {pt['clients']} × {pt['samples_per_client']} | "
-                     f"{pt['threads']} | " + " | ".join(cells) + f" | {memory} |")
+                     f"{pt['threads']} | " + " | ".join(cells) + f" | {memory} | {commit} |")
     return "\n".join(lines)
 
 
