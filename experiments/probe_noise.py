@@ -43,7 +43,8 @@ def main() -> None:
         x_train = extract_features(model, train.images[ids], ecfg.feature_batch, cpu)
         x_test = extract_features(model, test.images, ecfg.feature_batch, cpu)
 
-        def probe(seed: int, steps: int) -> float:
+        def probe(seed: int, steps: int, ecfg=ecfg, x_train=x_train, x_test=x_test,
+                  ids=ids, train=train, test=test) -> float:  # this run's, bound here
             e = replace(ecfg, probe_steps=steps)
             return 100 * linear_probe_features(x_train, train.labels[ids], x_test, test.labels,
                                                train.num_classes, e, seed).accuracy
