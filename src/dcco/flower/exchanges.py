@@ -80,9 +80,10 @@ class Wire(Protocol):
 
 def replies_by_node(replies: Iterable[Message], asked: set[int],
                     tally: ReplyTally) -> dict[int, RecordDict]:
-    """The contents of the replies without an error, by node, counted in ``tally``: a reply of
-    a node not asked, or a node's second, is left out; an asked node without a reply is
-    ``missing``, one with an error reply ``failed``."""
+    """The contents of the replies without an error, by node in the order of the node ids (so
+    that what is merged from them is summed in one order, whatever order they arrived in),
+    counted in ``tally``: a reply of a node not asked, or a node's second, is left out; an
+    asked node without a reply is ``missing``, one with an error reply ``failed``."""
     got: dict[int, RecordDict] = {}
     failed: set[int] = set()
     for reply in replies:
@@ -95,7 +96,7 @@ def replies_by_node(replies: Iterable[Message], asked: set[int],
             got[node] = reply.content
     tally.failed += len(failed)
     tally.missing += len(asked) - len(got) - len(failed)
-    return got
+    return dict(sorted(got.items()))
 
 
 def exchange(send: Send, r: int, contents: dict[int, RecordDict], timeout: float,
@@ -112,7 +113,9 @@ def exchange(send: Send, r: int, contents: dict[int, RecordDict], timeout: float
 
 
 class PlainExchanges:
-    """``Algorithm.run_round``'s two steps as exchanges of plain messages.
+    """``Algorithm.run_round``'s two steps as exchanges of plain messages (not
+    ``each_statistics``: a node merges its clients' statistics, so the server has no
+    client's own; ``dcco.flower.appconfig`` refuses ``train.absent_statistics = "cached"``).
 
     Args:
         send: the grid's exchange (replies within a timeout).
@@ -163,10 +166,6 @@ class PlainExchanges:
         self.model_sent = True
         self._check("stats", len(valid))
         return merge([s for _, s in valid])
-
-    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
-        raise NotImplementedError("over Flower a node merges the statistics of its clients; "
-                                  "a per-client cache of them is the simulator's")
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:

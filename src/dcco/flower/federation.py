@@ -39,12 +39,11 @@ from dcco.algorithm import RoundResult, RoundSkipped
 from dcco.client import ClientUpdate
 from dcco.config import RunConfig
 from dcco.data.datasets import ImageDataset
-from dcco.flower import codec, secagg
+from dcco.flower import codec, polling, secagg
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.nodes import NodeIdentity, assign
-from dcco.flower.polling import push_and_pull
 from dcco.methods.base import Segments
 from dcco.rundir import RunDir, RunDirError, config_differences
 from dcco.seeding import generator
@@ -101,10 +100,7 @@ class MeteredGrid:
         messages = list(messages)
         for m in messages:
             self.down[m.metadata.dst_node_id] += content_bytes(m)
-        if getattr(self._grid, "replies_at_once", False):  # in-process: nothing to wait for
-            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        else:
-            replies = push_and_pull(self._grid, messages, timeout)
+        replies = polling.send_and_receive(self._grid, messages, timeout)
         for r in replies:
             if not r.has_error():
                 self.up[r.metadata.src_node_id] += content_bytes(r)

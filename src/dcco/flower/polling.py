@@ -38,3 +38,12 @@ def push_and_pull(grid: Grid, messages: Iterable[Message],
             break
         time.sleep(POLL_S if end is None else max(0.0, min(POLL_S, end - time.monotonic())))
     return replies
+
+
+def send_and_receive(grid: Grid, messages: Iterable[Message],
+                     timeout: float | None = None) -> list[Message]:
+    """The replies to ``messages`` by ``push_and_pull``; a grid that answers at once
+    (``dcco.flower.inprocess``: ``replies_at_once``) is asked directly."""
+    if getattr(grid, "replies_at_once", False):
+        return list(grid.send_and_receive(list(messages), timeout=timeout))
+    return push_and_pull(grid, messages, timeout)

@@ -40,10 +40,9 @@ from torch import Tensor
 
 from dcco.algorithm import Algorithm, RoundSkipped
 from dcco.client import ClientUpdate
-from dcco.flower import codec, secure_round
+from dcco.flower import codec, polling, secure_round
 from dcco.flower.codec import Instruction
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
-from dcco.flower.polling import push_and_pull
 from dcco.flower.secure_round import SecAgg
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
@@ -262,8 +261,8 @@ class DCCO(Strategy):
                    timeout: float, grid: Grid | None = None) -> PlainExchanges:
         wire = UserWire(self, r, dict(config))
         if self.secagg is None:
-            return PlainExchanges(partial(_send_and_receive, grid), wire, r, timeout, targets,
-                                  self.min_survivors)
+            return PlainExchanges(partial(polling.send_and_receive, grid), wire, r, timeout,
+                                  targets, self.min_survivors)
         sa = self.secagg
         scales = secure_round.calibration(sa, self._weights, self.method, self.local_lr,
                                           self.seed, r)
@@ -393,24 +392,26 @@ class UserWire:
 
     def stats_check(self, contents: list[RecordDict], spec: StatsSpec
                     ) -> Callable[[RecordDict], EncodingStats]:
-        def sums_of(c: RecordDict) -> dict:
-            sums = codec.tensors_of(c.array_records["statistics"])
-            return sums | {"count": c.metric_records["metrics"]["num-examples"]}
-
-        first = f"sum_{spec.fields[0].name}"  # its first axis is the width d
-        widths = Counter()
+        decoded: dict[int, dict | Exception] = {}  # each reply decoded once, by identity
         for c in contents:
             try:
-                if (s := sums_of(c).get(first)) is not None and s.ndim >= 1:
-                    widths[int(s.shape[0])] += 1
-            except (KeyError, TypeError, ValueError):
-                continue
+                sums = codec.tensors_of(c.array_records["statistics"])
+                decoded[id(c)] = sums | {"count": c.metric_records["metrics"]["num-examples"]}
+            except (KeyError, TypeError, ValueError) as e:
+                decoded[id(c)] = e
+        first = f"sum_{spec.fields[0].name}"  # its first axis is the width d
+        widths = Counter(int(s[first].shape[0]) for s in decoded.values()
+                         if isinstance(s, dict) and isinstance(s.get(first), Tensor)
+                         and s[first].ndim >= 1)
         d = widths.most_common(1)[0][0] if widths else None
 
         def check(c: RecordDict) -> EncodingStats:
+            sums = decoded[id(c)]
+            if isinstance(sums, Exception):
+                raise sums  # counted by its kind (accept_valid)
             if d is None:
                 raise ReplyError("missing_key", f"no statistics reply holds {first}")
-            return validate_statistics(sums_of(c), d, d, spec=spec)
+            return validate_statistics(sums, d, d, spec=spec)
 
         return check
 
@@ -443,15 +444,6 @@ class UserWire:
 
     def params(self) -> dict[str, Tensor]:
         return self.s._params_of(self.s._weights)
-
-
-def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float) -> list[Message]:
-    """The replies to ``messages``: pulled every 0.01 s (``dcco.flower.polling``) instead of
-    Flower's ``Grid.send_and_receive``, which sleeps 3 s between pulls on a deployment's
-    grid; a grid that answers at once (``dcco.flower.inprocess``) is asked directly."""
-    if getattr(grid, "replies_at_once", False):
-        return list(grid.send_and_receive(messages, timeout=timeout))
-    return push_and_pull(grid, messages, timeout)
 
 
 def _tally(phase: str, tally: ReplyTally) -> dict:
