@@ -52,9 +52,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE_LIMIT = 16 << 20
 """The most one file may hold to come back from a lent machine."""
-CHECKPOINT_BUDGET = 56 << 20
-"""The most the unfinished cells' checkpoints may take: the next lease carries them, and a
-lease carries 64 MiB of ignored files in all (``.gpu/`` holds the rest's wheels)."""
+CARRY_LIMIT = 64 << 20
+"""The most one device call's working tree may hold: tracked and untracked-not-ignored files,
+and the carried paths (``.gpu/``, and the unfinished cells' checkpoints)."""
+CARRY_MARGIN = 1 << 20
+"""Left free under ``CARRY_LIMIT`` for the records a session adds to the tree."""
 CELL_ORDER = ("non-iid-4-*-s0", "centralized_cco-s0", "non-iid-16-*-s0", "*-s0", "*")
 """The order the cells start in (``dcco reproduce --cells``): the decisive setting first (DCCO,
 CCO + FedAvg and contrastive FedAvg at non-IID 4, seed 0, side by side), then centralized
@@ -63,6 +65,12 @@ GPU_RUNGS = ("eager float32", "+ bf16", "+ compile", "+ CUDA graphs")
 """The ladder's rungs that decide ``auto`` on CUDA (precision and compilation)."""
 CELL_FILES = ("config.toml", "metrics.jsonl", "summary.json", "version.json")
 """What a grid cell keeps in the repository (the checkpoints stay behind)."""
+JOBS = 2
+"""Cells side by side. The first lease (2026-11-27, an H100) ran eight (``--jobs auto``): 42
+rounds/s together, the GPU full, so each ran at a fifth of its speed alone and none finished
+in the lease; and a `gpu`-scale checkpoint (35 to 60 MiB) does not fit what the next lease can
+carry (``carry_budget``), so an unfinished cell starts again. Two side by side keep the GPU
+busy and finish the decisive cells first."""
 WHEELS = ("kornia==0.9.0", "kornia_rs==0.2.0")
 """What dcco needs that a lent GPU machine's image lacks (KINDS.md's package list)."""
 
@@ -142,6 +150,15 @@ def machine_record(out: Path) -> dict:
     return record
 
 
+def gpu_record(prefix: str) -> Path | None:
+    """A committed record of a phase (``round_cost``, ``precision_check``) made on a GPU, if
+    any: the ladder and the precision check decide ``auto`` on CUDA once, and a later lease
+    gives their minutes to the cells."""
+    found = sorted(p for p in (ROOT / "benchmarks" / "results").glob(f"{prefix}_*.json")
+                   if p.stem != f"{prefix}_cpu")
+    return found[0] if found else None
+
+
 def run_phase(name: str, command: list[str], seconds: float, log: Path,
               session: dict, session_path: Path) -> None:
     """One phase as a process with ``seconds`` to run (SIGINT past them, SIGKILL 20 s
@@ -219,8 +236,28 @@ def pack(out: Path, grid_out: Path) -> Path:
             os.replace(tmp, archive)
             break
         files.remove(logs.pop())  # the largest log goes first
-    pack_checkpoints(out, grid_out)
     return archive
+
+
+def tree_bytes() -> int:
+    """The bytes of the working tree that travels to a lent machine, less any checkpoint (the
+    next lease carries its own): where this is a git checkout, the tracked and
+    untracked-not-ignored files and ``.gpu/``; elsewhere (a lent machine's copy) every file
+    under the repository but ``.git``."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard",
+                             "-z"], capture_output=True, check=False)
+    if listed.returncode == 0:
+        files = [ROOT / name for name in listed.stdout.decode().split("\0") if name]
+        files += list((ROOT / ".gpu").rglob("*"))
+    else:
+        files = [p for p in ROOT.rglob("*") if p.relative_to(ROOT).parts[0] != ".git"]
+    return sum(p.stat().st_size for p in files
+               if p.is_file() and p.name != "checkpoint.safetensors")
+
+
+def carry_budget() -> int:
+    """The bytes of checkpoints the next lease can carry beside this tree and ``.gpu/``."""
+    return max(0, CARRY_LIMIT - CARRY_MARGIN - tree_bytes())
 
 
 def unfinished_checkpoints(grid_out: Path) -> list[Path]:
@@ -240,21 +277,30 @@ def unfinished_checkpoints(grid_out: Path) -> list[Path]:
     return [c for _, c in sorted(found, key=lambda x: -x[0])]
 
 
-def pack_checkpoints(out: Path, grid_out: Path) -> list[Path]:
+def pack_checkpoints(out: Path, grid_out: Path, budget: int) -> dict:
     """``checkpoints.tar.part<k>``: the unfinished cells' checkpoints (most advanced first), as
-    many as fit in ``CHECKPOINT_BUDGET`` (what the next lease can carry), cut in parts of at
-    most ``ARCHIVE_LIMIT`` (a returned file's limit); ``unpack`` joins them again."""
+    many as fit in ``budget`` bytes (what the next lease can carry, ``carry_budget``), cut in
+    parts of at most ``ARCHIVE_LIMIT`` (a returned file's limit); ``unpack`` joins them again.
+    Returns what was carried and what was left behind (those cells start again at round 0)."""
     for old in out.glob("checkpoints.tar.part*"):
         old.unlink()
-    chosen, total = [], 0
+    chosen, left, total = [], [], 0
     for checkpoint in unfinished_checkpoints(grid_out):
         size = checkpoint.stat().st_size
-        if total + size > CHECKPOINT_BUDGET:
+        if total + size > budget:
+            left.append({"cell": checkpoint.parent.name, "bytes": size})
             continue
         chosen.append(checkpoint)
         total += size
+    record = {"budget_bytes": budget, "left_behind": left,
+              "carried": [{"cell": c.parent.name, "bytes": c.stat().st_size} for c in chosen]}
+    if left:
+        sizes = ", ".join(f"{x['cell']} {x['bytes'] / 2**20:.1f} MiB" for x in left)
+        _say(f"checkpoints: {len(left)} unfinished cells' checkpoints ({sizes}) do not "
+             f"fit the {budget / 2**20:.1f} MiB the next lease can carry beside the tree and "
+             f".gpu/: those cells start again at round 0")
     if not chosen:
-        return []
+        return record
     whole = out / "checkpoints.tar"
     with tarfile.open(whole, "w") as tar:  # weights hardly compress; plain tar
         for checkpoint in chosen:
@@ -267,7 +313,8 @@ def pack_checkpoints(out: Path, grid_out: Path) -> list[Path]:
             part.write_bytes(chunk)
             parts.append(part)
     whole.unlink()
-    return parts
+    record["parts"] = [p.name for p in parts]
+    return record
 
 
 def run(args: argparse.Namespace) -> int:
@@ -285,9 +332,18 @@ def run(args: argparse.Namespace) -> int:
     on_gpu = record["cuda_available"] and args.device != "cpu"
     _say(f"machine: {session['machine']}, torch {record['torch']}; budget "
          f"{args.minutes:g} min")
+    session["carry_budget_bytes"] = carry_budget()
+    _write_json(session_path, session)
     py = sys.executable
     records = str(out / "records")
     reserve = max(10.0, 0.02 * 60 * args.minutes)  # for the pack at the end
+    shares = {}
+    for name, prefix, share, most in (("ladder", "round_cost", 1 / 3, 3.0),
+                                      ("precision", "precision_check", 1 / 6, 1.5)):
+        asked = getattr(args, f"{name}_minutes")
+        done = gpu_record(prefix) if on_gpu and asked is None else None
+        shares[name] = (asked if asked is not None else 0.0 if done is not None
+                        else min(most, share * args.minutes), done)
 
     def left() -> float:
         return deadline - time.monotonic() - reserve
@@ -299,22 +355,25 @@ def run(args: argparse.Namespace) -> int:
     phases = [
         ("ladder", [py, "benchmarks/round_cost.py", "--scale", args.ladder_scale, "--device",
                     "cuda" if on_gpu else "cpu", "--out", records, *steps, *methods],
-         args.ladder_minutes),
+         shares["ladder"]),
         ("profile", [py, "benchmarks/round_profile.py", "--grid", str(args.grid), "--scale",
                      args.scale, "--warmup", str(args.profile_warmup), "--out", records,
-                     *overrides], args.profile_minutes),
+                     *overrides], (args.profile_minutes, None)),
         ("precision", [py, "benchmarks/precision_check.py", "--grid", str(args.grid),
                        "--scale", args.scale, "--rounds", str(args.precision_rounds),
                        "--knn-every", str(max(1, args.precision_rounds // 4)),
                        "--fast-precision", "bf16", "--fast-compile",
                        "on" if on_gpu else "off", "--work", str(out / "precision-work"),
-                       "--out", records, *overrides], args.precision_minutes),
+                       "--out", records, *overrides], shares["precision"]),
     ]
-    for name, command, minutes in phases:
+    for name, command, (minutes, done) in phases:
         if minutes <= 0:
+            why = (f"skipped: a GPU's record exists ({done.relative_to(ROOT)}); "
+                   f"--{name}-minutes runs it again" if done is not None
+                   else "skipped: not asked for (0 minutes)")
             session["phases"].append({"phase": name, "command": " ".join(command),
-                                      "minutes_allowed": 0, "minutes": 0,
-                                      "outcome": "skipped: not asked for (0 minutes)"})
+                                      "minutes_allowed": 0, "minutes": 0, "outcome": why})
+            _say(f"{name}: {why}")
             _write_json(session_path, session)
             continue
         run_phase(name, command, min(60 * minutes, left()), log, session, session_path)
@@ -330,6 +389,8 @@ def run(args: argparse.Namespace) -> int:
                   session, session_path)
     else:
         run_phase("grid", grid_command, 0, log, session, session_path)
+    session["checkpoints"] = pack_checkpoints(out, args.grid_out,
+                                              session["carry_budget_bytes"])
     archive = pack(out, args.grid_out)
     session["archive"] = {"path": str(archive), "bytes": archive.stat().st_size}
     session["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -428,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", default="gpu", help="the grid scale the cells and checks use")
     p.add_argument("--grid-out", type=Path,
                    default=Path("experiments/results/table1_fmnist-gpu"))
-    p.add_argument("--jobs", default="auto")
+    p.add_argument("--jobs", default=str(JOBS),
+                   help=f"cells side by side (default {JOBS}: see JOBS)")
     p.add_argument("--ladder-scale", default="full")
     p.add_argument("--ladder-steps", nargs="+", default=None, metavar="STEP",
                    help="only these rungs of the ladder (default: those that decide auto: "
@@ -443,12 +505,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="rounds before the profiled ones")
     p.add_argument("--precision-rounds", type=int, default=600)
     p.add_argument("--ladder-minutes", type=float, default=None,
-                   help="the ladder's share (default: a third of the budget, at most 3 min)")
+                   help="the ladder's share (default: a third of the budget, at most 3 min; "
+                        "none on a GPU once benchmarks/results/ holds a GPU's ladder)")
     p.add_argument("--profile-minutes", type=float, default=0.0,
                    help="the profile's share (default: none; the ladder decides auto)")
     p.add_argument("--precision-minutes", type=float, default=None,
-                   help="the precision check's share (default: a ninth of the budget, at most "
-                        "1 min); the grid gets the rest")
+                   help="the precision check's share (default: a sixth of the budget, at "
+                        "most 1.5 min; none on a GPU once benchmarks/results/ holds a GPU's "
+                        "check); the grid gets the rest")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a value of the checked cell's config (profile, precision)")
     p = sub.add_parser("unpack", help="place an archive's records in the repository (here)")
@@ -459,10 +523,6 @@ def main(argv: list[str] | None = None) -> int:
         return prepare(args)
     if args.command == "unpack":
         return unpack(args)
-    for name, share, most in (("ladder_minutes", 1 / 3, 3.0),
-                              ("precision_minutes", 1 / 9, 1.0)):
-        if getattr(args, name) is None:
-            setattr(args, name, min(most, share * args.minutes))
     return run(args)
 
 

@@ -6,6 +6,7 @@ back in parts that ``unpack`` puts where the next lease resumes it."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -106,6 +107,9 @@ def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path
     assert not summary.is_file() or "final_loss" not in summary.read_text()
     parts = sorted(out.glob("checkpoints.tar.part*"))
     assert parts and all(p.stat().st_size <= 16 << 20 for p in parts)
+    assert session["carry_budget_bytes"] > 0
+    assert first.name in [c["cell"] for c in session["checkpoints"]["carried"]]
+    assert session["checkpoints"]["left_behind"] == []  # tiny checkpoints
 
     # unpacked where the repository keeps records, the checkpoint where the cell resumes
     repo = tmp_path / "repo"
@@ -118,3 +122,45 @@ def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path
     assert carried in placed and carried in done.stdout
     assert (repo / carried).read_bytes() == (first / "checkpoint.safetensors").read_bytes()
     assert not any(p.endswith(".log") for p in placed)
+
+
+def _session_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_session
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_session
+
+
+def test_pack_checkpoints__the_most_advanced_that_fit_go__the_rest_are_named(tmp_path):
+    gpu_session = _session_module()
+    grid = tmp_path / "grid"
+    for cell, rounds, size in (("a-s0", 300, 6000), ("b-s0", 200, 3000), ("c-s0", 100, 2000),
+                               ("done-s0", 500, 1000)):
+        (grid / cell).mkdir(parents=True)
+        (grid / cell / "checkpoint.safetensors").write_bytes(b"x" * size)
+        (grid / cell / "metrics.jsonl").write_text(
+            json.dumps({"round": rounds, "loss": 1.0}) + "\n"
+            + json.dumps({"round": rounds, "stopped": "time budget"}) + "\n")
+    (grid / "done-s0" / "summary.json").write_text(json.dumps({"final_loss": 1.0}))
+    out = tmp_path / "out"
+    out.mkdir()
+    record = gpu_session.pack_checkpoints(out, grid, budget=5500)
+    # a-s0 is the most advanced but too large; b and c fit together; the finished cell stays
+    assert [c["cell"] for c in record["carried"]] == ["b-s0", "c-s0"]
+    assert record["left_behind"] == [{"cell": "a-s0", "bytes": 6000}]
+    with tarfile.open(fileobj=io.BytesIO(
+            b"".join(p.read_bytes() for p in sorted(out.glob("checkpoints.tar.part*"))))) as tar:
+        assert sorted(tar.getnames()) == ["grid/b-s0/checkpoint.safetensors",
+                                          "grid/c-s0/checkpoint.safetensors"]
+    assert gpu_session.pack_checkpoints(out, grid, budget=100)["carried"] == []
+    assert not list(out.glob("checkpoints.tar.part*"))
+
+
+def test_carry_budget__what_the_device_tree_leaves_for_checkpoints():
+    gpu_session = _session_module()
+    tree = gpu_session.tree_bytes()
+    assert 0 < tree < gpu_session.CARRY_LIMIT
+    assert gpu_session.carry_budget() == max(
+        0, gpu_session.CARRY_LIMIT - gpu_session.CARRY_MARGIN - tree)

@@ -48,9 +48,12 @@ measured to be safe there (docs/performance.md).
 CPU: float32 and eager. bf16 is 1.8× faster on a CPU with AVX-512 BF16, and moved k-NN by
 −0.9 points in one small-scale check; compilation gained nothing there. float32 stays the
 CPU default, where the committed results and the bit-exact tests run. CUDA: float32 and
-``torch.compile`` (numerically eager's, 1e-5): bf16 becomes the CUDA default only once
-``benchmarks/precision_check.py`` has passed on a GPU, which no session has had yet. Where
-Triton is missing, CUDA compilation is off. Compilation is also off, under ``auto``, for
+``torch.compile`` (numerically eager's, 1e-5). On an H100 (2026-11-27,
+``benchmarks/results/round_cost_nvidia-h100-80gb-hbm3.md``) compilation halved a `full`-scale
+round and bf16 alone saved a tenth; ``benchmarks/precision_check.py`` could not resolve bf16's
+effect on the k-NN monitor there (four 600-round pairs from −4.1 to +4.5 points; one seed's
+float32 run moved 2 points between runs), so bf16 is not the CUDA default. Where Triton is
+missing, CUDA compilation is off. Compilation is also off, under ``auto``, for
 rounds that run client by client (``reference`` backend, several local steps, minibatches),
 where each client's shape would compile anew."""
 
