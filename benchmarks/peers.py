@@ -63,7 +63,7 @@ from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
 from dcco.rundir import code_version, cpu_name
 from dcco.simulator import run_round
-from dcco.train import max_batch_of
+from dcco.train import keeps_graphs, max_batch_of
 
 WIDTHS, PROJECTOR, SIDE = (16, 32, 64), (128, 128, 128), 28
 SEED = 0
@@ -104,8 +104,10 @@ def dcco_round(model, method: str, x1, x2, segments) -> dict[str, torch.Tensor]:
     """The batched round's averaged delta, −pseudo-gradient."""
     name = "contrastive_fedavg" if method == "contrastive" else "dcco"
     # as a run on this machine computes it: train.max_batch = "auto"
-    chunk = max_batch_of("auto", next(model.parameters()).device)
-    out = run_round(model, build_method(name), x1, x2, segments, "batched", chunk=chunk)
+    device = next(model.parameters()).device
+    out = run_round(model, build_method(name), x1, x2, segments, "batched",
+                    chunk=max_batch_of("auto", device),
+                    keep_graphs=keeps_graphs("auto", device))
     return {k: -v for k, v in out.pseudo_gradient.items()}
 
 

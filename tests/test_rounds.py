@@ -139,3 +139,35 @@ def test_batched_round_in_client_groups__equals_the_round_in_one_forward(method)
     fresh = [e.updates(Algorithm(m, 1.0), shared, m.stats).stats for e in (groups, one)]
     assert all(torch.allclose(fresh[0][k], fresh[1][k], rtol=1e-12, atol=1e-15)
                for k, _ in fresh[1].items())
+
+
+@pytest.mark.parametrize("method", ["dcco", "fedsc", "contrastive_fedavg"])
+def test_client_groups_keeping_their_graphs__the_same_round_bit_for_bit_one_forward_each(
+        method):
+    """``keep_graphs`` (``train.max_batch = "auto"`` on a CPU): each group forwarded once,
+    its graph kept from the statistics to its backward: the grouped round's pseudo-gradient,
+    loss and statistics exactly, with one forward a group instead of two (statistics
+    methods)."""
+    m = build_method(method)
+    model, (x1, x2) = _model(), _round_views(SIZES_FEDAVG, seed=2)
+    segments = Segments.from_counts(SIZES_FEDAVG)
+    forwards = []
+    hook = model.register_forward_hook(lambda *_: forwards.append(1))
+    twice = run_round(model, m, x1, x2, segments, "batched", chunk=6)
+    n_twice, forwards[:] = len(forwards), []
+    once = run_round(model, m, x1, x2, segments, "batched", chunk=6, keep_graphs=True)
+    hook.remove()
+    assert len(forwards) == 3 and n_twice == (6 if m.stats is not None else 3)
+    assert torch.equal(_flat(once), _flat(twice)) and _flat(once).norm() > 0
+    assert torch.equal(once.loss, twice.loss)
+    if m.stats is not None:
+        assert all(torch.equal(a, b) for a, b in
+                   zip(once.shared.tensors(), twice.shared.tensors(), strict=True))
+
+
+def test_keep_graphs__only_under_auto_on_a_cpu():
+    from dcco.train import keeps_graphs
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert keeps_graphs("auto", cpu) and not keeps_graphs("auto", cuda)
+    assert not keeps_graphs(256, cpu) and not keeps_graphs(None, cpu)

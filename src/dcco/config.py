@@ -178,7 +178,9 @@ class TrainConfig:
     many samples, one forward and backward a group, the gradients summed: the same round
     (``dcco.simulator.client_groups``), in less memory. None: all in one forward. "auto":
     256 on a CPU, where one forward of a few thousand images runs at about half the speed
-    of its groups (docs/performance.md), and None on a GPU."""
+    of its groups (docs/performance.md), each group forwarded once and its graph kept until
+    its backward (the memory of the whole round's forward, as on a GPU); None on a GPU. A
+    number bounds a forward's memory: a statistics method then forwards each group twice."""
     seed: int = 0
     device: str = "auto"
     """"auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""

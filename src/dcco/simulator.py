@@ -21,7 +21,11 @@ with the groups' weights N_c/N: the same round (the method's round loss is Σ_k 
 the ``Method`` contract), in less memory, and faster on a CPU, where one forward of thousands
 of images runs at half the speed of its groups (``train.max_batch``; docs/performance.md).
 With statistics, a group's forward then runs twice (without gradients for the statistics,
-with them for the update) instead of once.
+with them for the update) instead of once, unless ``keep_graphs``: then each group's forward
+runs once, with gradients, and its graph is kept until the round's aggregate is known and the
+group's backward runs (the same arithmetic, bit for bit; the memory of the whole round's
+forward, as without groups). ``train.max_batch = "auto"`` on a CPU, where the groups are for
+speed, keeps them; a ``max_batch`` set to bound memory does not.
 """
 
 from __future__ import annotations
@@ -92,15 +96,21 @@ class BatchedExecutor(ReferenceExecutor):
     client (``ReferenceExecutor``)."""
 
     def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments,
-                 chunk: int | None = None) -> None:
+                 chunk: int | None = None, keep_graphs: bool = False) -> None:
         super().__init__(model, x1, x2, segments)
         self._encodings: tuple[Tensor, Tensor] | None = None
         # batch norm couples a forward's samples: several clients run client by client
         self._per_client = getattr(model, "batch_norm", False) and segments.num_clients > 1
         self._groups = client_groups(segments, chunk)
+        self._keep = keep_graphs
+        self._kept: list[tuple[Tensor, Tensor]] | None = None
 
     def _group_encodings(self) -> list[tuple[Tensor, Tensor]]:
-        """Each group's encodings without gradients."""
+        """Each group's encodings, detached: from forwards whose graphs are kept for the
+        update (``keep_graphs``), else from forwards without gradients."""
+        if self._keep:
+            self._kept = [self.model(self.x1[s], self.x2[s]) for s, _ in self._groups]
+            return [(f.detach(), g.detach()) for f, g in self._kept]
         with torch.no_grad():
             return [self.model(self.x1[s], self.x2[s]) for s, _ in self._groups]
 
@@ -132,12 +142,13 @@ class BatchedExecutor(ReferenceExecutor):
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
         encodings, self._encodings = self._encodings, None
+        kept, self._kept = self._kept, None
         counts = self.segments.counts
         if self._per_client or not algorithm.batched_exact(int(counts.min()), int(counts.max())):
             return super().updates(algorithm, shared, with_stats)
         named = trainable_parameters(self.model)
         if self._groups is not None:
-            return self._group_updates(algorithm, shared, with_stats, named)
+            return self._group_updates(algorithm, shared, with_stats, named, kept)
         f, g = encodings if encodings is not None else self.model(self.x1, self.x2)
         fresh = encoding_stats(f.detach(), g.detach(), with_stats) if with_stats else None
         loss = algorithm.method.round_loss(f, g, self.segments.to(f.device), shared)
@@ -151,13 +162,19 @@ class BatchedExecutor(ReferenceExecutor):
                        self.segments.num_samples, fresh)
 
     def _group_updates(self, algorithm: Algorithm, shared: Moments | None,
-                       with_stats: StatsSpec | None, named: list) -> Updates:
-        """``updates`` group by group: Σ_c (N_c/N) ∇ round_loss(group c) = ∇ round_loss."""
+                       with_stats: StatsSpec | None, named: list,
+                       kept: list[tuple[Tensor, Tensor]] | None = None) -> Updates:
+        """``updates`` group by group: Σ_c (N_c/N) ∇ round_loss(group c) = ∇ round_loss;
+        ``kept``: the groups' encodings from the statistics' forwards, graphs and all (each
+        freed by its group's backward)."""
         total = self.segments.num_samples
         pseudo = {name: torch.zeros_like(p) for name, p in named}
         loss, fresh = None, []
-        for s, segments in self._groups:
-            f, g = self.model(self.x1[s], self.x2[s])
+        for c, (s, segments) in enumerate(self._groups):
+            if kept is not None:
+                (f, g), kept[c] = kept[c], None  # the group's graph goes with its backward
+            else:
+                f, g = self.model(self.x1[s], self.x2[s])
             if with_stats:
                 fresh.append(encoding_stats(f.detach(), g.detach(), with_stats))
             part = algorithm.method.round_loss(f, g, segments.to(f.device), shared) * (
@@ -193,19 +210,22 @@ EXECUTORS = {"batched": BatchedExecutor, "reference": ReferenceExecutor}
 
 
 def executor_for(backend: Backend, model: nn.Module, x1: Tensor, x2: Tensor,
-                 segments: Segments, chunk: int | None = None) -> ReferenceExecutor:
-    """The backend's executor of a round's views (``chunk``: ``BatchedExecutor``'s groups)."""
+                 segments: Segments, chunk: int | None = None,
+                 keep_graphs: bool = False) -> ReferenceExecutor:
+    """The backend's executor of a round's views (``chunk``, ``keep_graphs``:
+    ``BatchedExecutor``'s groups)."""
     if backend not in EXECUTORS:
         raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
     if backend == "batched":
-        return BatchedExecutor(model, x1, x2, segments, chunk)
+        return BatchedExecutor(model, x1, x2, segments, chunk, keep_graphs)
     return ReferenceExecutor(model, x1, x2, segments)
 
 
 def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tensor,
               segments: Segments, backend: Backend = "batched", local_lr: float = 1.0,
               previous: Moments | None = None, noise: RoundNoise | None = None,
-              absent: Absent | None = None, chunk: int | None = None) -> RoundResult:
+              absent: Absent | None = None, chunk: int | None = None,
+              keep_graphs: bool = False) -> RoundResult:
     """One round (or, for centralized methods, one step) on a round's views.
 
     Args:
@@ -223,6 +243,9 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         noise: differential privacy's noise for this round (``dcco.privacy.RoundNoise``).
         chunk: ``batched``: clients in groups of at most this many samples, one forward and
             backward a group (``client_groups``); None: all at once.
+        keep_graphs: with ``chunk``, each group forwarded once, its graph kept from the
+            statistics to its backward (the whole round's forward in memory), where the
+            round's updates run batched; else forwarded again for the update.
     """
     algorithm = method if isinstance(method, Algorithm) else Algorithm(method, local_lr)
     small = int(segments.counts.min())
@@ -232,5 +255,6 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
             f"{algorithm.method.name} needs at least {needed} samples per client, but a "
             f"client of this round has {small}; use a partition with more samples per client"
         )
-    return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk), previous,
-                               noise, absent)
+    keep = keep_graphs and algorithm.batched_exact(small, int(segments.counts.max()))
+    return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk, keep),
+                               previous, noise, absent)

@@ -233,6 +233,13 @@ def max_batch_of(max_batch: int | str | None, device: torch.device) -> int | Non
     return max_batch
 
 
+def keeps_graphs(max_batch: int | str | None, device: torch.device) -> bool:
+    """Whether ``train.max_batch``'s groups keep their graphs from the statistics to the
+    update (one forward a group, ``dcco.simulator``): under "auto", whose groups on a CPU are
+    for speed; not under a number, which bounds a forward's memory."""
+    return max_batch == "auto" and max_batch_of(max_batch, device) is not None
+
+
 class Pretraining:
     """The state of one pretraining run: model, server optimiser and the rounds done so far.
 
@@ -258,6 +265,7 @@ class Pretraining:
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
         self.chunk = max_batch_of(cfg.train.max_batch, self.device)
+        self.keep_graphs = keeps_graphs(cfg.train.max_batch, self.device)
         self.speed = cfg.speed
         self.dtype = self.speed.param_dtype
         self.algorithm = algorithm_of(cfg)
@@ -335,7 +343,7 @@ class Pretraining:
         result = run_round(self.model, self.round_algorithm(r), x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
                            previous=self.previous(r), noise=self.round_noise(r), absent=absent,
-                           chunk=self.chunk)
+                           chunk=self.chunk, keep_graphs=self.keep_graphs)
         return self.apply(result, lr, start)
 
     def round_algorithm(self, round_index: int) -> Algorithm:
