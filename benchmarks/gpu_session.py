@@ -159,6 +159,21 @@ def gpu_record(prefix: str) -> Path | None:
     return found[0] if found else None
 
 
+def phase_shares(minutes: float, on_gpu: bool, ladder: float | None,
+                 precision: float | None) -> dict[str, tuple[float, Path | None]]:
+    """The ladder's and the precision check's minutes, and the GPU record that made a phase's
+    default none: a third of the budget (at most 3 min) and a sixth (at most 1.5 min) unless
+    asked for (``ladder``, ``precision``), none on a GPU once a GPU's record is committed."""
+    shares = {}
+    for name, asked, prefix, share, most in (("ladder", ladder, "round_cost", 1 / 3, 3.0),
+                                             ("precision", precision, "precision_check",
+                                              1 / 6, 1.5)):
+        done = gpu_record(prefix) if on_gpu and asked is None else None
+        shares[name] = (asked if asked is not None else 0.0 if done is not None
+                        else min(most, share * minutes), done)
+    return shares
+
+
 def run_phase(name: str, command: list[str], seconds: float, log: Path,
               session: dict, session_path: Path) -> None:
     """One phase as a process with ``seconds`` to run (SIGINT past them, SIGKILL 20 s
@@ -337,13 +352,7 @@ def run(args: argparse.Namespace) -> int:
     py = sys.executable
     records = str(out / "records")
     reserve = max(10.0, 0.02 * 60 * args.minutes)  # for the pack at the end
-    shares = {}
-    for name, prefix, share, most in (("ladder", "round_cost", 1 / 3, 3.0),
-                                      ("precision", "precision_check", 1 / 6, 1.5)):
-        asked = getattr(args, f"{name}_minutes")
-        done = gpu_record(prefix) if on_gpu and asked is None else None
-        shares[name] = (asked if asked is not None else 0.0 if done is not None
-                        else min(most, share * args.minutes), done)
+    shares = phase_shares(args.minutes, on_gpu, args.ladder_minutes, args.precision_minutes)
 
     def left() -> float:
         return deadline - time.monotonic() - reserve

@@ -164,3 +164,20 @@ def test_carry_budget__what_the_device_tree_leaves_for_checkpoints():
     assert 0 < tree < gpu_session.CARRY_LIMIT
     assert gpu_session.carry_budget() == max(
         0, gpu_session.CARRY_LIMIT - gpu_session.CARRY_MARGIN - tree)
+
+
+def test_phase_shares__decided_once_on_a_gpu__asked_for_always():
+    gpu_session = _session_module()
+    committed = gpu_session.gpu_record("round_cost")
+    assert committed is not None and committed.name.startswith("round_cost_nvidia")
+    # the CPU (the dry run) always runs both with their default shares
+    assert gpu_session.phase_shares(9, False, None, None) == {
+        "ladder": (3.0, None), "precision": (1.5, None)}
+    assert gpu_session.phase_shares(2, False, None, None)["ladder"] == (2 / 3, None)
+    # on a GPU, the committed records give their minutes to the cells
+    on_gpu = gpu_session.phase_shares(9, True, None, None)
+    assert on_gpu["ladder"] == (0.0, committed)
+    assert on_gpu["precision"][0] == 0.0 and on_gpu["precision"][1] is not None
+    # unless asked for
+    assert gpu_session.phase_shares(9, True, 2.0, 1.0) == {
+        "ladder": (2.0, None), "precision": (1.0, None)}
