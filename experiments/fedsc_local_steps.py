@@ -5,7 +5,7 @@ probes (docs/results.md, "FedSC").
 Reads the finished cells of experiments/fedsc_fmnist.toml (scales ``small``, ``small-e2``,
 ``small-e5``, ``small-e2-fedsc``, ``small-e5-fedsc``, and FedSC's own mechanism, a FedAvg
 server with FedSC's local recipe: ``fedavg-e1-lr03``, ``fedavg-e1-lr003``,
-``fedavg-e5-lr03``) and, for DCCO at non-IID 16, those of
+``fedavg-e5-lr03``, ``fedavg-e5-lr003``) and, for DCCO at non-IID 16, those of
 experiments/local_steps_fmnist.toml (``curve-e1``: E = 1; ``curve-lw-e4``: 4 layer-wise local
 steps, the local recipe FedSC's scales use). A missing cell is left out, and said so.
 
@@ -35,6 +35,8 @@ SERIES = [  # label, folder, cell prefix, local steps
     ("FedSC, FedAvg server, E = 1, local lr 0.03", "fedsc_fmnist-fedavg-e1-lr003", "fedsc",
      1),
     ("FedSC, FedAvg server, E = 5, local lr 0.3", "fedsc_fmnist-fedavg-e5-lr03", "fedsc", 5),
+    ("FedSC, FedAvg server, E = 5, local lr 0.03", "fedsc_fmnist-fedavg-e5-lr003", "fedsc",
+     5),
     ("DCCO, E = 1", "local_steps_fmnist-curve-e1", "dcco", 1),
     ("DCCO, E = 4, layer-wise, local lr 1e-5", "local_steps_fmnist-curve-lw-e4", "dcco", 4),
 ]
