@@ -18,7 +18,9 @@ The peers (each skipped, and said so, when it cannot be imported):
 - ``loop-reload``: the same with one model refilled by ``load_state_dict`` per client;
 - ``flower``: Flower's simulation (``flwr.simulation.run_simulation``, Ray), one virtual node
   per client, Flower's ``FedAvg`` (contrastive) or ``dcco.flower.DCCO`` (dcco), the round
-  timed on the server;
+  timed on the server. Whatever ``--threads``, Ray runs its default of one actor per core,
+  each of one thread (``FLOWER_THREADS``): Flower's own parallelism, across clients, on
+  every core of the machine (at ``--threads 1`` more cores than the other peers get);
 - ``pfl``: Apple's pfl 0.6 (``pip install 'dcco[peers]'``), its ``FederatedAveraging`` on
   its ``SimulatedBackend`` in this process (one user per client, a cohort of all K, one local
   step on the whole user's data, updates weighted by samples with ``WeightByDatapoints``, the
@@ -154,6 +156,13 @@ def loop_round(model, method: str, x1, x2, segments, reload: bool) -> dict[str, 
     return avg
 
 
+FLOWER_THREADS = 1
+"""Each of Flower's Ray actors runs one torch thread, and Ray its default of one actor per
+core. Its actors' threads times their number is then the machine's cores: two threads an
+actor on this 2-core machine (a first two-thread try) oversubscribed the cores and ran a
+round 14 times dcco's, against 2.2 times at one thread."""
+
+
 def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads: int,
                   widths=WIDTHS, projector=PROJECTOR, side=SIDE) -> dict:
     """Flower's simulation: one virtual node per client; the server's FedAvg (contrastive)
@@ -175,7 +184,7 @@ def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads:
 
     def views_of(pid: int):
         if pid not in cache:  # made once per actor, as every peer's views are made once
-            torch.set_num_threads(threads)
+            torch.set_num_threads(FLOWER_THREADS)
             cache[pid] = node_views(pid * samples, samples, side)
         return cache[pid]
 
@@ -223,7 +232,7 @@ def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads:
         out["first"] = {k: first[k] - start[k] for k in first}
         out["seconds"] = [b - a for a, b in itertools.pairwise(stamps)]
 
-    env = {"OMP_NUM_THREADS": str(threads)}
+    env = {"OMP_NUM_THREADS": str(FLOWER_THREADS)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
