@@ -50,7 +50,8 @@ def test_share__splits_clients_contiguously_and_unevenly():
 
 def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path):
     """Pseudo-gradient to a relative 1e-12 (float64), loss likewise, for every method and
-    both executors; centralized CCO split over the ranks runs as DCCO over them."""
+    both executors (the batched one also in groups that keep their graphs); centralized CCO
+    split over the ranks runs as DCCO over them."""
     from helpers.dist_round import METHODS, case
 
     out = tmp_path / "rounds.pt"
@@ -60,11 +61,13 @@ def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path
     for name in METHODS:
         method, sizes, model, (x1, x2) = case(name)
         segments = Segments.from_counts(sizes if method.federated else [sum(sizes)])
-        for backend in ("batched", "reference"):
+        for backend in ("batched", "reference", "grouped-kept"):
             # each executor against itself in one process: the executors differ from each
             # other by up to ~1e-12 on their own (CCO on 2-sample FedAvg clients divides by
-            # a 2-sample variance), which is not what this test is about
-            expected = run_round(model, method, x1, x2, segments, backend)
+            # a 2-sample variance), which is not what this test is about; "grouped-kept":
+            # the batched one in groups of 4 samples keeping their graphs (max_batch "auto")
+            expected = run_round(model, method, x1, x2, segments,
+                                 "batched" if backend == "grouped-kept" else backend)
             flat = torch.cat([v.flatten() for v in expected.pseudo_gradient.values()])
             assert flat.norm() > 0
             r = got[f"{name}/{backend}"]

@@ -366,8 +366,11 @@ class Pretraining:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
         x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
+        counts = segments.counts
+        keep = self.keep_graphs and len(counts) > 0 and algorithm.batched_exact(
+            int(counts.min()), int(counts.max()))
         inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
-                             segments.to(self.device), self.chunk)
+                             segments.to(self.device), self.chunk, keep)
         executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples)
         return algorithm.run_round(executor, self.previous(r), self.round_noise(r))
 

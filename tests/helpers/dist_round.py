@@ -49,8 +49,11 @@ def main():
         else:
             part, local = split_batch(sum(sizes), rank, size)
             algorithm = Algorithm(build_method("dcco"))
-        for backend in ("batched", "reference"):
-            inner = EXECUTORS[backend](model, x1[part], x2[part], local)
+        for backend in ("batched", "reference", "grouped-kept"):
+            if backend == "grouped-kept":  # train.max_batch = "auto" on a CPU, in groups of 4
+                inner = EXECUTORS["batched"](model, x1[part], x2[part], local, 4, True)
+            else:
+                inner = EXECUTORS[backend](model, x1[part], x2[part], local)
             result = algorithm.run_round(AllReduceExecutor(inner, local.num_samples,
                                                            sum(sizes)))
             out[f"{name}/{backend}"] = {"pseudo": result.pseudo_gradient,
