@@ -209,6 +209,14 @@ def client_groups(segments: Segments, chunk: int | None) -> list[tuple[slice, Se
 EXECUTORS = {"batched": BatchedExecutor, "reference": ReferenceExecutor}
 
 
+def keeps_graphs_for(algorithm: Algorithm, segments: Segments, keep_graphs: bool) -> bool:
+    """Whether a round's groups keep their graphs: asked for, and the round's updates run
+    batched (else they run client by client and would never use them)."""
+    counts = segments.counts
+    return keep_graphs and len(counts) > 0 and algorithm.batched_exact(int(counts.min()),
+                                                                       int(counts.max()))
+
+
 def executor_for(backend: Backend, model: nn.Module, x1: Tensor, x2: Tensor,
                  segments: Segments, chunk: int | None = None,
                  keep_graphs: bool = False) -> ReferenceExecutor:
@@ -255,6 +263,6 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
             f"{algorithm.method.name} needs at least {needed} samples per client, but a "
             f"client of this round has {small}; use a partition with more samples per client"
         )
-    keep = keep_graphs and algorithm.batched_exact(small, int(segments.counts.max()))
+    keep = keeps_graphs_for(algorithm, segments, keep_graphs)
     return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk, keep),
                                previous, noise, absent)

@@ -41,7 +41,7 @@ from dcco.precision import prepare_model
 from dcco.privacy import Ledger, RoundNoise, solve_noise_multiplier, stats_sensitivity
 from dcco.rundir import RunDir
 from dcco.seeding import derive_seed, generator
-from dcco.simulator import executor_for, run_round
+from dcco.simulator import executor_for, keeps_graphs_for, run_round
 from dcco.statistics_cache import MAX_CACHE_BYTES, StatisticsCache, cache_bytes
 from dcco.stats import Moments
 
@@ -366,11 +366,9 @@ class Pretraining:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
         x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
-        counts = segments.counts
-        keep = self.keep_graphs and len(counts) > 0 and algorithm.batched_exact(
-            int(counts.min()), int(counts.max()))
         inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
-                             segments.to(self.device), self.chunk, keep)
+                             segments.to(self.device), self.chunk,
+                             keeps_graphs_for(algorithm, segments, self.keep_graphs))
         executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples)
         return algorithm.run_round(executor, self.previous(r), self.round_noise(r))
 
