@@ -251,6 +251,27 @@ def test_fit__interrupted_then_called_again_continues_to_the_same_weights(tmp_pa
                  **(FIT | {"rounds": 7}))
 
 
+def test_fit__clips_your_encoders_encodings_as_configured(tmp_path):
+    torch.manual_seed(7)
+    start = UserCNN().state_dict()
+    runs = {}
+    for bound in (None, 0.05):
+        encoder = UserCNN()
+        encoder.load_state_dict(start)
+        extra = [] if bound is None else [f"model.clip_encodings={bound}"]
+        runs[bound] = dcco.fit(encoder, _clients(), run_dir=tmp_path / str(bound),
+                               settings=[*SETTINGS, *extra], **(FIT | {"rounds": 2}))
+    clipped = runs[0.05].model
+    assert clipped.encoding_bound == 0.05 and runs[None].model.encoding_bound is None
+    x = _augment(_clients()["phone-0"])
+    with torch.no_grad():
+        f, g = clipped(x, x)
+    assert float(torch.linalg.vector_norm(torch.cat([f, g]), dim=1).max()) <= 0.05 * (1 + 1e-12)
+    moved = [not torch.equal(p, q) for p, q in zip(runs[None].model.parameters(),
+                                                   clipped.parameters(), strict=True)]
+    assert any(moved)  # the clipping was in the rounds, not only set afterwards
+
+
 def test_fit__bad_data_is_named_before_a_run_directory_exists(tmp_path):
     with pytest.raises(UserError, match="client 'b' has no samples"):
         dcco.fit(UserCNN(), {"a": torch.zeros(2, 1, 8, 8), "b": torch.zeros(0, 1, 8, 8)},

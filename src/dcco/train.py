@@ -287,6 +287,8 @@ class Pretraining:
             model if model is not None else cfg.build_model(*train_set.input_shapes),
             self.speed, self.device)
         self.model.unit_encodings = cfg.privacy.enabled
+        # the config's, also on a model the caller built (``dcco.fit``'s own encoder)
+        self.model.encoding_bound = cfg.model.clip_encodings
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.params, cfg.optim)
         self.privacy = Privacy.of(cfg, self.partition, self.method) if cfg.privacy.enabled \
