@@ -36,7 +36,7 @@ class FedSC(AnchoredMethod):
     federated: ClassVar[bool] = True
     stats: ClassVar[StatsSpec | None] = SPECTRAL_STATS
     min_client_samples: ClassVar[int] = 1
-    default_projector: ClassVar[tuple[int, ...]] = (512, 1024, 512)
+    default_projector: ClassVar[tuple[int, ...]] = (1024, 512)  # FedSC's 512-1024-512 head
     loss_kind: ClassVar[str] = "spectral contrastive loss of the round's pooled batch"
     similarity: ClassVar[str] = "cosine"
 
@@ -51,7 +51,7 @@ class SpectralFedAvg(MethodBase):
     name: ClassVar[str] = "spectral_fedavg"
     federated: ClassVar[bool] = True
     min_client_samples: ClassVar[int] = 2
-    default_projector: ClassVar[tuple[int, ...]] = (512, 1024, 512)
+    default_projector: ClassVar[tuple[int, ...]] = (1024, 512)
     loss_kind: ClassVar[str] = "spectral contrastive loss within each client (weighted mean)"
     similarity: ClassVar[str] = "cosine"
 
