@@ -82,6 +82,34 @@ def test_cli__pretrain_evaluate_compare_end_to_end(tiny_config, tmp_path, capsys
     assert (tmp_path / "table-linear-40.png").is_file()
 
 
+def test_cli_pretrain__probes_during_pretraining_record_the_probe_and_change_no_weight(
+        tiny_config, tmp_path):
+    from safetensors.torch import load_file
+
+    weights, records = {}, {}
+    for every in (0, 2):
+        run = tmp_path / f"every-{every}"
+        assert main(["pretrain", str(tiny_config("fedsc")), "--run-dir", str(run),
+                     "--no-progress", "--set", f"train.probe_every={every}"]) == 0
+        weights[every] = load_file(run / "checkpoint.safetensors")
+        records[every] = [json.loads(x) for x in
+                          (run / "metrics.jsonl").read_text().splitlines()]
+    probes = [r for r in records[2] if "probe" in r]
+    assert [r["round"] for r in probes] == [2, 4, 6]
+    assert all(0.0 <= r["probe"] <= 1.0 and r["probe_labels"] == 40 for r in probes)
+    assert not any("probe" in r for r in records[0])
+    def losses(rs):  # the rates are timings
+        return [{k: v for k, v in r.items() if k != "rounds_per_sec"} for r in rs if "loss" in r]
+
+    assert losses(records[2]) == losses(records[0]) and len(losses(records[0])) == 3
+    assert weights[0].keys() == weights[2].keys() and len(weights[0]) > 10
+    for key in weights[0]:  # the probes drew no training randomness
+        assert weights[0][key].equal(weights[2][key]), key
+    with pytest.raises(ValueError, match="train.probe_every must be >= 0"):
+        from dcco.config import load_config
+        load_config(tiny_config(), ["train.probe_every=-1"])
+
+
 def test_cli_pretrain__short_run_on_real_fashion_mnist(tmp_path):
     """The README's pretraining command on the real data (installed by .ci/run)."""
     config = Path(__file__).parents[1] / "configs" / "fmnist_small.toml"

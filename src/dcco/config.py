@@ -198,6 +198,12 @@ class TrainConfig:
     checkpoint_every: int = 500
     knn_every: int = 0
     """Rounds between k-NN monitor evaluations; 0 = only at the end."""
+    probe_every: int = 0
+    """Rounds between linear probes during pretraining (``eval.labels`` labels,
+    ``eval.probe_steps`` steps, the run's own probe), each recorded as ``{"round", "probe"}``
+    in metrics.jsonl: accuracy against rounds (and exchanges) by the ground truth that the
+    k-NN monitor stands for, which reads differently below it from method to method. The
+    probes draw no training randomness, so a run trains the same with them. 0: none."""
     tensorboard: bool = False
     """Also write the metrics and evaluations as TensorBoard scalars (RUN_DIR/tensorboard);
     needs ``pip install 'dcco[tensorboard]'``."""
@@ -215,8 +221,9 @@ class TrainConfig:
                 self.max_batch < 1:
             raise ValueError(f"train.max_batch must be >= 1, \"auto\" or \"none\", got "
                              f"{self.max_batch}")
-        if self.knn_every < 0:
-            raise ValueError(f"train.knn_every must be >= 0, got {self.knn_every}")
+        for name in ("knn_every", "probe_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if not self.local_lr > 0:
             raise ValueError(f"train.local_lr must be > 0, got {self.local_lr}")
         if self.seed < 0:

@@ -31,7 +31,7 @@ from dcco.data.partition import (
 )
 from dcco.devices import to_device
 from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
-from dcco.evaluate import EvalConfig, knn_accuracy, knn_description
+from dcco.evaluate import EvalConfig, knn_accuracy, knn_description, labelled_subset, linear_probe
 from dcco.methods.base import Segments
 from dcco.methods.predictive import target_decay
 from dcco.methods.registry import METHODS, build_method
@@ -665,6 +665,11 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
             latest["knn"] = monitor_knn(pt, train_set, test_set)
             run.append_metrics({"round": m.round, "knn": latest["knn"],
                                 "knn_features": cfg.eval.knn_features})
+        if writes and test_set is not None and t_cfg.probe_every and \
+                m.round % t_cfg.probe_every == 0:
+            latest["probe"] = monitor_probe(pt, train_set, test_set)
+            run.append_metrics({"round": m.round, "probe": latest["probe"],
+                                "probe_labels": cfg.eval.labels})
         if m.round % t_cfg.checkpoint_every == 0 or last or stopped is not None:
             pt.check_finite()
             if writes:
@@ -763,6 +768,15 @@ def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float
     return knn_accuracy(pt.model, train_set, test_set, k=e.knn_k, temperature=e.knn_temperature,
                         bank_size=e.knn_bank, num_queries=e.knn_queries, seed=pt.cfg.train.seed,
                         device=pt.device, features=e.knn_features)
+
+
+def monitor_probe(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:
+    """The run's linear probe on the model as it is (``train.probe_every``): its
+    ``eval.labels`` labelled samples of the seed, its probe settings; the model is left as it
+    was and no training randomness is drawn."""
+    e, seed = pt.cfg.eval, pt.cfg.train.seed
+    ids = labelled_subset(train_set.labels, e.labels, train_set.num_classes, seed)
+    return linear_probe(pt.model, train_set, test_set, ids, e, seed, pt.device).accuracy
 
 
 def _knn_sizes(e: EvalConfig, train_set: Dataset, test_set: Dataset | None
