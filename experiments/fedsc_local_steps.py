@@ -110,10 +110,16 @@ def spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
 
 
+def final_knn(run: dict) -> float | None:
+    """The monitor's last reading (the end of the run), None without one."""
+    return run["curve"][max(run["curve"])] if run["curve"] else None
+
+
 def table(found: dict, seeds: list[int]) -> str:
     lines = [("| setting | series | seeds | probe (%), mean ± sd | probe by seed | − DCCO, "
-              "paired | k-NN at exchange 100 / 300 / 600 (%) | exchanges to DCCO's final "
-              "k-NN, by seed | pretraining s |"), "|---|---|---|---|---|---|---|---|---|"]
+              "paired | k-NN at exchange 100 / 300 / 600 (%) | probe − final k-NN | "
+              "exchanges to E = 1's final k-NN, by seed | pretraining s |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for setting, name in SETTINGS.items():
         for sr in SERIES:
             runs = {s: found[(setting, sr.label, s)] for s in seeds
@@ -128,17 +134,20 @@ def table(found: dict, seeds: list[int]) -> str:
                       if d is not None and sr.label != DCCO]
             knn = [spread([v for v in (knn_at(r, x) for r in runs.values()) if v is not None])
                    if sr.per_setting else "no exchanges" for x in EXCHANGES]
-            reach = []
+            gap = spread([r["probe"] - final_knn(r) for r in runs.values()
+                          if r["probe"] is not None and r["curve"]])
+            reach = []  # the same method's monitor: FedSC's E = 1 of the same seed
             for s, r in runs.items():
-                d = dcco.get(s)
-                if d is None or not d["curve"] or not r["curve"]:
+                one = found.get((setting, EXACT, s))
+                if sr.method != "fedsc" or one is None or not one["curve"] or not r["curve"]:
                     continue
-                x = exchanges_to(r, d["curve"][max(d["curve"])])
+                x = exchanges_to(r, final_knn(one))
                 reach.append("never" if x is None else str(x))
             secs = " / ".join(f"{r['seconds']:.0f}" for r in runs.values() if r["seconds"])
             lines.append(f"| {name} | {sr.label} | {len(runs)} | {spread(probes)} | "
                          f"{by_seed or '—'} | {spread(paired) if paired else '—'} | "
-                         f"{' · '.join(knn)} | {' / '.join(reach) or '—'} | {secs or '—'} |")
+                         f"{' · '.join(knn)} | {gap} | {' / '.join(reach) or '—'} | "
+                         f"{secs or '—'} |")
     return "\n".join(lines)
 
 
@@ -161,14 +170,14 @@ def plot(found: dict, seeds: list[int], path: Path) -> None:
             low = [min(r["curve"][k] for r in runs) for k in rounds]
             high = [max(r["curve"][k] for r in runs) for k in rounds]
             per_round = runs[0]["exchanges"]
-            kw = {"ls": "-" if sr.method == "fedsc" else "--", "marker": "o", "ms": 3}
+            kw = {"ls": "-" if sr.method == "fedsc" else "--", "marker": "o", "ms": 3,
+                  "color": f"C{SERIES.index(sr) % 10}"}  # one colour a series, both panels
             label = f"{sr.label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
             for row, x in ((0, [k * per_round for k in rounds]),
                            (1, [k * sr.steps for k in rounds])):
-                (line,) = axes[row, col].plot(x, mean, label=label, **kw)
+                axes[row, col].plot(x, mean, label=label, **kw)
                 if len(runs) > 1:
-                    axes[row, col].fill_between(x, low, high, color=line.get_color(),
-                                                alpha=0.15)
+                    axes[row, col].fill_between(x, low, high, color=kw["color"], alpha=0.15)
         axes[0, col].set_title(SETTINGS[setting])
         axes[0, col].set_xlabel("exchanges (2 a round)")
         axes[1, col].set_xlabel("client gradient steps (rounds × E)")
@@ -202,10 +211,13 @@ def main() -> None:
     print(f"# FedSC's local steps\n\n    python experiments/fedsc_local_steps.py "
           f"{' '.join(sys.argv[1:])}\n")
     print(table(found, args.seeds))
-    print("\nProbe: 5,000-label linear probe. − DCCO, paired: the series' probe minus DCCO's "
-          "of the same seed (same partition), mean ± sd over the seeds that have both. "
-          "Exchanges to DCCO's final k-NN: the first monitor reading at or above the same "
-          "seed's DCCO reading at its last round (600 exchanges); never: not within the run.")
+    print("\nProbe: 5,000-label linear probe at the end of the run. − DCCO, paired: the "
+          "series' probe minus DCCO's of the same seed (same partition), mean ± sd over the "
+          "seeds that have both. Probe − final k-NN: how far the monitor reads below the "
+          "probe (it differs by method, so k-NN curves compare within a method, not across). "
+          "Exchanges to E = 1's final k-NN: the first monitor reading at or above that of "
+          "FedSC's one-step round of the same seed at its end (600 exchanges); never: not "
+          "within the run.")
     if missing:
         print("\nNot run or not finished (left out): " + "; ".join(
             f"{where} seed{'s' if len(missed) > 1 else ''} {', '.join(map(str, sorted(missed)))}"
