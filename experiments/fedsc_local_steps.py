@@ -40,13 +40,18 @@ class Series:
     """Whether the plot draws it (its cells ran the monitor)."""
     per_setting: bool = True
     """False: one cell for every setting (centralized, ``<method>-s<seed>``)."""
+    probes: str | None = None
+    """The scale of the same cells with the linear probe every 50 rounds
+    (``train.probe_every``), which trains bit for bit as ``folder``'s: a cell finished in
+    either serves, and its probes draw the probe curve."""
 
 
 DCCO = "DCCO, E = 1"
 EXACT = "FedSC, E = 1"
 SERIES = [
-    Series(EXACT, "fedsc_fmnist-small", "fedsc", 1),
-    Series("FedSC, E = 2, N_k/N", "fedsc_fmnist-small-e2", "fedsc", 2),
+    Series(EXACT, "fedsc_fmnist-small", "fedsc", 1, probes="fedsc_fmnist-small-probes"),
+    Series("FedSC, E = 2, N_k/N", "fedsc_fmnist-small-e2", "fedsc", 2,
+           probes="fedsc_fmnist-small-e2-probes"),
     Series("FedSC, E = 2, FedSC's α", "fedsc_fmnist-small-e2-fedsc", "fedsc", 2),
     Series("FedSC, E = 5, N_k/N", "fedsc_fmnist-small-e5", "fedsc", 5),
     Series("FedSC, E = 5, FedSC's α", "fedsc_fmnist-small-e5-fedsc", "fedsc", 5),
@@ -59,7 +64,8 @@ SERIES = [
            "fedsc", 5, curve=False),
     Series("FedSC, FedAvg server, E = 5, local lr 0.03", "fedsc_fmnist-fedavg-e5-lr003",
            "fedsc", 5, curve=False),
-    Series(DCCO, "table1_claims_fmnist-curve", "dcco", 1),
+    Series(DCCO, "table1_claims_fmnist-curve", "dcco", 1,
+           probes="table1_claims_fmnist-curve-probes"),
     Series("contrastive FedAvg", "table1_claims_fmnist-small", "contrastive_fedavg", 1,
            curve=False),
     Series("CCO + FedAvg", "table1_claims_fmnist-small", "cco_fedavg", 1, curve=False),
@@ -68,24 +74,46 @@ SERIES = [
 ]
 
 
-def cell(series: Series, setting: str, seed: int) -> dict | None:
-    """The cell's k-NN curve (round → accuracy), probe, rounds, exchanges a round and
-    seconds; None when it is not finished."""
-    name = (f"{setting}-{series.method}-s{seed}" if series.per_setting
-            else f"{series.method}-s{seed}")
-    run = RESULTS / series.folder / name
+def read_cell(run: Path) -> dict | None:
+    """A finished cell's k-NN and probe curves (round → accuracy), final probe, rounds,
+    exchanges a round and seconds; None when it is not finished."""
     if not (run / "summary.json").exists():
         return None
     s = json.loads((run / "summary.json").read_text())
-    curve = {}
+    curve, probes = {}, {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if "knn" in rec and "round" in rec:
             curve[int(rec["round"])] = 100 * rec["knn"]
+        if "probe" in rec and "round" in rec:
+            probes[int(rec["round"])] = 100 * rec["probe"]
     probe = s.get("evaluations", {}).get("linear@5000", {}).get("accuracy")
-    return {"curve": curve, "probe": None if probe is None else 100 * probe,
+    return {"curve": curve, "probes": probes, "probe": None if probe is None else 100 * probe,
             "rounds": s["rounds"], "exchanges": s.get("exchanges_per_round", 2),
-            "seconds": s.get("pretrain_seconds_this_session"), "final_loss": s["final_loss"]}
+            "seconds": s.get("pretrain_seconds_this_session"), "final_loss": s["final_loss"],
+            "folder": run.parent.name}
+
+
+def cell(series: Series, setting: str, seed: int, agreement: list[str]) -> dict | None:
+    """The series' cell (its plain scale's, else its probes scale's), with the probes
+    scale's probe curve when that cell is finished; where both are, whether they trained
+    alike is added to ``agreement``."""
+    name = (f"{setting}-{series.method}-s{seed}" if series.per_setting
+            else f"{series.method}-s{seed}")
+    plain = read_cell(RESULTS / series.folder / name)
+    probed = read_cell(RESULTS / series.probes / name) if series.probes else None
+    if plain is not None and probed is not None:
+        same = (plain["final_loss"] == probed["final_loss"]
+                and plain["probe"] == probed["probe"] and plain["curve"] == probed["curve"])
+        agreement.append(f"{series.probes}/{name}: "
+                         + ("the same final loss, k-NN curve and probe as "
+                            f"{series.folder}'s cell" if same else
+                            f"DIFFERS from {series.folder}'s cell (final loss "
+                            f"{probed['final_loss']!r} against {plain['final_loss']!r})"))
+    run = plain if plain is not None else probed
+    if run is not None and probed is not None:
+        run = run | {"probes": probed["probes"]}
+    return run
 
 
 def knn_at(run: dict, exchanges: int) -> float | None:
@@ -117,9 +145,9 @@ def final_knn(run: dict) -> float | None:
 
 def table(found: dict, seeds: list[int]) -> str:
     lines = [("| setting | series | seeds | probe (%), mean ± sd | probe by seed | − DCCO, "
-              "paired | k-NN at exchange 100 / 300 / 600 (%) | probe − final k-NN | "
-              "exchanges to E = 1's final k-NN, by seed | pretraining s |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+              "paired | k-NN at exchange 100 / 300 / 600 (%) | probe at exchange 100 / 300 "
+              "(%), seeds | probe − final k-NN | exchanges to E = 1's final k-NN, by seed | "
+              "pretraining s |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setting, name in SETTINGS.items():
         for sr in SERIES:
             runs = {s: found[(setting, sr.label, s)] for s in seeds
@@ -134,6 +162,11 @@ def table(found: dict, seeds: list[int]) -> str:
                       if d is not None and sr.label != DCCO]
             knn = [spread([v for v in (knn_at(r, x) for r in runs.values()) if v is not None])
                    if sr.per_setting else "no exchanges" for x in EXCHANGES]
+            early = []
+            for x in EXCHANGES[:2]:
+                vals = [r["probes"].get(x // r["exchanges"]) for r in runs.values()]
+                vals = [v for v in vals if v is not None]
+                early.append(f"{spread(vals)} ({len(vals)})" if vals else "—")
             gap = spread([r["probe"] - final_knn(r) for r in runs.values()
                           if r["probe"] is not None and r["curve"]])
             reach = []  # the same method's monitor: FedSC's E = 1 of the same seed
@@ -146,9 +179,26 @@ def table(found: dict, seeds: list[int]) -> str:
             secs = " / ".join(f"{r['seconds']:.0f}" for r in runs.values() if r["seconds"])
             lines.append(f"| {name} | {sr.label} | {len(runs)} | {spread(probes)} | "
                          f"{by_seed or '—'} | {spread(paired) if paired else '—'} | "
-                         f"{' · '.join(knn)} | {gap} | {' / '.join(reach) or '—'} | "
+                         f"{' · '.join(knn)} | {' · '.join(early)} | {gap} | "
+                         f"{' / '.join(reach) or '—'} | "
                          f"{secs or '—'} |")
     return "\n".join(lines)
+
+
+def draw(ax, runs: list[dict], key: str, x_of, kw: dict, label: str) -> None:
+    """The mean over seeds of each run's ``key`` curve (rounds → %) at the rounds all of
+    them read, with a band from the lowest seed to the highest."""
+    runs = [r for r in runs if r[key]]
+    if not runs:
+        return
+    rounds = sorted(set.intersection(*(set(r[key]) for r in runs)))
+    x = [x_of(runs[0], k) for k in rounds]
+    ax.plot(x, [statistics.fmean(r[key][k] for r in runs) for k in rounds],
+            label=f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})", **kw)
+    if len(runs) > 1:
+        ax.fill_between(x, [min(r[key][k] for r in runs) for k in rounds],
+                        [max(r[key][k] for r in runs) for k in rounds], color=kw["color"],
+                        alpha=0.15)
 
 
 def plot(found: dict, seeds: list[int], path: Path) -> None:
@@ -157,35 +207,28 @@ def plot(found: dict, seeds: list[int], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharey="row")
+    fig, axes = plt.subplots(3, 2, figsize=(11, 12), sharey="row")
     for col, setting in enumerate(SETTINGS):
         for sr in SERIES:
             runs = [found[(setting, sr.label, s)] for s in seeds
                     if (setting, sr.label, s) in found and sr.curve]
-            runs = [r for r in runs if r["curve"]]
-            if not runs:
-                continue
-            rounds = sorted(set.intersection(*(set(r["curve"]) for r in runs)))
-            mean = [statistics.fmean(r["curve"][k] for r in runs) for k in rounds]
-            low = [min(r["curve"][k] for r in runs) for k in rounds]
-            high = [max(r["curve"][k] for r in runs) for k in rounds]
-            per_round = runs[0]["exchanges"]
             kw = {"ls": "-" if sr.method == "fedsc" else "--", "marker": "o", "ms": 3,
-                  "color": f"C{SERIES.index(sr) % 10}"}  # one colour a series, both panels
-            label = f"{sr.label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
-            for row, x in ((0, [k * per_round for k in rounds]),
-                           (1, [k * sr.steps for k in rounds])):
-                axes[row, col].plot(x, mean, label=label, **kw)
-                if len(runs) > 1:
-                    axes[row, col].fill_between(x, low, high, color=kw["color"], alpha=0.15)
+                  "color": f"C{SERIES.index(sr) % 10}"}  # one colour a series, every panel
+            draw(axes[0, col], runs, "curve", lambda r, k: k * r["exchanges"], kw, sr.label)
+            draw(axes[1, col], runs, "probes", lambda r, k: k * r["exchanges"], kw, sr.label)
+            draw(axes[2, col], runs, "curve", lambda r, k, e=sr.steps: k * e, kw, sr.label)
         axes[0, col].set_title(SETTINGS[setting])
-        axes[0, col].set_xlabel("exchanges (2 a round)")
-        axes[1, col].set_xlabel("client gradient steps (rounds × E)")
-        axes[1, col].set_xscale("log")
-    for row in range(2):
-        axes[row, 0].set_ylabel("k-NN accuracy (%), 1,000 queries")
-    for ax in axes[0]:
-        ax.legend(fontsize=7)
+        for row in (0, 1):
+            axes[row, col].set_xlabel("exchanges (2 a round)")
+        axes[2, col].set_xlabel("client gradient steps (rounds × E)")
+        axes[2, col].set_xscale("log")
+    for row, what in ((0, "k-NN monitor (%), 1,000 queries"),
+                      (1, "linear probe (%), 5,000 labels"),
+                      (2, "k-NN monitor (%), 1,000 queries")):
+        axes[row, 0].set_ylabel(what)
+    for ax in (*axes[0], *axes[1]):
+        if ax.has_data():
+            ax.legend(fontsize=7)
     fig.suptitle(f"FedSC's local steps on Fashion-MNIST, small recipe: mean over seeds "
                  f"{seeds}, band from the lowest to the highest seed")
     fig.tight_layout()
@@ -197,11 +240,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
-    found, missing = {}, {}
+    found, missing, agreement = {}, {}, []
     for setting in SETTINGS:
         for sr in SERIES:
             for seed in args.seeds:
-                r = cell(sr, setting, seed)
+                r = cell(sr, setting, seed, agreement)
                 if r is None:
                     where = (f"{sr.folder} {setting}-{sr.method}" if sr.per_setting
                              else f"{sr.folder} {sr.method}")
@@ -217,7 +260,10 @@ def main() -> None:
           "probe (it differs by method, so k-NN curves compare within a method, not across). "
           "Exchanges to E = 1's final k-NN: the first monitor reading at or above that of "
           "FedSC's one-step round of the same seed at its end (600 exchanges); never: not "
-          "within the run.")
+          "within the run. Probe at exchange 100 / 300: the probes during pretraining "
+          "(train.probe_every, the series' probes scale), with the number of seeds read.")
+    if agreement:
+        print("\nCells trained in both scales: " + "; ".join(agreement) + ".")
     if missing:
         print("\nNot run or not finished (left out): " + "; ".join(
             f"{where} seed{'s' if len(missed) > 1 else ''} {', '.join(map(str, sorted(missed)))}"
