@@ -76,7 +76,7 @@ SERIES = [
 
 def read_cell(run: Path) -> dict | None:
     """A finished cell's k-NN and probe curves (round → accuracy), final probe, rounds,
-    exchanges a round and seconds; None when it is not finished."""
+    exchanges a round and seconds; None until its final probe is recorded."""
     if not (run / "summary.json").exists():
         return None
     s = json.loads((run / "summary.json").read_text())
@@ -88,7 +88,9 @@ def read_cell(run: Path) -> dict | None:
         if "probe" in rec and "round" in rec:
             probes[int(rec["round"])] = 100 * rec["probe"]
     probe = s.get("evaluations", {}).get("linear@5000", {}).get("accuracy")
-    return {"curve": curve, "probes": probes, "probe": None if probe is None else 100 * probe,
+    if probe is None or "final_loss" not in s:  # pretraining or its probe still running
+        return None
+    return {"curve": curve, "probes": probes, "probe": 100 * probe,
             "rounds": s["rounds"], "exchanges": s.get("exchanges_per_round", 2),
             "seconds": s.get("pretrain_seconds_this_session"), "final_loss": s["final_loss"],
             "folder": run.parent.name}
@@ -154,9 +156,8 @@ def table(found: dict, seeds: list[int]) -> str:
                     if (setting, sr.label, s) in found}
             if not runs:
                 continue
-            probes = [r["probe"] for r in runs.values() if r["probe"] is not None]
-            by_seed = " / ".join(f"{r['probe']:.1f}" for r in runs.values()
-                                 if r["probe"] is not None)
+            probes = [r["probe"] for r in runs.values()]
+            by_seed = " / ".join(f"{r['probe']:.1f}" for r in runs.values())
             dcco = {s: found.get((setting, DCCO, s)) for s in runs}
             paired = [runs[s]["probe"] - d["probe"] for s, d in dcco.items()
                       if d is not None and sr.label != DCCO]
