@@ -28,6 +28,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SETTINGS = {"non-iid-4": "non-IID 4 (32 clients of 4)", "non-iid-16": "non-IID 16 (8 of 16)"}
 EXCHANGES = (100, 300, 600)
 """Where the table reads the k-NN curves."""
+PROBE_EXCHANGES = (100, 200, 300)
+"""Where it reads the probes during pretraining (the last, at 600, is the final probe)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def table(found: dict, seeds: list[int]) -> str:
             knn = [spread([v for v in (knn_at(r, x) for r in runs.values()) if v is not None])
                    if sr.per_setting else "no exchanges" for x in EXCHANGES]
             early = []
-            for x in EXCHANGES[:2]:
+            for x in PROBE_EXCHANGES:
                 vals = [r["probes"].get(x // r["exchanges"]) for r in runs.values()]
                 vals = [v for v in vals if v is not None]
                 early.append(f"{spread(vals)} ({len(vals)})" if vals else "—")
@@ -261,7 +263,7 @@ def main() -> None:
           "probe (it differs by method, so k-NN curves compare within a method, not across). "
           "Exchanges to E = 1's final k-NN: the first monitor reading at or above that of "
           "FedSC's one-step round of the same seed at its end (600 exchanges); never: not "
-          "within the run. Probe at exchange 100 / 300: the probes during pretraining "
+          "within the run. Probe at exchange 100 / 200 / 300: the probes during pretraining "
           "(train.probe_every, the series' probes scale), with the number of seeds read.")
     if agreement:
         print("\nCells trained in both scales: " + "; ".join(agreement) + ".")

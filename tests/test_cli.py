@@ -86,6 +86,8 @@ def test_cli_pretrain__probes_during_pretraining_record_the_probe_and_change_no_
         tiny_config, tmp_path):
     from safetensors.torch import load_file
 
+    from dcco.config import load_config
+
     weights, records = {}, {}
     for every in (0, 2):
         run = tmp_path / f"every-{every}"
@@ -106,7 +108,6 @@ def test_cli_pretrain__probes_during_pretraining_record_the_probe_and_change_no_
     for key in weights[0]:  # the probes drew no training randomness
         assert weights[0][key].equal(weights[2][key]), key
     with pytest.raises(ValueError, match="train.probe_every must be >= 0"):
-        from dcco.config import load_config
         load_config(tiny_config(), ["train.probe_every=-1"])
 
 
