@@ -5,6 +5,7 @@ process."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -14,12 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcco.checkpoint import load_checkpoint
+from dcco.checkpoint import checkpoint_state, load_checkpoint
 from dcco.config import load_config
 from dcco.distributed import share
 from dcco.methods import Segments
 from dcco.models import build_dual_encoder
 from dcco.simulator import run_round
+from dcco.statistics_cache import StatisticsCache
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = ROOT / "tests" / "helpers" / "dist_round.py"
@@ -51,7 +53,8 @@ def test_share__splits_clients_contiguously_and_unevenly():
 def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path):
     """Pseudo-gradient to a relative 1e-12 (float64), loss likewise, for every method and
     both executors (the batched one also in groups that keep their graphs); centralized CCO
-    split over the ranks runs as DCCO over them."""
+    split over the ranks runs as DCCO over them; FedSC's rounds with the server's cache of
+    absent clients (``train.absent_statistics = "cached"``) likewise, round after round."""
     from helpers.dist_round import METHODS, case
 
     out = tmp_path / "rounds.pt"
@@ -74,22 +77,48 @@ def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path
             mine = torch.cat([r["pseudo"][k].flatten() for k in expected.pseudo_gradient])
             assert float((mine - flat).norm() / flat.norm()) <= 1e-12, (name, backend)
             assert r["loss"] == pytest.approx(float(expected.loss), rel=1e-12), (name, backend)
+    # FedSC's partial participation: the ranks exchange their clients' statistics one by one
+    # and each keeps the server's cache of absent clients; from round 2 on, the aggregate
+    # holds clients absent from the round, so the round is not the one without the cache
+    from helpers.dist_round import CACHED_ROUNDS, views
+
+    for backend in ("batched", "reference"):
+        cache = StatisticsCache()
+        for r, (clients, sizes) in enumerate(CACHED_ROUNDS):
+            method, _, model, _ = case("fedsc")
+            x1, x2 = views(sum(sizes), seed=r)
+            segments = Segments.from_counts(sizes)
+            expected = run_round(model, method, x1, x2, segments, backend,
+                                 absent=functools.partial(cache.merge_round, clients))
+            flat = torch.cat([v.flatten() for v in expected.pseudo_gradient.values()])
+            got_r = got[f"fedsc-cached/{backend}/{r}"]
+            mine = torch.cat([got_r["pseudo"][k].flatten() for k in expected.pseudo_gradient])
+            assert float((mine - flat).norm() / flat.norm()) <= 1e-12, (backend, r)
+            assert got_r["loss"] == pytest.approx(float(expected.loss), rel=1e-12)
+            dropped = run_round(model, method, x1, x2, segments, backend)
+            other = torch.cat([v.flatten() for v in dropped.pseudo_gradient.values()])
+            assert (float((other - flat).norm() / flat.norm()) > 1e-6) == (r > 0), (backend, r)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,optimiser,tolerance", [
-    ("dcco", "lars", 1e-10), ("centralized_cco", "lars", 1e-10), ("dcco", "adam", 1e-5)])
+@pytest.mark.parametrize("method,optimiser,tolerance,extra", [
+    ("dcco", "lars", 1e-10, []), ("centralized_cco", "lars", 1e-10, []),
+    ("dcco", "adam", 1e-5, []),
+    ("fedsc", "lars", 1e-10, ["--set", 'train.absent_statistics="cached"'])],
+    ids=["dcco-lars", "centralized_cco-lars", "dcco-adam", "fedsc-cached-lars"])
 def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_config, method,
-                                                            optimiser, tolerance):
+                                                            optimiser, tolerance, extra):
     """``torchrun --nproc_per_node 2 -m dcco pretrain`` (float64, 5 rounds): rank 0 writes
     the run, and its final weights equal a single process's within the stated tolerance,
     relative to the largest weight. The ranks' shares are summed in another order than one
     process sums its clients, which changes the pseudo-gradient in its last digits (1e-12,
     above); LARS carries that through, Adam's first steps divide by |g| and amplify it in
-    near-zero gradients (to about 1e-7 here)."""
+    near-zero gradients (to about 1e-7 here). FedSC with the server's cache of absent
+    clients: every rank keeps the same copy, saved with the checkpoint by rank 0."""
     config = tiny_config(method=method, rounds=5, checkpoint_every=5)
     sets = ["--set", 'train.precision="float64"', "--set", f'optim.name="{optimiser}"',
-            "--set", f"optim.lr={0.5 if optimiser == 'lars' else 0.005}", "--no-progress"]
+            "--set", f"optim.lr={0.5 if optimiser == 'lars' else 0.005}", "--no-progress",
+            *extra]
     done = _torchrun(["-m", "dcco", "pretrain", str(config), "--run-dir",
                       str(tmp_path / "two"), *sets], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -104,6 +133,13 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
         assert load_checkpoint(tmp_path / name / "checkpoint.safetensors", net) == 5
         nets.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
     assert float((nets[0] - nets[1]).abs().max()) <= tolerance * float(nets[0].abs().max())
+    if extra:  # the cache of every client seen (4 a round, 5 rounds), as one process keeps it
+        caches = [checkpoint_state(tmp_path / name / "checkpoint.safetensors")
+                  for name in ("one", "two")]
+        assert len(caches[1]["cache.clients"]) > 4
+        assert caches[0].keys() == caches[1].keys()
+        assert all(torch.allclose(caches[0][k], caches[1][k], rtol=1e-10, atol=0)
+                   for k in caches[0])
     records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").open()]
     assert [r["round"] for r in records if "loss" in r] == [2, 4, 5]  # one writer, no repeats
 

@@ -170,8 +170,9 @@ class TrainConfig:
     """Statistics methods: "drop", a round's aggregate is its own clients' (exact);
     "cached", the server keeps every client's last statistics and merges those of the
     clients absent from a round into its aggregate (FedSC's partial participation,
-    ``dcco.statistics_cache``; not a centralized step; the simulator only, one process,
-    without privacy)."""
+    ``dcco.statistics_cache``; not a centralized step; without privacy; in the simulator,
+    in one process or over torch.distributed's ranks, each keeping the same copy; not over
+    Flower, whose nodes send their clients' statistics merged)."""
     backend: Literal["batched", "reference"] = "batched"
     max_batch: int | Literal["auto"] | None = "auto"
     """The batched backend runs a round's clients in groups of whole clients of at most this

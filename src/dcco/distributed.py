@@ -6,6 +6,10 @@ round's clients, and runs them with the usual executor; then
 
 - the statistics exchange is an all-reduce of the count and sums (float64), so every rank
   holds S_A;
+- under FedSC's partial participation (``train.absent_statistics = "cached"``) the
+  statistics travel client by client instead: each rank fills its share of a stack of the
+  round's clients' sums (zeros elsewhere) and the all-reduce completes it exactly, so every
+  rank keeps the same copy of the server's cache (``dcco.statistics_cache``);
 - the update exchange is an all-reduce of each rank's pseudo-gradient scaled by its share of
   the round's samples, N_rank / N: Σ_ranks (N_rank/N) Σ_{k ∈ rank} (N_k/N_rank)·g_k is the
   round's Σ_k (N_k/N)·g_k.
@@ -92,13 +96,34 @@ class AllReduceExecutor:
     Args:
         inner: the executor of this rank's clients (batched or reference).
         local_samples: the samples of this rank's clients. total_samples: the round's.
+        clients: this rank's share of the round's clients (``share``) and the round's number
+            of clients, for ``each_statistics``; None where the round is not split by client
+            (a centralized batch).
     """
 
-    def __init__(self, inner: Executor, local_samples: int, total_samples: int) -> None:
+    def __init__(self, inner: Executor, local_samples: int, total_samples: int,
+                 clients: tuple[slice, int] | None = None) -> None:
         self.inner, self.local, self.total = inner, local_samples, total_samples
+        self.clients = clients
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
         return _sum_stats(self.inner.statistics(spec))
+
+    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
+        """Every client's statistics of the round, in the round's order, on every rank: this
+        rank's clients' stacked into their rows of a zero stack, the stacks all-reduced (a
+        sum with zeros, so exact)."""
+        if self.clients is None:
+            raise ValueError("client-by-client statistics need the rank's share of the "
+                             "round's clients (a centralized batch has none)")
+        mine, total = self.inner.each_statistics(spec), self.clients[1]
+        stacks = {}
+        for name in mine[0]:
+            rows = torch.stack([s[name] for s in mine])
+            full = rows.new_zeros((total, *rows.shape[1:]))
+            full[self.clients[0]] = rows
+            stacks[name] = _sum(full)
+        return [EncodingStats({k: v[i] for k, v in stacks.items()}) for i in range(total)]
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:

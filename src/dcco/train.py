@@ -30,7 +30,7 @@ from dcco.data.partition import (
     natural_partition,
 )
 from dcco.devices import to_device
-from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
+from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, share, split_batch
 from dcco.evaluate import EvalConfig, knn_accuracy, knn_description, labelled_subset, linear_probe
 from dcco.methods.base import Segments
 from dcco.methods.predictive import target_decay
@@ -361,9 +361,12 @@ class Pretraining:
         """This rank's share of round ``r``, its sums all-reduced (``dcco.distributed``): the
         round's clients split over the ranks, or a centralized batch split and run as DCCO
         over them (exact: the anchored loss of the pooled statistics)."""
+        clients = None
         if self.method.federated:
             part, segments = local_segments(plan.segments, self.rank, self.world)
             algorithm = self.round_algorithm(r)
+            num = plan.segments.num_clients
+            clients = (share(num, self.rank, self.world), num)
         else:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
@@ -371,8 +374,12 @@ class Pretraining:
         inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
                              segments.to(self.device), self.chunk,
                              keeps_graphs_for(algorithm, segments, self.keep_graphs))
-        executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples)
-        return algorithm.run_round(executor, self.previous(r), self.round_noise(r))
+        executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples,
+                                     clients)
+        absent = None  # every rank merges the same statistics into its copy of the cache
+        if self.cache is not None:
+            absent = functools.partial(self.cache.merge_round, plan.clients.tolist())
+        return algorithm.run_round(executor, self.previous(r), self.round_noise(r), absent)
 
     def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
         """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
@@ -441,9 +448,10 @@ class Pretraining:
         t = self.cfg.train
         if t.absent_statistics != "cached":
             return None
-        if self.world > 1:
-            raise ConfigError("train.absent_statistics = 'cached' runs in one process: the "
-                              "ranks of torch.distributed all-reduce their clients' sums")
+        if self.world > 1 and not self.method.federated:
+            raise ConfigError(f"train.absent_statistics = 'cached' keeps clients' statistics; "
+                              f"{self.method.name} over several ranks runs one centralized "
+                              f"batch, which has no clients")
         d = self.model.projection_dim  # both towers project to it
         values = self.method.stats.num_values(d, d)
         size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, values)

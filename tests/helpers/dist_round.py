@@ -1,17 +1,20 @@
-"""One round per method on 2 ranks (gloo, float64), clients of uneven sizes split unevenly;
-rank 0 saves each method's pseudo-gradient and loss to the file given. Run by
+"""One round per method on 2 ranks (gloo, float64), clients of uneven sizes split unevenly,
+and FedSC's rounds of partial participation with the server's cache of absent clients;
+rank 0 saves each one's pseudo-gradient and loss to the file given. Run by
 tests/test_distributed.py through ``python -m torch.distributed.run``."""
 
+import functools
 import sys
 
 import torch
 import torch.distributed as dist
 
 from dcco.algorithm import Algorithm
-from dcco.distributed import AllReduceExecutor, local_segments, split_batch
+from dcco.distributed import AllReduceExecutor, local_segments, share, split_batch
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
 from dcco.simulator import EXECUTORS
+from dcco.statistics_cache import StatisticsCache
 
 SIZES = [1, 3, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
@@ -19,10 +22,15 @@ METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg
            "centralized_cco", "fedsc", "spectral_fedavg"]
 
 
-def views(n):
+CACHED_ROUNDS = [([0, 1, 2, 3, 4], [1, 3, 5, 2, 4]), ([5, 2, 0], [2, 4, 3]),
+                 ([6, 1, 5, 3], [3, 1, 2, 2])]
+"""FedSC's rounds with the cache: (client ids, their sizes) a round, clients coming back."""
+
+
+def views(n, seed=0):
     from dcco.augment import AugmentConfig, augment_pair
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     imgs = (255 * torch.rand(n, 1, 12, 12, generator=gen)).to(torch.uint8)
     return augment_pair(imgs, torch.arange(n) + 1000, 3, 5, AugmentConfig.byol(),
                         dtype=torch.float64)
@@ -59,6 +67,19 @@ def main():
             out[f"{name}/{backend}"] = {"pseudo": result.pseudo_gradient,
                                         "loss": float(result.loss),
                                         "clients": result.num_clients}
+    for backend in ("batched", "reference"):
+        cache = StatisticsCache()
+        for r, (clients, sizes) in enumerate(CACHED_ROUNDS):
+            method, _, model, _ = case("fedsc")
+            x1, x2 = views(sum(sizes), seed=r)
+            part, local = local_segments(Segments.from_counts(sizes), rank, size)
+            inner = EXECUTORS[backend](model, x1[part], x2[part], local)
+            executor = AllReduceExecutor(inner, local.num_samples, sum(sizes),
+                                         (share(len(sizes), rank, size), len(sizes)))
+            result = Algorithm(method).run_round(
+                executor, absent=functools.partial(cache.merge_round, clients))
+            out[f"fedsc-cached/{backend}/{r}"] = {"pseudo": result.pseudo_gradient,
+                                                  "loss": float(result.loss)}
     if rank == 0:
         torch.save(out, sys.argv[1])
     dist.destroy_process_group()
