@@ -78,23 +78,32 @@ SERIES = [
 
 def read_cell(run: Path) -> dict | None:
     """A finished cell's k-NN and probe curves (round → accuracy), final probe, rounds,
-    exchanges a round and seconds; None until its final probe is recorded."""
+    exchanges a round and the seconds its rounds took (from the logged windows' rates: the
+    monitor and probes left out, and whole across a stop and resume, where the summary's
+    ``pretrain_seconds_this_session`` holds only the last session's); None until its final
+    probe is recorded."""
     if not (run / "summary.json").exists():
         return None
     s = json.loads((run / "summary.json").read_text())
     curve, probes = {}, {}
+    seconds, since = 0.0, 0  # the rounds' own seconds, summed over the logged windows
     for line in (run / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if "knn" in rec and "round" in rec:
             curve[int(rec["round"])] = 100 * rec["knn"]
         if "probe" in rec and "round" in rec:
             probes[int(rec["round"])] = 100 * rec["probe"]
+        if "stopped" in rec:  # a resumed run goes on from this round's checkpoint
+            since = int(rec["round"])
+        elif rec.get("rounds_per_sec"):
+            seconds += (int(rec["round"]) - since) / rec["rounds_per_sec"]
+            since = int(rec["round"])
     probe = s.get("evaluations", {}).get("linear@5000", {}).get("accuracy")
     if probe is None or "final_loss" not in s:  # pretraining or its probe still running
         return None
     return {"curve": curve, "probes": probes, "probe": 100 * probe,
             "rounds": s["rounds"], "exchanges": s.get("exchanges_per_round", 2),
-            "seconds": s.get("pretrain_seconds_this_session"), "final_loss": s["final_loss"],
+            "seconds": seconds, "final_loss": s["final_loss"],
             "folder": run.parent.name}
 
 
@@ -134,12 +143,13 @@ def exchanges_to(run: dict, target: float) -> int | None:
 
 
 def spread(values: list[float]) -> str:
-    """"mean ± sample sd (n)"; one value alone."""
+    """"mean ± sample sd"; one value alone (a rounded −0.0 printed as 0.0)."""
     if not values:
         return "—"
+    mean = round(statistics.fmean(values), 1) + 0.0
     if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
+        return f"{mean:.1f}"
+    return f"{mean:.1f} ± {statistics.stdev(values):.1f}"
 
 
 def final_knn(run: dict) -> float | None:
@@ -149,9 +159,9 @@ def final_knn(run: dict) -> float | None:
 
 def table(found: dict, seeds: list[int]) -> str:
     lines = [("| setting | series | seeds | probe (%), mean ± sd | probe by seed | − DCCO, "
-              "paired | k-NN at exchange 100 / 300 / 600 (%) | probe at exchange 100 / 300 "
-              "(%), seeds | probe − final k-NN | exchanges to E = 1's final k-NN, by seed | "
-              "pretraining s |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "paired | k-NN at exchange 100 / 300 / 600 (%) | probe at exchange 100 / 200 / "
+              "300 (%), seeds | probe − final k-NN | exchanges to E = 1's final k-NN, by seed "
+              "| pretraining s, by seed |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setting, name in SETTINGS.items():
         for sr in SERIES:
             runs = {s: found[(setting, sr.label, s)] for s in seeds
@@ -185,6 +195,58 @@ def table(found: dict, seeds: list[int]) -> str:
                          f"{' · '.join(knn)} | {' · '.join(early)} | {gap} | "
                          f"{' / '.join(reach) or '—'} | "
                          f"{secs or '—'} |")
+    return "\n".join(lines)
+
+
+def probe_at(run: dict, x: int) -> float | None:
+    """The run's probe at ``x`` exchanges: during pretraining, or the final probe at its
+    end; None where it read none."""
+    if x == run["rounds"] * run["exchanges"]:
+        return run["probe"]
+    return run["probes"].get(x // run["exchanges"])
+
+
+def paired_probes(found: dict, setting: str, runs: dict, other: str,
+                  ends: tuple[int, ...]) -> list[str]:
+    """At each exchange count, the runs' probe minus series ``other``'s of the same seed,
+    mean ± sd over the seeds that have both ("—" where none has)."""
+    out = []
+    for x in ends:
+        diffs = []
+        for seed, r in runs.items():
+            o = found.get((setting, other, seed))
+            mine, theirs = probe_at(r, x), (probe_at(o, x) if o and o["probes"] else None)
+            if mine is not None and theirs is not None:
+                diffs.append(mine - theirs)
+        out.append(spread(diffs) if diffs else "—")
+    return out
+
+
+def probe_table(found: dict, seeds: list[int]) -> str:
+    """Accuracy against exchanges by the probe: each series with probes during pretraining,
+    at every probe's exchange count and at the end, and its difference from DCCO's probe
+    at the same count and seed (paired), mean ± sd over the seeds that have both."""
+    ends = (*PROBE_EXCHANGES, EXCHANGES[-1])
+    heads = " / ".join(map(str, ends))
+    lines = [(f"| setting | series | seeds | probe at exchange {heads} (%) | − DCCO, "
+              f"paired, at {heads} | − FedSC's E = 1, paired |"), "|---|---|---|---|---|---|"]
+
+    for setting, name in SETTINGS.items():
+        for sr in SERIES:
+            runs = {s: found[(setting, sr.label, s)] for s in seeds
+                    if (setting, sr.label, s) in found
+                    and found[(setting, sr.label, s)]["probes"]}
+            if not runs:
+                continue
+            level = []
+            for x in ends:
+                vals = [v for v in (probe_at(r, x) for r in runs.values()) if v is not None]
+                level.append(spread(vals) if vals else "—")
+
+            vs = [" · ".join(paired_probes(found, setting, runs, other, ends))
+                  if sr.label not in (other, DCCO) else "—" for other in (DCCO, EXACT)]
+            lines.append(f"| {name} | {sr.label} | {len(runs)} | {' · '.join(level)} | "
+                         f"{vs[0]} | {vs[1]} |")
     return "\n".join(lines)
 
 
@@ -264,7 +326,15 @@ def main() -> None:
           "Exchanges to E = 1's final k-NN: the first monitor reading at or above that of "
           "FedSC's one-step round of the same seed at its end (600 exchanges); never: not "
           "within the run. Probe at exchange 100 / 200 / 300: the probes during pretraining "
-          "(train.probe_every, the series' probes scale), with the number of seeds read.")
+          "(train.probe_every, the series' probes scale), with the number of seeds read. "
+          "Pretraining s: the seconds of the rounds themselves (the monitor and probes left "
+          "out), one thread a cell, two cells side by side; not a benchmark.")
+    print("\n" + probe_table(found, args.seeds))
+    print("\nAccuracy against exchanges by the probe during pretraining (every 50 rounds; "
+          f"the last column is the final probe, at {EXCHANGES[-1]} exchanges), for the series "
+          "run in a probes scale; − DCCO (− FedSC's E = 1), paired: minus DCCO's (FedSC's "
+          "one-step round's) probe at the same exchange count and seed, mean ± sd over the "
+          "seeds that have both.")
     if agreement:
         print("\nCells trained in both scales: " + "; ".join(agreement) + ".")
     if missing:
