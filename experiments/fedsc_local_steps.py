@@ -229,7 +229,8 @@ def probe_table(found: dict, seeds: list[int]) -> str:
     ends = (*PROBE_EXCHANGES, EXCHANGES[-1])
     heads = " / ".join(map(str, ends))
     lines = [(f"| setting | series | seeds | probe at exchange {heads} (%) | − DCCO, "
-              f"paired, at {heads} | − FedSC's E = 1, paired |"), "|---|---|---|---|---|---|"]
+              f"paired, at {heads} | − FedSC's E = 1, paired | exchanges to DCCO's final "
+              f"probe, by seed |"), "|---|---|---|---|---|---|---|"]
 
     for setting, name in SETTINGS.items():
         for sr in SERIES:
@@ -245,8 +246,16 @@ def probe_table(found: dict, seeds: list[int]) -> str:
 
             vs = [" · ".join(paired_probes(found, setting, runs, other, ends))
                   if sr.label not in (other, DCCO) else "—" for other in (DCCO, EXACT)]
+            reach = []  # the first probe at or above DCCO's final probe of the same seed
+            for seed, r in runs.items():
+                d = found.get((setting, DCCO, seed))
+                if d is None:
+                    continue
+                first = [x for x in ends if (v := probe_at(r, x)) is not None
+                         and v >= d["probe"]]
+                reach.append(str(first[0]) if first else "never")
             lines.append(f"| {name} | {sr.label} | {len(runs)} | {' · '.join(level)} | "
-                         f"{vs[0]} | {vs[1]} |")
+                         f"{vs[0]} | {vs[1]} | {' / '.join(reach) or '—'} |")
     return "\n".join(lines)
 
 
@@ -334,7 +343,9 @@ def main() -> None:
           f"the last column is the final probe, at {EXCHANGES[-1]} exchanges), for the series "
           "run in a probes scale; − DCCO (− FedSC's E = 1), paired: minus DCCO's (FedSC's "
           "one-step round's) probe at the same exchange count and seed, mean ± sd over the "
-          "seeds that have both.")
+          "seeds that have both. Exchanges to DCCO's final probe: the first of these probes "
+          f"at or above DCCO's at its end ({EXCHANGES[-1]} exchanges) of the same seed; "
+          "never: not within the run.")
     if agreement:
         print("\nCells trained in both scales: " + "; ".join(agreement) + ".")
     if missing:
