@@ -445,7 +445,8 @@ def test_strategy__flowers_own_hooks_give_starts_round_for_a_fedavg_method():
 def test_strategy_in_flowers_simulation__equals_the_reference_round(method, secure):
     """The strategy's rounds in Flower's own simulation engine (``run_simulation``: Ray, 4
     virtual nodes) with a model of the test's own: equal to dcco's reference rounds in
-    float64 with plain messages (to 1e-10: float64 rounding), and close (SecAgg+ quantises) under SecAgg+, where the
+    float64 with plain messages (to 1e-7: float64 rounding, amplified over two rounds), and
+    close (SecAgg+ quantises) under SecAgg+, where the
     ClientApp's masking runs in Ray's actors. The ClientApp is defined here, so that Ray
     carries it to its actors by value."""
     from flwr.serverapp import Grid, ServerApp
@@ -514,6 +515,9 @@ def test_strategy_in_flowers_simulation__equals_the_reference_round(method, secu
     if secure:
         assert 0 < error <= 1e-3, error  # quantised, in the frame of the calibration step
     else:  # the weights, as the in-process test compares them; Ray's actors compute the
-        # encoders in processes of their own (their threads' order of summation), so float64
-        # rounding, amplified over two rounds, reached 4e-12 once
-        assert _rel(got, expected) <= 1e-10, _rel(got, expected)
+        # encoders in processes of their own (their threads' order of summation), and the
+        # nodes' ids, so their samples, change from run to run: float64 rounding, 2e-13 to
+        # 5e-13 after one round, is amplified by the second round's LARS trust ratios to
+        # between 4e-12 and 2e-9 (measured over runs); 1e-7 leaves that room, 10⁴ below the
+        # 1e-3 the SecAgg+ case allows for its quantisation
+        assert _rel(got, expected) <= 1e-7, _rel(got, expected)
