@@ -96,13 +96,13 @@ class AllReduceExecutor:
     Args:
         inner: the executor of this rank's clients (batched or reference).
         local_samples: the samples of this rank's clients. total_samples: the round's.
-        clients: this rank's share of the round's clients (``share``) and the round's number
-            of clients, for ``each_statistics``; None where the round is not split by client
-            (a centralized batch).
+        clients: the round's number of clients, split over the ranks by ``share``, for
+            ``each_statistics``; None where the round is not split by client (a centralized
+            batch).
     """
 
     def __init__(self, inner: Executor, local_samples: int, total_samples: int,
-                 clients: tuple[slice, int] | None = None) -> None:
+                 clients: int | None = None) -> None:
         self.inner, self.local, self.total = inner, local_samples, total_samples
         self.clients = clients
 
@@ -116,12 +116,13 @@ class AllReduceExecutor:
         if self.clients is None:
             raise ValueError("client-by-client statistics need the rank's share of the "
                              "round's clients (a centralized batch has none)")
-        mine, total = self.inner.each_statistics(spec), self.clients[1]
+        mine, total = self.inner.each_statistics(spec), self.clients
+        rows_of_mine = share(total, *rank_and_size())
         stacks = {}
         for name in mine[0]:
             rows = torch.stack([s[name] for s in mine])
             full = rows.new_zeros((total, *rows.shape[1:]))
-            full[self.clients[0]] = rows
+            full[rows_of_mine] = rows
             stacks[name] = _sum(full)
         return [EncodingStats({k: v[i] for k, v in stacks.items()}) for i in range(total)]
 

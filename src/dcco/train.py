@@ -30,7 +30,7 @@ from dcco.data.partition import (
     natural_partition,
 )
 from dcco.devices import to_device
-from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, share, split_batch
+from dcco.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
 from dcco.evaluate import EvalConfig, knn_accuracy, knn_description, labelled_subset, linear_probe
 from dcco.methods.base import Segments
 from dcco.methods.predictive import target_decay
@@ -365,8 +365,7 @@ class Pretraining:
         if self.method.federated:
             part, segments = local_segments(plan.segments, self.rank, self.world)
             algorithm = self.round_algorithm(r)
-            num = plan.segments.num_clients
-            clients = (share(num, self.rank, self.world), num)
+            clients = plan.segments.num_clients
         else:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
@@ -448,10 +447,6 @@ class Pretraining:
         t = self.cfg.train
         if t.absent_statistics != "cached":
             return None
-        if self.world > 1 and not self.method.federated:
-            raise ConfigError(f"train.absent_statistics = 'cached' keeps clients' statistics; "
-                              f"{self.method.name} over several ranks runs one centralized "
-                              f"batch, which has no clients")
         d = self.model.projection_dim  # both towers project to it
         values = self.method.stats.num_values(d, d)
         size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, values)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dcco.algorithm import Algorithm
-from dcco.distributed import AllReduceExecutor, local_segments, share, split_batch
+from dcco.distributed import AllReduceExecutor, local_segments, split_batch
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
 from dcco.simulator import EXECUTORS
@@ -74,8 +74,7 @@ def main():
             x1, x2 = views(sum(sizes), seed=r)
             part, local = local_segments(Segments.from_counts(sizes), rank, size)
             inner = EXECUTORS[backend](model, x1[part], x2[part], local)
-            executor = AllReduceExecutor(inner, local.num_samples, sum(sizes),
-                                         (share(len(sizes), rank, size), len(sizes)))
+            executor = AllReduceExecutor(inner, local.num_samples, sum(sizes), len(sizes))
             result = Algorithm(method).run_round(
                 executor, absent=functools.partial(cache.merge_round, clients))
             out[f"fedsc-cached/{backend}/{r}"] = {"pseudo": result.pseudo_gradient,
