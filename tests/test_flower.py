@@ -184,6 +184,58 @@ def _assert_rounds_equal(cfg, pt: Pretraining, fed: Federation, method: str) -> 
                             dict(ref.model.target.named_parameters())) < 1e-9
 
 
+CACHED = ('train.absent_statistics="cached"',)
+"""FedSC's cache of absent clients: 12 of the tiny data's 150 clients a round."""
+
+
+def test_fedsc_cache_of_absent_clients__flower_rounds_equal_the_simulators(make_federation):
+    """FedSC's partial participation over Flower: each node sends its clients' statistics one
+    by one, the server keeps every client's last ones, and two rounds give the simulator's
+    model and cache (float64; ``params_err`` says why the parameters without a gradient are
+    left out). Negative control: without the cache the second round differs (its aggregate
+    then holds clients absent from the round)."""
+    cfg, pt, fed = make_federation("fedsc", overrides=CACHED)
+    train, _ = load_splits(cfg)
+    ref = Pretraining(cfg, train)
+    drop = Pretraining(replace(cfg, train=replace(cfg.train, absent_statistics="drop")), train)
+    for r in range(2):
+        agg = fed.step()
+        ref.step()
+        drop.step()
+        assert agg.skipped is None and agg.clients == cfg.train.clients_per_round
+        assert params_err(pt, ref, agg.pseudo_gradient) < 1e-9, r
+        assert (params_err(pt, drop, agg.pseudo_gradient) > 1e-6) == (r > 0), r
+        assert sorted(pt.cache.last) == sorted(ref.cache.last), r
+        assert dict_err(dict(pt.cache.total.items()), dict(ref.cache.total.items())) < 1e-12
+    assert len(pt.cache.last) > cfg.train.clients_per_round
+
+
+def test_fedsc_cache__a_reply_for_the_wrong_number_of_clients_is_rejected_and_counted(
+        make_federation):
+    """A node's reply of each client's statistics must hold one row per client it was asked
+    for: one with a row missing is rejected (kind ``shape``), its clients stay out of the
+    cache and the round goes on with the others."""
+    bad = 3
+
+    def tamper(n: int, instruction: Message, reply: Message) -> Message:
+        if n == bad and phase_of(instruction) == "stats" and not reply.has_error():
+            sums = tensors_of(reply.content.array_records[STATS])
+            reply.content.array_records[STATS] = array_record({k: v[1:]
+                                                               for k, v in sums.items()})
+        return reply
+
+    _, pt, fed = make_federation("fedsc", tamper=tamper, overrides=CACHED)
+    targets, _ = fed.targets(0)
+    assert bad in targets
+    agg = fed.step()
+    assert agg.skipped is None
+    assert agg.replies["stats"].rejected == {"shape": 1}
+    assert agg.replies["stats"].accepted == len(targets) - 1
+    assert sorted(pt.cache.last) == sorted(k for n, c in targets.items() if n != bad
+                                           for k in c)
+    assert agg.clients == sum(len(c) for n, c in targets.items() if n != bad)
+
+
 def test_flower_statistics_equal_the_pooled_statistics(make_federation):
     """DCCO's phase 1: S_A is the merged statistics of every sampled client (float64)."""
     cfg, pt, fed = make_federation("dcco")
@@ -693,20 +745,23 @@ class _Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize("method,secure", [("dcco", False), ("contrastive_fedavg", False),
-                                           ("dcco", True)])
+@pytest.mark.parametrize("method,secure,extra", [
+    ("dcco", False, ()), ("contrastive_fedavg", False, ()), ("dcco", True, ()),
+    ("fedsc", False, CACHED)], ids=["dcco", "contrastive_fedavg", "dcco-secagg",
+                                    "fedsc-cached"])
 def test_flower_resume__continues_from_the_checkpoint_bit_identically(
-        make_federation, tmp_path, monkeypatch, method, secure):
+        make_federation, tmp_path, monkeypatch, method, secure, extra):
     """``flower.resume = true`` after a ServerApp died in round 3 (checkpoints every round):
     the run goes on from round 2's checkpoint to the configured rounds, and its final weights
     equal an uninterrupted run's bit for bit, because every random choice of a round is a
-    function of (seed, round) and the checkpoint holds the model and optimiser exactly.
+    function of (seed, round) and the checkpoint holds the model and optimiser exactly (and
+    FedSC's cache of absent clients, which the rounds after the resume merge into).
 
     Under SecAgg+ it is close, not identical: Flower's SecAgg+ quantises with stochastic
     rounding drawn from NumPy's global generator (``flwr.common.secure_aggregation.
     quantization._stochastic_round``), unseeded and process-wide, so two uninterrupted
     secure runs differ alike; the difference stays at the quantisation's scale."""
-    overrides = ("train.rounds=4", "train.checkpoint_every=1")
+    overrides = ("train.rounds=4", "train.checkpoint_every=1", *extra)
     whole = FlowerConfig(min_nodes=NODES, run_dir=str(tmp_path / "whole"), secagg=secure)
     cfg, _pt, fed = make_federation(method, whole, overrides=overrides)
     train, _ = load_splits(cfg)
@@ -740,6 +795,15 @@ def test_flower_resume__continues_from_the_checkpoint_bit_identically(
         return
     for k in models[0]:
         assert torch.equal(models[0][k], models[1][k]), k
+    if extra:
+        from safetensors.torch import load_file
+
+        saved = [load_file(tmp_path / name / "checkpoint.safetensors") for name in
+                 ("whole", "cut")]
+        cache = [k for k in saved[0] if k.startswith("state.cache.")]
+        assert "state.cache.clients" in cache
+        for k in cache:
+            assert torch.equal(saved[0][k], saved[1][k]), k
 
 
 @pytest.mark.parametrize("method", ["dcco", "contrastive_fedavg"])

@@ -111,8 +111,11 @@ def test_cached_rounds__refused_without_statistics_with_privacy_staleness_or_too
         Pretraining(cfg, train)
 
 
-def test_cached_rounds__refused_over_flower():
+def test_cached_rounds__refused_under_secagg_over_flower():
     from dcco.flower.appconfig import parse_run_config
 
-    with pytest.raises(ConfigError, match="not supported over Flower"):
-        parse_run_config({"train.method": "fedsc", "train.absent_statistics": "cached"})
+    cached = {"train.method": "fedsc", "train.absent_statistics": "cached"}
+    cfg, fcfg = parse_run_config(cached)  # plain exchanges carry each client's statistics
+    assert cfg.train.absent_statistics == "cached" and not fcfg.secagg
+    with pytest.raises(ConfigError, match="SecAgg\\+ shows the server only the sum"):
+        parse_run_config(cached | {"flower.secagg": True})

@@ -171,8 +171,9 @@ class TrainConfig:
     "cached", the server keeps every client's last statistics and merges those of the
     clients absent from a round into its aggregate (FedSC's partial participation,
     ``dcco.statistics_cache``; not a centralized step; without privacy; in the simulator,
-    in one process or over torch.distributed's ranks, each keeping the same copy; not over
-    Flower, whose nodes send their clients' statistics merged)."""
+    in one process or over torch.distributed's ranks, each keeping the same copy, and over
+    Flower's plain exchanges, whose nodes then send each client's statistics; not under
+    SecAgg+, which shows the server only their sum)."""
     backend: Literal["batched", "reference"] = "batched"
     max_batch: int | Literal["auto"] | None = "auto"
     """The batched backend runs a round's clients in groups of whole clients of at most this

@@ -127,11 +127,13 @@ def parse_run_config(run_config: Mapping[str, FlowerValue]) -> tuple[RunConfig, 
         raise ConfigError("train.client_weighting = 'uniform' is not supported over Flower: "
                           "a node replies with its clients' sample-weighted update; use "
                           "'samples' (the same over clients of one size)")
-    if cfg.train.absent_statistics == "cached":
-        raise ConfigError("train.absent_statistics = 'cached' is not supported over Flower: "
-                          "a node merges its clients' statistics (and SecAgg+ hides each "
-                          "node's), so the server has no client's own to keep; use 'drop'")
-    return cfg, from_dict(FlowerConfig, flower, SECTION)
+    fcfg = from_dict(FlowerConfig, flower, SECTION)
+    if cfg.train.absent_statistics == "cached" and fcfg.secagg:
+        raise ConfigError("train.absent_statistics = 'cached' is not supported with "
+                          "flower.secagg = true: SecAgg+ shows the server only the sum of the "
+                          "nodes' statistics, so it has no client's own to keep; use 'drop', "
+                          "or plain exchanges")
+    return cfg, fcfg
 
 
 def run_config_entries(cfg: RunConfig, fcfg: FlowerConfig) -> dict[str, FlowerValue]:

@@ -10,6 +10,9 @@ instruction    ConfigRecord ``dcco``: ``phase`` ("stats" | "update"), ``round``,
                ``mean_<name>`` of the method's ``StatsSpec``) in phase "update"
 stats reply    ArrayRecord ``stats`` (``sum_<name>`` of the spec, float64); MetricRecord
                ``stats.meta``: ``count`` (samples)
+each client's  under ``train.absent_statistics = "cached"``, phase "stats" only: the same
+stats reply    records, each sum stacked over the node's clients in the instruction's order
+               (a leading axis), and ``stats.meta``'s ``counts`` (samples per client)
 update reply   ArrayRecord ``delta`` (Δ per parameter name); MetricRecord ``update``:
                ``count``, ``loss``; with ``with_stats``, also the stats reply's records
 node query     ConfigRecord ``dcco``: ``phase`` = "node" → MetricRecord ``node``:
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +46,7 @@ from torch import Tensor
 
 from dcco.client import ClientUpdate
 from dcco.flower.nodes import NodeIdentity
+from dcco.server import ReplyError
 from dcco.stats import EncodingStats, Moments
 
 Phase = Literal["stats", "update"]
@@ -227,6 +232,34 @@ def decode_stats_reply(content: RecordDict) -> dict[str, object]:
     reply: dict[str, object] = tensors_of(content.array_records[STATS])
     reply["count"] = content.metric_records[STATS + ".meta"]["count"]
     return reply
+
+
+def encode_each_stats_reply(each: Sequence[EncodingStats]) -> RecordDict:
+    """Each client's statistics in one reply: every sum stacked over the clients (in the
+    instruction's order), and their counts."""
+    sums = {k: torch.stack([s.as_dict()[k] for s in each])
+            for k in each[0].as_dict() if k != "count"}
+    return RecordDict({STATS: array_record(sums), STATS + ".meta": MetricRecord(
+        {"counts": [int(s.count.item()) for s in each]})})
+
+
+def decode_each_stats_reply(content: RecordDict, clients: int) -> list[dict[str, object]]:
+    """``encode_each_stats_reply``'s reply as one dict per client that
+    ``dcco.server.validate_statistics`` checks; it must hold exactly ``clients`` of them.
+
+    Raises:
+        ReplyError: (kind ``count``) counts that are not a list of ``clients`` entries, or
+            a sum whose leading axis is not of ``clients`` (kind ``shape``)."""
+    sums = tensors_of(content.array_records[STATS])
+    counts = content.metric_records[STATS + ".meta"]["counts"]
+    if not isinstance(counts, list) or len(counts) != clients:
+        raise ReplyError("count", f"statistics of {clients} clients asked, the reply's counts "
+                                  f"are {counts!r}")
+    for name, value in sums.items():
+        if value.dim() == 0 or value.shape[0] != clients:
+            raise ReplyError("shape", f"{name} has shape {tuple(value.shape)}, not one row "
+                                      f"for each of {clients} clients")
+    return [{k: v[i] for k, v in sums.items()} | {"count": c} for i, c in enumerate(counts)]
 
 
 def encode_update_reply(update: ClientUpdate, stats: EncodingStats | None = None) -> RecordDict:

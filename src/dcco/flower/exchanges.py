@@ -73,6 +73,12 @@ class Wire(Protocol):
         when ``with_stats``."""
         ...
 
+    def each_stats_check(self, spec: StatsSpec
+                         ) -> Callable[[RecordDict, int], list[EncodingStats]]:
+        """The check of one reply of each client's statistics, given how many clients the
+        node answers for (``PlainExchanges.each_statistics``; dcco's app only)."""
+        ...
+
     def params(self) -> dict[str, Tensor]:
         """The trained parameters by name, in order: the update's names, shapes, dtypes."""
         ...
@@ -113,9 +119,9 @@ def exchange(send: Send, r: int, contents: dict[int, RecordDict], timeout: float
 
 
 class PlainExchanges:
-    """``Algorithm.run_round``'s two steps as exchanges of plain messages (not
-    ``each_statistics``: a node merges its clients' statistics, so the server has no
-    client's own; ``dcco.flower.appconfig`` refuses ``train.absent_statistics = "cached"``).
+    """``Algorithm.run_round``'s two steps as exchanges of plain messages. A node merges its
+    clients' statistics (``statistics``), except under FedSC's cache of absent clients
+    (``each_statistics``), where it sends each client's own.
 
     Args:
         send: the grid's exchange (replies within a timeout).
@@ -142,6 +148,8 @@ class PlainExchanges:
         """Node → the samples of its valid statistics (its update must be of as many)."""
         self.used: list[tuple[int, RecordDict, int]] = []
         """The update replies the round used: (node, content, its samples)."""
+        self.answered: list[int] = []
+        """The clients whose statistics ``each_statistics`` returned, in its order."""
 
     def _exchange(self, contents: dict[int, RecordDict], tally: ReplyTally
                   ) -> dict[int, RecordDict]:
@@ -155,17 +163,37 @@ class PlainExchanges:
             raise RoundSkipped(reason, shared)
 
     def statistics(self, spec: StatsSpec) -> EncodingStats:
+        got = self._stats_replies()
+        check = self.wire.stats_check(list(got.values()), spec)
+        return merge([s for _, each in self._valid_stats(got, lambda _, c: [check(c)])
+                      for s in each])
+
+    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
+        """Exchange 1 with each client's statistics (a node answers for its clients one by
+        one), by node in the order of the node ids; ``answered`` names their clients."""
+        got = self._stats_replies()
+        check = self.wire.each_stats_check(spec)
+        valid = self._valid_stats(got, lambda node, c: check(c, len(self.targets[node])))
+        self.answered = [k for node, _ in valid for k in self.targets[node]]
+        return [s for _, each in valid for s in each]
+
+    def _stats_replies(self) -> dict[int, RecordDict]:
         tally = self.replies["stats"] = ReplyTally()
-        got = self._exchange({n: self.wire.stats_message(c) for n, c in self.targets.items()},
-                             tally)
-        valid = accept_valid(got.values(), self.wire.stats_check(list(got.values()), spec),
-                             tally)
-        nodes = list(got)
-        self.targets = {nodes[i]: self.targets[nodes[i]] for i, _ in valid}
-        self.counts = {nodes[i]: int(s.count) for i, s in valid}
+        return self._exchange({n: self.wire.stats_message(c) for n, c in self.targets.items()},
+                              tally)
+
+    def _valid_stats(self, got: dict[int, RecordDict],
+                     check: Callable[[int, RecordDict], list[EncodingStats]]
+                     ) -> list[tuple[int, list[EncodingStats]]]:
+        """The statistics replies that pass ``check(node, content)``, as (node, its
+        statistics); their nodes become the update exchange's targets."""
+        valid = [v for _, v in accept_valid(got.items(), lambda item: (item[0], check(*item)),
+                                            self.replies["stats"])]
+        self.targets = {node: self.targets[node] for node, _ in valid}
+        self.counts = {node: int(sum(float(s.count) for s in each)) for node, each in valid}
         self.model_sent = True
         self._check("stats", len(valid))
-        return merge([s for _, s in valid])
+        return valid
 
     def updates(self, algorithm: Algorithm, shared: Moments | None,
                 with_stats: StatsSpec | None) -> Updates:
@@ -239,6 +267,11 @@ class SecureExchanges(PlainExchanges):
         if result is not None:  # the last entry's last value: the share clipped
             self.clipped[phase] = float(result.values[-1][-1])
         return result
+
+    def each_statistics(self, spec: StatsSpec) -> list[EncodingStats]:
+        raise ValueError("SecAgg+ shows the server only the sum of the nodes' statistics, so "
+                         "it cannot keep each client's own: train.absent_statistics = 'cached' "
+                         "needs plain exchanges (flower.secagg = false)")
 
     def _stats(self, values: list[np.ndarray], spec: StatsSpec, n: float) -> EncodingStats:
         m = secagg.secure_moments(values, spec, self.scales, n)

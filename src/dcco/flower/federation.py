@@ -3,7 +3,9 @@
 A round of ``dcco`` (paper §3.3) is two exchanges of plain ``train`` messages:
 
 1. ``stats``: the server samples K clients as the simulator does, sends the model to the
-   nodes hosting them and gets back each node's statistics (count + sums);
+   nodes hosting them and gets back each node's statistics (count + sums; each client's own
+   under FedSC's cache of absent clients, ``train.absent_statistics = "cached"``, which the
+   server keeps as the simulator does and saves with its checkpoints);
 2. ``update``: the server sends the aggregate S_A (the merged statistics of the valid phase-1
    replies) to those nodes and gets back each node's update and count;
 
@@ -266,9 +268,16 @@ class Federation:
         else:
             exchanges = PlainExchanges(self.grid.send_and_receive, wire, r, self.fcfg.timeout,
                                        targets, self.fcfg.min_survivors, self._answered)
+        absent = None
+        if self.pt.cache is not None:
+            cache = self.pt.cache
+
+            def absent(fresh: list[EncodingStats]) -> EncodingStats:
+                """FedSC's cache: fresh statistics of the clients that answered."""
+                return cache.merge_round(exchanges.answered, fresh)
         try:
             result = self.pt.algorithm.run_round(exchanges, self.pt.previous(r),
-                                                 self.pt.round_noise(r))
+                                                 self.pt.round_noise(r), absent)
         except RoundSkipped as skip:
             LOG.warning("round %d skipped: %s", r + 1, skip.reason)
             return RoundAggregate(r, None, skip.shared, math.nan, 0, 0, skip.reason,
@@ -343,6 +352,12 @@ class AppWire:
         shapes = {name: tuple(p.shape) for name, p in self.pt.params}
         d = self.pt.model.projection_dim
         return lambda c: validate_update_reply(c, shapes, d, with_stats)
+
+    def each_stats_check(self, spec: StatsSpec
+                         ) -> Callable[[RecordDict, int], list[EncodingStats]]:
+        d = self.pt.model.projection_dim
+        return lambda c, clients: [validate_statistics(s, d, d, spec=spec)
+                                   for s in codec.decode_each_stats_reply(c, clients)]
 
     def params(self) -> dict[str, Tensor]:
         return dict(self.pt.params)

@@ -2,11 +2,11 @@
 
 ``query``: who the node is (partition id, number of partitions, number of clients).
 ``train`` with ``phase = "stats"``: the summed statistics of the sampled clients (DCCO's
-phase 1); the node keeps the round's model in ``context.state`` for phase 2. ``train`` with
-``phase = "update"``: the local steps of each sampled client, pooled; DCCO uses the model kept
-from phase 1 and the server's S_A, the FedAvg methods get the model here; with stale
-statistics the model and the previous round's S_A come together, and the node sends its fresh
-statistics with its update.
+phase 1; each client's own under ``train.absent_statistics = "cached"``); the node keeps the
+round's model in ``context.state`` for phase 2. ``train`` with ``phase = "update"``: the local
+steps of each sampled client, pooled; DCCO uses the model kept from phase 1 and the server's
+S_A, the FedAvg methods get the model here; with stale statistics the model and the previous
+round's S_A come together, and the node sends its fresh statistics with its update.
 
 They take and return a message's content (``RecordDict``), so that they run alike in the
 ClientApp's process and in a node's long-lived worker (``dcco.flower.worker``).
@@ -28,6 +28,7 @@ from dcco.flower.nodes import (
     NodeIdentity,
     build_model,
     check_hosted,
+    each_client_statistics,
     load_weights,
     node_data,
     node_partition,
@@ -81,9 +82,13 @@ def train(content: RecordDict, context: Context) -> RecordDict:
                          f"shares none; do server and nodes run one config?")
     if ins.phase == "stats":
         _keep(context.state, ins.round, model.state_dict())
-        stats = node_statistics(cfg, data, model, ins.clients, ins.round, spec)
-        reply = (secagg.secure_stats_reply(stats, params, spec) if params
-                 else codec.encode_stats_reply(stats))
+        if cfg.train.absent_statistics == "cached":  # the server keeps each client's own
+            reply = codec.encode_each_stats_reply(each_client_statistics(
+                cfg, data, model, ins.clients, ins.round, spec))
+        else:
+            stats = node_statistics(cfg, data, model, ins.clients, ins.round, spec)
+            reply = (secagg.secure_stats_reply(stats, params, spec) if params
+                     else codec.encode_stats_reply(stats))
     else:
         # fresh statistics for the next round (stale mode) come from the round's model, as
         # the clients' local steps leave it untouched

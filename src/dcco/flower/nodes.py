@@ -10,7 +10,9 @@ and asks every node that hosts sampled clients for their work in one message.
 A node answers for its sampled clients together: the sum of their statistics (phase 1), and
 their sample-weighted average update with the total count (phase 2). Both are what the server
 would compute from the clients one by one, so the round is the simulator's; the server checks
-and weights nodes, not clients.
+and weights nodes, not clients. Under FedSC's cache of absent clients
+(``train.absent_statistics = "cached"``) phase 1 sends each client's statistics instead, as
+the server keeps every client's last ones.
 
 This module is framework-free (torch and dcco only): ``client_app`` decodes a message, calls
 these functions and encodes the reply.
@@ -169,8 +171,17 @@ def check_hosted(clients: Sequence[int], identity: NodeIdentity) -> None:
 def node_statistics(cfg: RunConfig, data: NodeData, model: nn.Module, clients: Sequence[int],
                     round_index: int, spec: StatsSpec = CCO_STATS) -> EncodingStats:
     """Phase 1 for a node's sampled clients: the sum of their ``client_statistics``."""
-    return merge([client_statistics(model, *client_views(cfg, data, k, round_index), spec)
-                  for k in clients])
+    return merge(each_client_statistics(cfg, data, model, clients, round_index, spec))
+
+
+def each_client_statistics(cfg: RunConfig, data: NodeData, model: nn.Module,
+                           clients: Sequence[int], round_index: int,
+                           spec: StatsSpec = CCO_STATS) -> list[EncodingStats]:
+    """Phase 1 for a node's sampled clients one by one: each one's ``client_statistics``, in
+    the order of ``clients`` (the server's cache of absent clients keeps each client's own,
+    ``train.absent_statistics = "cached"``)."""
+    return [client_statistics(model, *client_views(cfg, data, k, round_index), spec)
+            for k in clients]
 
 
 def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
