@@ -69,15 +69,19 @@ def _initial() -> tuple[nn.Module, ArrayRecord]:
 
 
 def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
-               nodes: list[int], samples=_samples, augment=_augment) -> dict[str, torch.Tensor]:
-    """The same rounds with dcco's reference round on the nodes' views, and the same server
-    optimiser."""
+               nodes: list[int] | list[list[int]], samples=_samples, augment=_augment,
+               absent=None) -> dict[str, torch.Tensor]:
+    """The same rounds with dcco's reference round on the nodes' views (the same nodes every
+    round, or a list of them a round), and the same server optimiser; ``absent(nodes)``: the
+    round's merge with a cache of absent nodes."""
     from dcco.api import dual_encoder
 
-    dual = dual_encoder(model, None, sample=samples(nodes[0])[0])
+    each = nodes if isinstance(nodes[0], list) else [nodes] * rounds
+    dual = dual_encoder(model, None, sample=samples(each[0][0])[0])
     named = list(model.named_parameters())
     opt = build_optimizer(named, strategy.optim)
     for r in range(1, rounds + 1):
+        nodes = each[r - 1]
         config = strategy._config("stats", r, {})
         views = [_views(samples(n), augment, int(config["views-seed"]), n, torch.float64)
                  for n in nodes]
@@ -85,7 +89,7 @@ def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
         x2 = torch.cat([v[1] for v in views])
         sizes = [len(samples(n)) for n in nodes]
         out = run_round(dual, build_method(method), x1, x2, Segments.from_counts(sizes),
-                        "reference")
+                        "reference", absent=absent(nodes) if absent is not None else None)
         set_lr(opt, scheduled_lr(r - 1, rounds, strategy.optim.lr, strategy.optim.warmup_steps,
                                  strategy.optim.schedule))
         apply_pseudo_gradient(opt, [p for _, p in named],
@@ -259,6 +263,46 @@ def test_strategy__fedsc_rounds_equal_the_reference_round():
     expected = _reference(model, strategy, "fedsc", 2, [1, 2, 3, 4])
     assert _rel(result.arrays.to_torch_state_dict(), expected) <= 1e-12
     assert result.train_metrics_clientapp[2]["stats-accepted"] == 4
+
+
+def test_strategy__fedsc_cache_of_absent_nodes_equals_the_reference_rounds_with_it():
+    """FedSC's partial participation in a user's app (``absent_statistics="cached"``): 3 of
+    6 nodes a round, the strategy keeps every node's last statistics, and three rounds equal
+    the reference rounds over the same nodes with the same cache (float64). Negative control:
+    without the cache they differ. Refused where it cannot run."""
+    import functools
+    import random
+
+    from dcco.statistics_cache import StatisticsCache
+
+    def strategy(absent: str) -> DCCO:
+        return DCCO(method="fedsc", optimizer="sgd", lr=0.1, schedule="constant",
+                    weight_decay=0.0, fraction_train=0.5, min_train_nodes=3,
+                    min_available_nodes=6, absent_statistics=absent)
+
+    cached = strategy("cached")
+    result = cached.start(grid=_grid(6), initial_arrays=_initial()[1], num_rounds=3)
+    rng = random.Random(cached.seed)  # the strategy's sampling
+    rounds = [sorted(rng.sample(range(1, 7), 3)) for _ in range(3)]
+    assert set().union(*rounds[:2]) - set(rounds[2])  # a node seen before is absent later
+    model = _initial()[0]
+    cache = StatisticsCache()
+    expected = _reference(model, cached, "fedsc", 3, rounds,
+                          absent=lambda nodes: functools.partial(cache.merge_round, nodes))
+    got = result.arrays.to_torch_state_dict()
+    assert _rel(got, expected) <= 1e-12
+    assert _rel(got, {k: v.detach() for k, v in _initial()[0].state_dict().items()}) > 1e-4
+    assert sorted(cached.cache.last) == sorted(set().union(*rounds))
+    assert all(result.train_metrics_clientapp[r]["stats-accepted"] == 3 for r in (1, 2, 3))
+    dropped = strategy("drop").start(grid=_grid(6), initial_arrays=_initial()[1],
+                                     num_rounds=3)
+    assert _rel(dropped.arrays.to_torch_state_dict(), expected) > 1e-6
+    with pytest.raises(ValueError, match="contrastive_fedavg shares none"):
+        DCCO(method="contrastive_fedavg", absent_statistics="cached")
+    with pytest.raises(ValueError, match="SecAgg\\+ shows the server only their sum"):
+        DCCO(method="fedsc", absent_statistics="cached", secagg=_secagg())
+    with pytest.raises(ValueError, match="'drop' or 'cached', got 'keep'"):
+        DCCO(absent_statistics="keep")
 
 
 def test_strategy__batch_norm_statistics_are_averaged_and_bad_settings_refused():

@@ -73,10 +73,10 @@ class Wire(Protocol):
         when ``with_stats``."""
         ...
 
-    def each_stats_check(self, spec: StatsSpec
+    def each_stats_check(self, contents: list[RecordDict], spec: StatsSpec
                          ) -> Callable[[RecordDict, int], list[EncodingStats]]:
-        """The check of one reply of each client's statistics, given how many clients the
-        node answers for (``PlainExchanges.each_statistics``; dcco's app only)."""
+        """The check of one reply of each client's statistics, given all of them and how
+        many clients its node answers for (``PlainExchanges.each_statistics``)."""
         ...
 
     def params(self) -> dict[str, Tensor]:
@@ -172,7 +172,7 @@ class PlainExchanges:
         """Exchange 1 with each client's statistics (a node answers for its clients one by
         one), by node in the order of the node ids; ``answered`` names their clients."""
         got = self._stats_replies()
-        check = self.wire.each_stats_check(spec)
+        check = self.wire.each_stats_check(list(got.values()), spec)
         valid = self._valid_stats(got, lambda node, c: check(c, len(self.targets[node])))
         self.answered = [k for node, _ in valid for k in self.targets[node]]
         return [s for _, each in valid for s in each]

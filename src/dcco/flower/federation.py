@@ -353,7 +353,7 @@ class AppWire:
         d = self.pt.model.projection_dim
         return lambda c: validate_update_reply(c, shapes, d, with_stats)
 
-    def each_stats_check(self, spec: StatsSpec
+    def each_stats_check(self, contents: list[RecordDict], spec: StatsSpec
                          ) -> Callable[[RecordDict, int], list[EncodingStats]]:
         d = self.pt.model.projection_dim
         return lambda c, clients: [validate_statistics(s, d, d, spec=spec)

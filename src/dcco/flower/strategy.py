@@ -49,6 +49,7 @@ from dcco.methods.registry import build_method
 from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.seeding import derive_seed
 from dcco.server import ReplyError, ReplyTally, validate_statistics, validate_update
+from dcco.statistics_cache import StatisticsCache
 from dcco.stats import EncodingStats, Moments, StatsSpec
 
 LOG = logging.getLogger("flwr.dcco")
@@ -94,6 +95,11 @@ class DCCO(Strategy):
         secagg: both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``:
             the nodes' model, the server's calibration samples, the most samples a node
             holds); None: plain messages, each reply checked.
+        absent_statistics: ``drop``: a round's S_A is its own nodes' (the exact round);
+            ``cached``: the strategy keeps every node's last statistics and merges those of
+            the nodes absent from a round into its S_A (FedSC's partial participation,
+            ``dcco.statistics_cache``: not a centralized step; a statistics method with
+            plain messages; kept in memory for the run of ``start``).
     """
 
     def __init__(self, fraction_train: float = 1.0, min_train_nodes: int = 2,
@@ -102,8 +108,8 @@ class DCCO(Strategy):
                  warmup_rounds: int = 0, schedule: str = "cosine",
                  vector_lr_scale: float = 1.0, local_lr: float = 1.0,
                  min_survivors: int = 1, seed: int = 0,
-                 trained: Iterable[str] | None = None, secagg: SecAgg | None = None
-                 ) -> None:
+                 trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
+                 absent_statistics: str = "drop") -> None:
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if min(min_train_nodes, min_available_nodes, min_survivors) < 1:
@@ -113,6 +119,20 @@ class DCCO(Strategy):
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
         self.algorithm = Algorithm(self.method, local_lr=local_lr)
+        if absent_statistics not in ("drop", "cached"):
+            raise ValueError(f"absent_statistics must be 'drop' or 'cached', got "
+                             f"{absent_statistics!r}")
+        if absent_statistics == "cached" and self.method.stats is None:
+            raise ValueError(f"absent_statistics='cached' keeps each node's statistics; "
+                             f"{method} shares none")
+        if absent_statistics == "cached" and secagg is not None:
+            raise ValueError("absent_statistics='cached' keeps each node's statistics, and "
+                             "SecAgg+ shows the server only their sum: use plain messages "
+                             "(secagg=None) or 'drop'")
+        self.absent_statistics = absent_statistics
+        self.cache: StatisticsCache | None = None
+        """Every node's last statistics under ``absent_statistics='cached'`` (from
+        ``start``)."""
         self.fraction_train, self.min_train_nodes = fraction_train, min_train_nodes
         self.min_available_nodes = min_available_nodes
         self.optim = OptimConfig(name=optimizer, lr=lr, weight_decay=weight_decay,
@@ -214,6 +234,7 @@ class DCCO(Strategy):
         self._weights = {k: v.clone() for k, v in codec.tensors_of(initial_arrays).items()}
         self._rounds, self._params, self._optimizer = num_rounds, {}, None
         self._rng = random.Random(self.seed)
+        self.cache = StatisticsCache() if self.absent_statistics == "cached" else None
         self.trained = None if self._given is None else list(self._given)
         floating = {k for k, v in self._weights.items() if v.is_floating_point()}
         if self.trained is not None and not set(self.trained) <= floating:
@@ -249,8 +270,15 @@ class DCCO(Strategy):
         targets = {n: [n] for n in self._sample(grid)}
         exchanges = self._exchanges(r, targets, config, timeout, grid)
         self._asked_nodes = set(targets)
+        absent = None
+        if self.cache is not None:
+            cache = self.cache
+
+            def absent(fresh: list[EncodingStats]) -> EncodingStats:
+                """The cache: fresh statistics of the nodes that answered."""
+                return cache.merge_round(exchanges.answered, fresh)
         try:
-            result = self.algorithm.run_round(exchanges)
+            result = self.algorithm.run_round(exchanges, absent=absent)
         except RoundSkipped:
             self._skipped = self._metrics(exchanges)
             return None, None
@@ -414,6 +442,11 @@ class UserWire:
             return validate_statistics(sums, d, d, spec=spec)
 
         return check
+
+    def each_stats_check(self, contents: list[RecordDict], spec: StatsSpec
+                         ) -> Callable[[RecordDict, int], list[EncodingStats]]:
+        check = self.stats_check(contents, spec)  # a node is one client
+        return lambda c, clients: [check(c)]
 
     def update_check(self, contents: list[RecordDict], with_stats: StatsSpec | None
                      ) -> Callable[[RecordDict], tuple[ClientUpdate, None]]:
