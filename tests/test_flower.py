@@ -35,9 +35,10 @@ from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig, parse_run_config, run_config_entries
 from dcco.flower.client_app import app as client_app
 from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE, array_record, tensors_of
-from dcco.flower.federation import Federation, run_federated
+from dcco.flower.federation import Federation
 from dcco.flower.inprocess import InProcessGrid, Tamper
 from dcco.flower.nodes import client_views, node_data, node_partition, node_update
+from dcco.flower.run import run_federated
 from dcco.models import build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, set_lr
 from dcco.server import aggregate_updates
@@ -722,7 +723,7 @@ def test_server_view__one_nodes_encodings_leak_in_plain_statistics_not_under_sec
 
 
 def test_open_run__errors_name_the_apps_keys_not_the_clis_flags(tiny_config, tmp_path):
-    from dcco.flower.federation import open_run
+    from dcco.flower.run import open_run
     from dcco.rundir import RunDirError
 
     cfg = load_config(tiny_config(rounds=2))
@@ -933,7 +934,7 @@ def test_metered_grid__pulls_until_every_reply_is_in_without_flowers_3_s_sleep(m
     from flwr.supercore.task_identity import TaskIdentity
 
     from dcco.flower import polling
-    from dcco.flower.federation import MeteredGrid
+    from dcco.flower.metering import MeteredGrid
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0  # a ServerApp's
 

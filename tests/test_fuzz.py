@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dcco.client import ClientUpdate
 from dcco.flower import codec
-from dcco.flower.federation import validate_update_reply
+from dcco.flower.appwire import validate_update_reply
 from dcco.server import REJECTION_KINDS, ReplyTally, accept_valid, validate_statistics
 from dcco.stats import CCO_STATS, VICREG_STATS, encoding_stats
 

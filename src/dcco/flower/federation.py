@@ -16,7 +16,9 @@ counted; phase 2 goes to the valid phase-1 repliers only; a phase with fewer tha
 ``flower.min_survivors`` valid replies skips the round (no model change) and is logged.
 
 The training state (model, optimiser, rounds done) is a ``dcco.train.Pretraining``, the
-simulator's, so checkpoints and run directories are the simulator's too.
+simulator's, so checkpoints and run directories are the simulator's too. The messages'
+layout is ``dcco.flower.appwire``'s, their bytes are counted by ``dcco.flower.metering``, and
+a whole run (its directory, loop and metrics) is ``dcco.flower.run``'s.
 """
 
 from __future__ import annotations
@@ -25,99 +27,29 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
-from flwr.app import Message, MessageType, RecordDict
-from flwr.common.serde import recorddict_to_proto
+from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 from torch import Tensor
 
 from dcco.algorithm import RoundResult, RoundSkipped
-from dcco.client import ClientUpdate
-from dcco.config import RunConfig
-from dcco.data.datasets import ImageDataset
-from dcco.flower import codec, polling, secagg
+from dcco.flower import codec, secagg
 from dcco.flower.appconfig import FlowerConfig
-from dcco.flower.codec import Instruction
+from dcco.flower.appwire import AppWire
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
+from dcco.flower.metering import MeteredGrid
 from dcco.flower.nodes import NodeIdentity, assign
 from dcco.methods.base import Segments
-from dcco.rundir import RunDir, RunDirError, config_differences
 from dcco.seeding import generator
-from dcco.server import (
-    ReplyError,
-    ReplyTally,
-    validate_statistics,
-    validate_update,
-)
-from dcco.stats import EncodingStats, Moments, StatsSpec
-from dcco.train import (
-    MetricsWindow,
-    Pretraining,
-    RoundMetrics,
-    RoundPlan,
-    pretraining_loop,
-    resume_from_checkpoint,
-    sample_clients,
-)
+from dcco.server import ReplyTally
+from dcco.stats import EncodingStats, Moments
+from dcco.train import Pretraining, RoundPlan, sample_clients
 
 LOG = logging.getLogger("flwr.dcco")
 CALIBRATION_SAMPLES = 64
 """Server images in the calibration step that sets the SecAgg+ ranges of a round."""
-
-
-def content_bytes(message: Message) -> int:
-    """Bytes of a message's content as Flower serialises it (protobuf), framing aside."""
-    return recorddict_to_proto(message.content).ByteSize()
-
-
-
-class MeteredGrid:
-    """A grid that counts the content bytes of every message it carries, per node: sent to
-    it (``down``) and received from it (``up``). Everything else is the wrapped grid's.
-
-    Every exchange of a round goes through ``send_and_receive``, Flower's SecAgg+ workflow
-    included, so the counts are what a round really sends: models, statistics, updates, and
-    SecAgg+'s key exchange, shares and masked vectors."""
-
-    def __init__(self, grid: Grid) -> None:
-        self._grid = grid
-        self.down: Counter[int] = Counter()
-        self.up: Counter[int] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        """Push the messages, then pull their replies every ``POLL_S`` until all are in or
-        ``timeout`` passes: Flower's ``Grid.send_and_receive``, whose 3 s sleep between pulls
-        would add up to 3 s to every exchange (``push_messages`` and ``pull_messages`` are
-        its public parts)."""
-        messages = list(messages)
-        for m in messages:
-            self.down[m.metadata.dst_node_id] += content_bytes(m)
-        replies = polling.send_and_receive(self._grid, messages, timeout)
-        for r in replies:
-            if not r.has_error():
-                self.up[r.metadata.src_node_id] += content_bytes(r)
-        return replies
-
-    def take(self) -> dict[str, int]:
-        """The counts since the last ``take``: totals and the mean per node that took part
-        (``per_node_up``/``_down``); the counters start again from zero."""
-        nodes = set(self.down) | set(self.up)
-        out = {"up": sum(self.up.values()), "down": sum(self.down.values()),
-               "nodes": len(nodes)}
-        out |= {"per_node_up": out["up"] // max(len(nodes), 1),
-                "per_node_down": out["down"] // max(len(nodes), 1)}
-        self.down, self.up = Counter(), Counter()
-        return out
 
 
 @dataclass(frozen=True)
@@ -316,178 +248,4 @@ class Federation:
                                 self.pt.cfg.train.local_lr)
 
 
-class AppWire:
-    """dcco's app's layout of a round's messages (``dcco.flower.codec``): each node hosts
-    several of the run's clients, named in its instruction, and its replies are checked
-    against the server's own model (``dcco.flower.exchanges.Wire``).
-
-    Args:
-        pt: the training state (the model's width and trained parameters).
-        r: the round. weights: the global model (``state_dict``).
-    """
-
-    def __init__(self, pt: Pretraining, r: int, weights: dict[str, Tensor]) -> None:
-        self.pt, self.r, self.weights = pt, r, weights
-
-    def instruction(self, phase: str, clients: list[int], model: bool,
-                    shared: Moments | None = None, with_stats: bool = False) -> Instruction:
-        return Instruction(phase, self.r, tuple(clients), self.weights if model else None,
-                           shared, with_stats)
-
-    def stats_message(self, clients: list[int]) -> RecordDict:
-        return codec.encode_instruction(self.instruction("stats", clients, True))
-
-    def update_message(self, clients: list[int], model: bool, shared: Moments | None,
-                       with_stats: bool) -> RecordDict:
-        return codec.encode_instruction(self.instruction("update", clients, model, shared,
-                                                         with_stats))
-
-    def stats_check(self, contents: list[RecordDict], spec: StatsSpec
-                    ) -> Callable[[RecordDict], EncodingStats]:
-        d = self.pt.model.projection_dim
-        return lambda c: validate_statistics(codec.decode_stats_reply(c), d, d, spec=spec)
-
-    def update_check(self, contents: list[RecordDict], with_stats: StatsSpec | None
-                     ) -> Callable[[RecordDict], tuple[ClientUpdate, EncodingStats | None]]:
-        shapes = {name: tuple(p.shape) for name, p in self.pt.params}
-        d = self.pt.model.projection_dim
-        return lambda c: validate_update_reply(c, shapes, d, with_stats)
-
-    def each_stats_check(self, contents: list[RecordDict], spec: StatsSpec
-                         ) -> Callable[[RecordDict, int], list[EncodingStats]]:
-        d = self.pt.model.projection_dim
-        return lambda c, clients: [validate_statistics(s, d, d, spec=spec)
-                                   for s in codec.decode_each_stats_reply(c, clients)]
-
-    def params(self) -> dict[str, Tensor]:
-        return dict(self.pt.params)
-
-
-def validate_update_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]], d: int,
-                          with_stats: StatsSpec | None) -> tuple[Any, EncodingStats | None]:
-    """An update reply → (``ClientUpdate``, its statistics in stale mode, else None), or
-    ``ReplyError``; the statistics must be of as many samples as the update."""
-    delta, count, loss = codec.decode_update_reply(content)
-    update = validate_update(delta, count, shapes, loss=loss)
-    if with_stats is None:
-        return update, None
-    stats = validate_statistics(codec.decode_stats_reply(content), d, d, spec=with_stats)
-    if int(stats.count) != update.num_samples:
-        raise ReplyError("count", f"statistics of {int(stats.count)} samples with an update "
-                                  f"of {update.num_samples}")
-    return update, stats
-
-
-# ---------------------------------------------------------------------- the run
-
-
-def open_run(cfg: RunConfig, fcfg: FlowerConfig) -> RunDir:
-    """The run directory of a Flower run: created, or reopened to resume."""
-    path = Path(fcfg.run_dir or
-                f"runs/flower-{cfg.train.method}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    if not fcfg.resume:
-        try:
-            run = RunDir.create(path, cfg)
-        except RunDirError:  # its message speaks of the CLI's flags, not the app's keys
-            raise RunDirError(
-                f"flower.run_dir {path} already holds a run; continue it with "
-                f"--run-config \"flower.resume=true flower.run_dir='{path}'\", or choose "
-                f"another flower.run_dir") from None
-    else:
-        if not (path / "config.toml").is_file():
-            raise RunDirError(f"flower.resume = true, but flower.run_dir {path} holds no dcco "
-                              f"run (no config.toml); set flower.run_dir to the run to continue")
-        run = RunDir.open(path)
-        if differ := config_differences(run.config(), cfg):
-            raise RunDirError(f"flower.resume: {path} holds a run with another config "
-                              f"({differ}); cannot resume it with this one")
-        run.stop_path.unlink(missing_ok=True)  # a request to stop the run that ended
-    run.update_summary(backend="flower", flower=asdict(fcfg))
-    return run
-
-
-def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: ImageDataset,
-                  test_set: ImageDataset | None = None) -> dict[str, Any]:
-    """Pretrain over Flower into a run directory in the simulator's format.
-
-    Writes ``config.toml``, ``version.json``, ``metrics.jsonl`` (the simulator's round records,
-    plus ``replies``, ``skipped`` and ``unreachable`` counters; a skipped round also gets a
-    record ``{"round", "skipped": reason}``), ``checkpoint.safetensors`` and ``summary.json``,
-    so ``dcco evaluate`` and ``dcco compare`` work on Flower runs.
-
-    Args:
-        grid: the ServerApp's grid.
-        cfg: the run config. fcfg: the adapter's settings.
-        train_set: the server's training split (client partition, k-NN bank, calibration).
-        test_set: the k-NN monitor's queries; None disables the monitor.
-
-    A file ``STOP`` created in the run directory stops the run at its next logged round, with
-    a checkpoint and a ``{"round", "stopped"}`` record, as an unfinished run that
-    ``flower.resume = true`` continues; ``flwr stop`` instead ends the ServerApp wherever it
-    is, and resuming goes back to the last checkpoint.
-
-    Returns:
-        The summary written to ``summary.json``; for a stopped run ``{"rounds", "stopped"}``.
-    """
-    run = open_run(cfg, fcfg)
-    LOG.info("dcco: run directory %s", run.path.resolve())
-    pt = Pretraining(cfg, train_set)
-    if fcfg.resume:
-        resume_from_checkpoint(pt, run)
-    else:
-        run.truncate_metrics(0)
-    fed = Federation(grid, pt, fcfg)
-    fed.wait_for_nodes()
-    LOG.info("dcco: %d nodes for %d partitions, %d clients", len(fed.nodes),
-             fed.num_partitions, pt.partition.num_clients)
-
-    def step() -> RoundMetrics:
-        start = time.perf_counter()
-        agg = fed.step()
-        return RoundMetrics(pt.rounds_done, agg.loss, pt.lr(agg.round), agg.clients,
-                            agg.samples, time.perf_counter() - start,
-                            agg.result.exchanges if agg.result else 0, agg.skipped, agg)
-
-    def log(record: dict[str, Any]) -> None:
-        loss = f"{record['loss']:.4g}" if "loss" in record else "n/a (skipped)"
-        LOG.info("dcco: round %d/%d loss %s", record["round"], cfg.train.rounds, loss)
-
-    summary = pretraining_loop(pt, run, step, train_set, test_set, window=FlowerWindow,
-                               meta={"backend": "flower"}, on_log=log, stop=run.stop_requested)
-    if "stopped" in summary:
-        LOG.info("dcco: %s after round %d; continue it with flower.resume = true",
-                 summary["stopped"], summary["rounds"])
-    return summary
-
-
-class FlowerWindow(MetricsWindow):
-    """The simulator's metrics window plus Flower's counters: skipped rounds, unreachable
-    clients, the fate of the requests per phase, and the SecAgg+ clipped fraction."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.unreachable = 0
-        self.replies: dict[str, ReplyTally] = {}
-        self.clipped: dict[str, list[float]] = {}
-        self.traffic: Counter[str] = Counter()
-
-    def add(self, m: RoundMetrics) -> None:
-        super().add(m)
-        agg: RoundAggregate = m.details
-        self.unreachable += agg.unreachable
-        for phase, tally in agg.replies.items():
-            self.replies[phase] = self.replies.get(phase, ReplyTally()) + tally
-        for phase, value in agg.clipped.items():
-            self.clipped.setdefault(phase, []).append(value)
-        self.traffic.update(agg.traffic)
-
-    def record(self, round_done: int, lr: float) -> dict[str, Any]:
-        rec = super().record(round_done, lr) | {
-            "rounds_skipped": self.skipped, "unreachable": self.unreachable,
-            "replies": {p: t.as_dict() for p, t in self.replies.items()}}
-        if self.clipped:
-            rec["secagg_clipped"] = {p: max(v) for p, v in self.clipped.items()}
-        if self.traffic:  # measured from the messages, per round of the window
-            rec["message_bytes"] = {k: v // max(self.rounds, 1)
-                                    for k, v in self.traffic.items()}
-        return rec
+__all__ = ["CALIBRATION_SAMPLES", "Federation", "RoundAggregate"]

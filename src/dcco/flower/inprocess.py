@@ -87,7 +87,7 @@ class InProcessGrid(Grid):
 
     replies_at_once = True
     """Every reply exists once its message is pushed (a lost node's never will), so a caller
-    need not poll (``federation.MeteredGrid``)."""
+    need not poll (``metering.MeteredGrid``)."""
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:

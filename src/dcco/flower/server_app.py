@@ -11,7 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from dcco.experiments import load_splits
 from dcco.flower.appconfig import parse_run_config
-from dcco.flower.federation import run_federated
+from dcco.flower.run import run_federated
 
 app = ServerApp()
 
