@@ -16,7 +16,7 @@ over Flower messages:
 What differs between dcco's app and the strategy is only how their messages are written and
 their replies read, a ``Wire``: dcco's app's instruction codec, whose nodes each host several
 of the run's clients (``dcco.flower.appwire.AppWire``), and the records a user's ClientApp
-answers with ``dcco.flower.answer``, one client a node (``dcco.flower.strategy.UserWire``).
+answers with ``dcco.flower.answer``, one client a node (``dcco.flower.userwire.UserWire``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
 
@@ -39,37 +38,19 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import Tensor
 
 from dcco.algorithm import Algorithm, RoundSkipped
-from dcco.client import ClientUpdate
 from dcco.flower import codec, polling, secure_round
-from dcco.flower.codec import Instruction
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
 from dcco.flower.secure_round import SecAgg
+from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
 from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.seeding import derive_seed
-from dcco.server import ReplyError, ReplyTally, validate_statistics, validate_update
+from dcco.server import ReplyTally
 from dcco.statistics_cache import StatisticsCache
-from dcco.stats import EncodingStats, Moments, StatsSpec
+from dcco.stats import EncodingStats
 
 LOG = logging.getLogger("flwr.dcco")
-PHASE, ROUND, VIEWS_SEED, METHOD, LOCAL_LR = ("phase", "server-round", "views-seed", "method",
-                                              "local-lr")
-"""Keys of the ``config`` record the strategy sends (``dcco.flower.userapp`` reads them)."""
-
-
-def moments_record(m: Moments) -> ArrayRecord:
-    """S_A (its means and count) as one packed ``ArrayRecord``."""
-    return codec.array_record({k: v for k, v in m.items()} | {"count": m.count.reshape(1)})
-
-
-def moments_of(record: ArrayRecord) -> Moments:
-    """``moments_record``'s inverse (float64)."""
-    tensors = {k: v.to(torch.float64) for k, v in codec.tensors_of(record).items()}
-    count = tensors.pop("count").reshape(())
-    return Moments(tensors, count=count)
-
-
 class DCCO(Strategy):
     """DCCO (and the other methods of dcco) for your own Flower app.
 
@@ -372,117 +353,10 @@ class DCCO(Strategy):
             weights[k] = p.detach().clone()
 
 
-class UserWire:
-    """The strategy's layout of a round's messages (``dcco.flower.exchanges.Wire``): the
-    records a user's ClientApp answers with ``dcco.flower.answer``, one client a node. The
-    replies are checked against what most of them hold (the encoding width of most
-    statistics replies, the arrays most updates train): the strategy has no model of its own.
-
-    Args:
-        strategy: the strategy (its weights, method and settings). r: the round (from 1).
-        config: the user's ``train_config``. arrays: the model to send (default: the
-            strategy's weights).
-    """
-
-    def __init__(self, strategy: DCCO, r: int, config: dict,
-                 arrays: ArrayRecord | None = None) -> None:
-        self.s, self.r, self.config, self._arrays = strategy, r, config, arrays
-
-    def _model(self) -> ArrayRecord:
-        if self._arrays is None:  # one record for every node's message
-            self._arrays = codec.array_record(self.s._weights)
-        return self._arrays
-
-    def stats_message(self, clients: list[int]) -> RecordDict:
-        return RecordDict({"arrays": self._model(),
-                           "config": self.s._config("stats", self.r, self.config)})
-
-    def update_message(self, clients: list[int], model: bool, shared: Moments | None,
-                       with_stats: bool) -> RecordDict:
-        content = {"config": self.s._config("update", self.r, self.config)}
-        if model:
-            content["arrays"] = self._model()
-        if shared is not None:
-            content["statistics"] = moments_record(shared)
-        return RecordDict(content)
-
-    def instruction(self, phase: str, clients: list[int], model: bool,
-                    shared: Moments | None = None, with_stats: bool = False) -> Instruction:
-        weights = self.s._weights  # in the nodes' order (secagg.model's)
-        own = {k: weights[k] for k in self.s.secagg.model.state_dict()} if model else None
-        return Instruction(phase, self.r, (), own, shared, with_stats)
-
-    def secure_extra(self) -> dict:
-        """The strategy's keys for a secure exchange's config (which carries its own phase
-        and round)."""
-        return {k: v for k, v in self.s._config("", self.r, self.config).items()
-                if k not in (PHASE, ROUND)}
-
-    def stats_check(self, contents: list[RecordDict], spec: StatsSpec
-                    ) -> Callable[[RecordDict], EncodingStats]:
-        decoded: dict[int, dict | Exception] = {}  # each reply decoded once, by identity
-        for c in contents:
-            try:
-                sums = codec.tensors_of(c.array_records["statistics"])
-                decoded[id(c)] = sums | {"count": c.metric_records["metrics"]["num-examples"]}
-            except (KeyError, TypeError, ValueError) as e:
-                decoded[id(c)] = e
-        first = f"sum_{spec.fields[0].name}"  # its first axis is the width d
-        widths = Counter(int(s[first].shape[0]) for s in decoded.values()
-                         if isinstance(s, dict) and isinstance(s.get(first), Tensor)
-                         and s[first].ndim >= 1)
-        d = widths.most_common(1)[0][0] if widths else None
-
-        def check(c: RecordDict) -> EncodingStats:
-            sums = decoded[id(c)]
-            if isinstance(sums, Exception):
-                raise sums  # counted by its kind (accept_valid)
-            if d is None:
-                raise ReplyError("missing_key", f"no statistics reply holds {first}")
-            return validate_statistics(sums, d, d, spec=spec)
-
-        return check
-
-    def each_stats_check(self, contents: list[RecordDict], spec: StatsSpec
-                         ) -> Callable[[RecordDict, int], list[EncodingStats]]:
-        check = self.stats_check(contents, spec)  # a node is one client
-        return lambda c, clients: [check(c)]
-
-    def update_check(self, contents: list[RecordDict], with_stats: StatsSpec | None
-                     ) -> Callable[[RecordDict], tuple[ClientUpdate, None]]:
-        s = self.s
-        if s.trained is None:  # the names most replies train, fixed from now on
-            names = Counter()
-            for c in contents:
-                try:
-                    names[tuple(sorted(codec.tensors_of(c.array_records["arrays"])))] += 1
-                except (KeyError, TypeError, ValueError):
-                    continue
-            if names:
-                s.trained = [k for k in s._weights if k in set(names.most_common(1)[0][0])]
-        shapes = {k: tuple(s._weights[k].shape) for k in s.trained or () if k in s._weights}
-
-        def check(c: RecordDict) -> tuple[ClientUpdate, None]:
-            if not shapes:
-                raise ReplyError("missing_key", "no update names a parameter of the model")
-            delta = codec.tensors_of(c.array_records["arrays"])
-            m = c.metric_records["metrics"]
-            extra = set(delta) - set(shapes)
-            if extra:
-                raise ReplyError("missing_key", f"update holds arrays the model lacks or does "
-                                                f"not train: {sorted(extra)[:3]}")
-            return validate_update(delta, m["num-examples"], shapes, loss=m.get("loss")), None
-
-        return check
-
-    def params(self) -> dict[str, Tensor]:
-        return self.s._params_of(self.s._weights)
-
-
 def _tally(phase: str, tally: ReplyTally) -> dict:
     out = {f"{phase}-{k}": float(v) for k, v in tally.as_dict().items() if k != "rejected"}
     out |= {f"{phase}-rejected-{k}": float(v) for k, v in tally.rejected.items()}
     return out
 
 
-__all__ = ["DCCO", "SecAgg", "moments_of", "moments_record"]
+__all__ = ["DCCO", "SecAgg"]

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from dcco.api import local_update, statistics
 from dcco.flower import codec, secagg
-from dcco.flower.strategy import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
+from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
 from dcco.methods.base import LossConfig, Method
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
