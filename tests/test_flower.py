@@ -37,7 +37,8 @@ from dcco.flower.client_app import app as client_app
 from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE, array_record, tensors_of
 from dcco.flower.federation import Federation
 from dcco.flower.inprocess import InProcessGrid, Tamper
-from dcco.flower.nodes import client_views, node_data, node_partition, node_update
+from dcco.flower.nodes import client_views, node_data, node_update
+from dcco.flower.placement import node_partition
 from dcco.flower.run import run_federated
 from dcco.models import build_dual_encoder
 from dcco.optim import apply_pseudo_gradient, set_lr

@@ -45,7 +45,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from dcco.client import ClientUpdate
-from dcco.flower.nodes import NodeIdentity
+from dcco.flower.placement import NodeIdentity
 from dcco.server import ReplyError
 from dcco.stats import EncodingStats, Moments
 

@@ -40,7 +40,7 @@ from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.appwire import AppWire
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid
-from dcco.flower.nodes import NodeIdentity, assign
+from dcco.flower.placement import NodeIdentity, assign
 from dcco.methods.base import Segments
 from dcco.seeding import generator
 from dcco.server import ReplyTally

@@ -25,16 +25,14 @@ from torch import Tensor
 from dcco.flower import codec, secagg, timing
 from dcco.flower.appconfig import parse_run_config
 from dcco.flower.nodes import (
-    NodeIdentity,
     build_model,
-    check_hosted,
     each_client_statistics,
     load_weights,
     node_data,
-    node_partition,
     node_statistics,
     node_update,
 )
+from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
 from dcco.train import algorithm_of
 
 KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"

@@ -1,11 +1,5 @@
-"""Where clients live in a Flower deployment, and what a node computes for them.
-
-Placement: the run's clients are the simulator's (``dcco.train.build_partition`` on the
-training labels, same seed). A SuperNode with ``partition-id`` i of ``num-partitions`` N hosts
-the clients k with k mod N = i, like a hospital or an edge server holding several users' data;
-with N equal to the number of clients, each node is exactly one client. Each round the server
-samples K clients exactly as the simulator does (``dcco.train.sample_clients(seed, r, ...)``)
-and asks every node that hosts sampled clients for their work in one message.
+"""What a node of a Flower deployment computes for the clients it hosts
+(``dcco.flower.placement`` says which).
 
 A node answers for its sampled clients together: the sum of their statistics (phase 1), and
 their sample-weighted average update with the total count (phase 2). Both are what the server
@@ -14,8 +8,8 @@ and weights nodes, not clients. Under FedSC's cache of absent clients
 (``train.absent_statistics = "cached"``) phase 1 sends each client's statistics instead, as
 the server keeps every client's last ones.
 
-This module is framework-free (torch and dcco only): ``client_app`` decodes a message, calls
-these functions and encodes the reply.
+This module is framework-free (torch and dcco only): ``dcco.flower.handlers`` decodes a
+message, calls these functions and encodes the reply.
 """
 
 from __future__ import annotations
@@ -40,58 +34,6 @@ from dcco.seeding import derive_seed
 from dcco.server import pooled_update
 from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
 from dcco.train import algorithm_of, build_partition, resolve_device
-
-
-def partition_of(client: int, num_partitions: int) -> int:
-    """The partition id (SuperNode) hosting client ``client``."""
-    return client % num_partitions
-
-
-def hosted_clients(partition_id: int, num_partitions: int, num_clients: int) -> range:
-    """The clients hosted by node ``partition_id`` out of ``num_clients``."""
-    return range(partition_id, num_clients, num_partitions)
-
-
-def assign(clients: Sequence[int], num_partitions: int) -> dict[int, list[int]]:
-    """Sampled clients grouped by the partition id of their node, in sampled order."""
-    groups: dict[int, list[int]] = {}
-    for k in clients:
-        groups.setdefault(partition_of(int(k), num_partitions), []).append(int(k))
-    return groups
-
-
-@dataclass(frozen=True)
-class NodeIdentity:
-    """What a node tells the server about itself (the answer to a ``query`` message).
-
-    Attributes:
-        partition_id: i, from ``--node-config partition-id=i``.
-        num_partitions: N, from ``--node-config num-partitions=N``.
-        num_clients: the number of clients of the whole partition, from its own data (a
-            check that all nodes and the server split the data alike).
-    """
-
-    partition_id: int
-    num_partitions: int
-    num_clients: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.partition_id < self.num_partitions:
-            raise ValueError(f"node-config partition-id = {self.partition_id} must lie in "
-                             f"[0, num-partitions = {self.num_partitions})")
-
-
-def node_partition(node_config: dict[str, object]) -> tuple[int, int]:
-    """(partition-id, num-partitions) of a SuperNode's ``--node-config``."""
-    try:
-        pid, n = node_config["partition-id"], node_config["num-partitions"]
-    except KeyError as e:
-        raise ValueError(f"the SuperNode's node config lacks {e.args[0]!r}; start it with "
-                         f"--node-config \"partition-id=I num-partitions=N\"") from None
-    if not (isinstance(pid, int) and isinstance(n, int)) or isinstance(pid, bool) or n < 1:
-        raise ValueError(f"node config partition-id = {pid!r}, num-partitions = {n!r} must be "
-                         f"integers with num-partitions >= 1")
-    return pid, n
 
 
 @dataclass(frozen=True)
@@ -156,16 +98,6 @@ def client_views(cfg: RunConfig, data: NodeData, client: int,
     ids = data.partition.client(client).to(data.images.device)
     return training_views(data.images, data.second, ids, derive_seed(cfg.train.seed, "augment"),
                           round_index, cfg.augment, cfg.augment_y, cfg.speed.param_dtype)
-
-
-def check_hosted(clients: Sequence[int], identity: NodeIdentity) -> None:
-    """Refuse clients this node does not host (a server or configuration error)."""
-    for k in clients:
-        if not (0 <= k < identity.num_clients
-                and partition_of(k, identity.num_partitions) == identity.partition_id):
-            raise ValueError(
-                f"client {k} is not hosted by node partition-id {identity.partition_id} of "
-                f"{identity.num_partitions} ({identity.num_clients} clients)")
 
 
 def node_statistics(cfg: RunConfig, data: NodeData, model: nn.Module, clients: Sequence[int],
