@@ -237,8 +237,7 @@ def decode_stats_reply(content: RecordDict) -> dict[str, object]:
 def encode_each_stats_reply(each: Sequence[EncodingStats]) -> RecordDict:
     """Each client's statistics in one reply: every sum stacked over the clients (in the
     instruction's order), and their counts."""
-    sums = {k: torch.stack([s.as_dict()[k] for s in each])
-            for k in each[0].as_dict() if k != "count"}
+    sums = {k: torch.stack([s[k] for s in each]) for k in each[0] if k != "count"}
     return RecordDict({STATS: array_record(sums), STATS + ".meta": MetricRecord(
         {"counts": [int(s.count.item()) for s in each]})})
 

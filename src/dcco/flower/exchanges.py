@@ -30,12 +30,13 @@ import torch
 from flwr.app import Message, MessageType, RecordDict
 from torch import Tensor
 
-from dcco.algorithm import Algorithm, RoundSkipped, Updates
+from dcco.algorithm import Absent, Algorithm, RoundSkipped, Updates
 from dcco.client import ClientUpdate
 from dcco.flower import secagg, timing
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.server import ReplyError, ReplyTally, accept_valid, pooled_update, skip_reason
+from dcco.statistics_cache import StatisticsCache
 from dcco.stats import EncodingStats, Moments, StatsSpec, merge
 
 Send = Callable[..., Iterable[Message]]
@@ -176,6 +177,13 @@ class PlainExchanges:
         valid = self._valid_stats(got, lambda node, c: check(c, len(self.targets[node])))
         self.answered = [k for node, _ in valid for k in self.targets[node]]
         return [s for _, each in valid for s in each]
+
+    def absent(self, cache: StatisticsCache | None) -> Absent | None:
+        """``Algorithm.run_round``'s merge with FedSC's cache of absent clients (None without
+        a cache): the fresh statistics are those of the clients ``each_statistics`` got."""
+        if cache is None:
+            return None
+        return lambda fresh: cache.merge_round(self.answered, fresh)
 
     def _stats_replies(self) -> dict[int, RecordDict]:
         tally = self.replies["stats"] = ReplyTally()

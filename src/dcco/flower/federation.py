@@ -44,7 +44,7 @@ from dcco.flower.placement import NodeIdentity, assign
 from dcco.methods.base import Segments
 from dcco.seeding import generator
 from dcco.server import ReplyTally
-from dcco.stats import EncodingStats, Moments
+from dcco.stats import Moments
 from dcco.train import Pretraining, RoundPlan, sample_clients
 
 LOG = logging.getLogger("flwr.dcco")
@@ -200,16 +200,10 @@ class Federation:
         else:
             exchanges = PlainExchanges(self.grid.send_and_receive, wire, r, self.fcfg.timeout,
                                        targets, self.fcfg.min_survivors, self._answered)
-        absent = None
-        if self.pt.cache is not None:
-            cache = self.pt.cache
-
-            def absent(fresh: list[EncodingStats]) -> EncodingStats:
-                """FedSC's cache: fresh statistics of the clients that answered."""
-                return cache.merge_round(exchanges.answered, fresh)
         try:
             result = self.pt.algorithm.run_round(exchanges, self.pt.previous(r),
-                                                 self.pt.round_noise(r), absent)
+                                                 self.pt.round_noise(r),
+                                                 exchanges.absent(self.pt.cache))
         except RoundSkipped as skip:
             LOG.warning("round %d skipped: %s", r + 1, skip.reason)
             return RoundAggregate(r, None, skip.shared, math.nan, 0, 0, skip.reason,

@@ -48,7 +48,6 @@ from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, sche
 from dcco.seeding import derive_seed
 from dcco.server import ReplyTally
 from dcco.statistics_cache import StatisticsCache
-from dcco.stats import EncodingStats
 
 LOG = logging.getLogger("flwr.dcco")
 class DCCO(Strategy):
@@ -251,15 +250,8 @@ class DCCO(Strategy):
         targets = {n: [n] for n in self._sample(grid)}
         exchanges = self._exchanges(r, targets, config, timeout, grid)
         self._asked_nodes = set(targets)
-        absent = None
-        if self.cache is not None:
-            cache = self.cache
-
-            def absent(fresh: list[EncodingStats]) -> EncodingStats:
-                """The cache: fresh statistics of the nodes that answered."""
-                return cache.merge_round(exchanges.answered, fresh)
         try:
-            result = self.algorithm.run_round(exchanges, absent=absent)
+            result = self.algorithm.run_round(exchanges, absent=exchanges.absent(self.cache))
         except RoundSkipped:
             self._skipped = self._metrics(exchanges)
             return None, None
