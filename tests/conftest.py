@@ -7,7 +7,7 @@ import os
 import struct
 from pathlib import Path
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers share 2 cores: one thread each, for
+if os.environ.get("PYTEST_XDIST_WORKER"):  # three workers share 2 cores: one thread each, for
     os.environ["OMP_NUM_THREADS"] = "1"  # torch here and the processes the tests start
 
 import numpy as np

@@ -230,29 +230,48 @@ def test_answer__refuses_a_message_that_is_not_the_strategys_and_an_update_witho
 
 
 @pytest.mark.slow
-def test_example_flower_app__trains_three_rounds_in_flowers_simulation(tmp_path):
+def test_example_flower_app__trains_in_flowers_simulation(tmp_path):
     """examples/flower-app as a user runs it (`flwr run`), on Flower's local simulation with 4
-    virtual nodes: three DCCO rounds whose loss falls, and the final model written."""
+    virtual nodes: five DCCO rounds, every update accepted, and the final model written, whose
+    CCO loss on the nodes' photos is below the initial model's. The rounds' own losses are
+    not compared: each round's views are drawn by the node's Flower id, new every run, and
+    from one round to the next they move the loss more than a few steps do (244, 159, 264
+    were seen); the written model is scored on the same seeded views as the initial one."""
     from dcco.flower.loopback import LocalSimulation
+    from dcco.losses import cco_loss
+    from dcco.stats import encoding_stats
 
     project = ROOT / "examples" / "flower-app"
     out = tmp_path / "out"
     sim = LocalSimulation(4, tmp_path / "sim", project=project)
     with sim:
-        run_id = sim.submit({"num-server-rounds": 3, "fraction-train": 1.0, "out": str(out)})
+        run_id = sim.submit({"num-server-rounds": 5, "fraction-train": 1.0, "out": str(out)})
         assert sim.wait(run_id, timeout=900) == "finished:completed", sim.details
     assert sim.alive() == []
     rounds = json.loads((out / "rounds.json").read_text())
-    losses = [rounds[str(r)]["loss"] for r in (1, 2, 3)]
-    assert all(rounds[str(r)]["update-accepted"] == 4 for r in (1, 2, 3))
-    assert losses[-1] < losses[0], losses
-    state = torch.load(out / "model.pt")
+    assert all(rounds[str(r)]["update-accepted"] == 4 and math.isfinite(rounds[str(r)]["loss"])
+               for r in range(1, 6))
     sys.path.insert(0, str(project))
     try:
-        from dcco_flower_example.task import SmallCNN
+        from dcco_flower_example.task import SmallCNN, augment, node_photos
     finally:
         sys.path.remove(str(project))
-    SmallCNN().load_state_dict(state)
+    trained, photos = SmallCNN(), torch.cat([node_photos(p, 8) for p in range(4)])
+    trained.load_state_dict(torch.load(out / "model.pt"))
+    torch.manual_seed(0)  # the server app's initial model
+    initial = SmallCNN()
+
+    def loss(model: nn.Module) -> float:  # the mean over 32 seeded pairs of views
+        total = 0.0
+        with torch.no_grad():
+            for seed in range(32):
+                torch.manual_seed(seed)
+                x1, x2 = augment(photos), augment(photos)
+                total += float(cco_loss(encoding_stats(model(x1), model(x2)).moments()))
+        return total / 32
+
+    before, after = loss(initial), loss(trained)
+    assert after < 0.9 * before, (before, after)
 
 
 def test_strategy__fedsc_rounds_equal_the_reference_round():

@@ -227,10 +227,15 @@ class Loopback:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
         # Flower may start a process in a session of its own (outside these groups); every
-        # process of this deployment carries its private FLWR_HOME, and nothing else does
-        for pid in self.alive():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        # process of this deployment carries its private FLWR_HOME, and nothing else does.
+        # A killed process that is not our child (a grandchild, or one of those) dies a moment
+        # later on a busy machine: wait until none is left, killing any that appears.
+        deadline = time.monotonic() + 30
+        while (pids := self.alive()) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
 
     def alive(self) -> list[int]:
         """PIDs of live processes (zombies aside) started by this deployment: those in the
