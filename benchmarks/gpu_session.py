@@ -425,21 +425,30 @@ def detach(args: argparse.Namespace) -> int:
     return 0
 
 
+def record_tag(session: dict) -> str:
+    """The name part of a session's records: the machine and the minute it started
+    (``nvidia-h100-80gb-hbm3-2026-11-27-17-02``), so that two leases of one day keep apart."""
+    import re
+
+    started = session.get("started", "")[:16]
+    return re.sub(r"[^a-z0-9]+", "-", f"{session.get('machine', 'cpu')} {started}".lower()
+                  ).strip("-")
+
+
 def unpack(args: argparse.Namespace) -> int:
     """Put an archive's records where the repository keeps them: the phases' records and the
     session's in ``benchmarks/results/`` (the session and machine records named by GPU and
-    date), the cells' small files in ``experiments/results/<grid folder>/``; logs stay in the
-    archive."""
-    import re
-
+    start time, ``record_tag``), the cells' small files in ``experiments/results/<grid
+    folder>/`` (``--grid-folder`` renames it); logs stay in the archive. A file already there
+    with other contents is never overwritten: nothing is placed, and the command names it
+    (exit 2)."""
     results = args.into / "benchmarks" / "results"
     cells_root = args.into / "experiments" / "results"
     with tarfile.open(args.archive) as tar:
         members = {m.name: m for m in tar.getmembers() if m.isfile()}
         session = json.load(tar.extractfile(members["session.json"]))
-        tag = re.sub(r"[^a-z0-9]+", "-", f"{session.get('machine', 'cpu')} "
-                     f"{session.get('started', '')[:10]}".lower()).strip("-")
-        placed = []
+        tag = record_tag(session)
+        targets: dict[Path, bytes] = {}
         for name, member in members.items():
             parts = Path(name).parts
             if name.endswith(".log") or (len(parts) > 1 and parts[1] == ".logs"):
@@ -450,12 +459,20 @@ def unpack(args: argparse.Namespace) -> int:
             elif name == "session.json":
                 target = results / f"gpu_session_{tag}.json"
             elif len(parts) == 3 and parts[2] in CELL_FILES:
-                target = cells_root / parts[0] / parts[1] / parts[2]
+                target = cells_root / (args.grid_folder or parts[0]) / parts[1] / parts[2]
             else:
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(tar.extractfile(member).read())
-            placed.append(target.relative_to(args.into))
+            targets[target] = tar.extractfile(member).read()
+    clashes = [t for t, data in targets.items() if t.exists() and t.read_bytes() != data]
+    if clashes:
+        print(f"unpack: {len(clashes)} record(s) already in the repository with other "
+              f"contents, e.g. {clashes[0].relative_to(args.into)}; nothing was placed "
+              f"(move them, or --grid-folder for the cells)", file=sys.stderr)
+        return 2
+    for target, data in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    placed = [t.relative_to(args.into) for t in targets]
     parts = sorted(args.archive.parent.glob("checkpoints.tar.part*"),
                    key=lambda p: int(p.name.rsplit("part", 1)[1]))
     carried = []
@@ -468,7 +485,7 @@ def unpack(args: argparse.Namespace) -> int:
                 parts_ = Path(member.name).parts
                 if not member.isfile() or len(parts_) != 3 or parts_[2] != "checkpoint.safetensors":
                     continue
-                target = cells_root / parts_[0] / parts_[1] / parts_[2]
+                target = cells_root / (args.grid_folder or parts_[0]) / parts_[1] / parts_[2]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(tar.extractfile(member).read())
                 carried.append(target.relative_to(args.into))
@@ -527,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("unpack", help="place an archive's records in the repository (here)")
     p.add_argument("archive", type=Path)
     p.add_argument("--into", type=Path, default=ROOT, help="the repository (default: this one)")
+    p.add_argument("--grid-folder", default=None,
+                   help="the cells' folder under experiments/results/ (default: the "
+                        "archive's), e.g. for cells of a scale since renamed")
     args = ap.parse_args(argv)
     if args.command == "prepare":
         return prepare(args)

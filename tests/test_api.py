@@ -375,3 +375,58 @@ def test_samples_of_clients__bad_samples_are_named_by_client():
             samples_of_clients({"a": good, "b": bad})
     with pytest.raises(DataError, match="client 'a' has labels outside"):
         samples_of_clients({"a": good}, labels={"a": [0, 5]}, num_classes=3)
+
+
+class VectorMLP(nn.Module):
+    """A user's encoder of float vectors (not images)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 24), nn.ReLU(), nn.Linear(24, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _vectors(sizes=(3, 3, 2, 4, 3, 3, 2, 4)) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    return {f"sensor-{k}": torch.randn(n, 32, generator=gen) for k, n in enumerate(sizes)}
+
+
+def _jitter(x: torch.Tensor) -> torch.Tensor:
+    return x + 0.1 * torch.randn_like(x)
+
+
+def test_fit__float_vectors_through_an_mlp_with_your_augment(tmp_path):
+    """Any samples your augment takes: dcco's image augmentation stays out of the way."""
+    torch.manual_seed(3)
+    done = dcco.fit(VectorMLP(), _vectors(), rounds=3, augment=_jitter, clients_per_round=4,
+                    projector=(16, 16), run_dir=tmp_path / "fresh", progress=False,
+                    settings={"train.log_every": 1})
+    assert done.summary["rounds"] == 3 and done.summary["input_kind"] == "features"
+    from dcco.rundir import RunDir
+
+    assert RunDir.open(tmp_path / "fresh").config().augment.enabled is False
+    losses = [r["loss"] for r in map(json.loads, (tmp_path / "fresh" / "metrics.jsonl")
+                                     .read_text().splitlines()) if "loss" in r]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+    assert done.collapse is not None and set(done.collapse) == {"round", "dead_dims",
+                                                                "corr_diag", "eff_rank"}
+
+
+def test_fit__a_refused_fit_leaves_no_trace_and_the_corrected_call_then_runs(tmp_path):
+    run = tmp_path / "run"
+    kw = {"rounds": 2, "augment": _jitter, "projector": (16, 16), "run_dir": run,
+          "progress": False}
+    with pytest.raises(UserError, match="clients_per_round = 100 but the partition has only 8"):
+        dcco.fit(VectorMLP(), _vectors(), clients_per_round=100, **kw)
+    assert not run.exists()
+    with pytest.raises(UserError, match="privacy needs clients of one size"):
+        dcco.fit(VectorMLP(), _vectors(), clients_per_round=4,
+                 settings={"privacy.noise_multiplier": 1.0}, **kw)
+    assert not run.exists()
+    with pytest.raises(TypeError, match="not one string"):
+        dcco.fit(VectorMLP(), _vectors(), clients_per_round=4, settings="optim.lr=1", **kw)
+    assert not run.exists()
+    done = dcco.fit(VectorMLP(), _vectors(), clients_per_round=4, **kw)
+    assert done.summary["rounds"] == 2 and done.run_dir == run

@@ -31,3 +31,14 @@ def test_demo__table_says_round_in_the_singular_for_one(tiny_fmnist, tmp_path):
     assert main(args) == 0
     table = (out / "results.md").read_text()
     assert "| 1 round |" in table and "1 rounds" not in table
+
+
+def test_demo__a_refused_demo_leaves_no_trace_and_the_corrected_one_runs(tiny_fmnist, tmp_path,
+                                                                       capsys):
+    out = tmp_path / "demo"
+    args = ["demo", "--run-dir", str(out), "--data-dir", str(tiny_fmnist), "--no-progress"]
+    args += [x for o in TINY for x in ("--set", o)]
+    assert main([*args, "--set", "train.clients_per_round=20000"]) == 2
+    assert "train.clients_per_round = 20000" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(args) == 0

@@ -54,3 +54,22 @@ def test_readme__linear_evaluation_example_runs(tiny_config, tiny_fmnist, tmp_pa
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0, done.stderr
     assert re.fullmatch(r"linear probe: \d+\.\d%\n", done.stdout)
+
+
+def test_config_reference__docs_config_md_is_the_code_s(capsys):
+    """docs/config.md is what `dcco config --list --markdown` prints now: every key of every
+    section, its type, default and doc (regenerate it with that command)."""
+    from dataclasses import fields
+
+    from dcco.cli import main
+    from dcco.config_reference import sections
+
+    assert main(["config", "--list", "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert (ROOT / "docs" / "config.md").read_text() == printed, \
+        "docs/config.md is stale: dcco config --list --markdown > docs/config.md"
+    for name, cls, _ in sections():
+        for f in fields(cls):
+            row = next(line for line in printed.splitlines()
+                       if line.startswith(f"| `{name}.{f.name}` |"))
+            assert row.split("|")[4].strip(), f"{name}.{f.name} has no doc in the code"

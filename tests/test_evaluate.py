@@ -90,8 +90,11 @@ def test_labelled_subset__class_balanced_and_reproducible():
 
 def test_labelled_subset__errors_name_the_problem():
     labels = torch.arange(100) % 4
-    with pytest.raises(ValueError, match="needs 50 samples of class 0.*has 25"):
-        labelled_subset(labels, 200, 4, seed=0)
+    uneven = torch.cat([torch.zeros(10, dtype=torch.int64), torch.ones(90, dtype=torch.int64)])
+    with pytest.raises(ValueError, match="needs 20 samples of class 0.*has 10"):
+        labelled_subset(uneven, 40, 2, seed=0)
+    # as many labels as the split holds, or more: all of it (every protocol's rule)
+    assert torch.equal(labelled_subset(labels, 200, 4, seed=0), torch.arange(100))
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
         labelled_subset(labels, 12, 3, seed=0)
     with pytest.raises(ValueError, match="n >= 1"):

@@ -117,7 +117,8 @@ def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path
                            "--into", str(repo)], cwd=ROOT, check=True, capture_output=True,
                           text=True, timeout=60)
     placed = {p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()}
-    assert f"benchmarks/results/gpu_session_cpu-{session['started'][:10]}.json" in placed
+    stamp = session["started"][:16].replace(" ", "-").replace(":", "-")
+    assert f"benchmarks/results/gpu_session_cpu-{stamp}.json" in placed
     carried = f"experiments/results/cells/{first.name}/checkpoint.safetensors"
     assert carried in placed and carried in done.stdout
     assert (repo / carried).read_bytes() == (first / "checkpoint.safetensors").read_bytes()
@@ -181,3 +182,38 @@ def test_phase_shares__decided_once_on_a_gpu__asked_for_always():
     # unless asked for
     assert gpu_session.phase_shares(9, True, 2.0, 1.0) == {
         "ladder": (2.0, None), "precision": (1.0, None)}
+
+
+def _archive(path: Path, session: dict, cells: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in {"session.json": json.dumps(session).encode(), **cells}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_unpack__two_leases_of_one_day_keep_apart_and_a_record_is_never_overwritten(tmp_path):
+    gpu_session = _session_module()
+    repo = tmp_path / "repo"
+    first = {"machine": "NVIDIA H100", "started": "2026-11-27 15:10:02"}
+    second = {"machine": "NVIDIA H100", "started": "2026-11-27 17:02:33"}
+    cell = "table1_fmnist-gpu/non-iid-4-dcco-s0/summary.json"
+    a = _archive(tmp_path / "a.tar.gz", first, {cell: b'{"final_loss": 1}'})
+    b = _archive(tmp_path / "b.tar.gz", second, {cell: b'{"final_loss": 2}'})
+    assert gpu_session.main(["unpack", str(a), "--into", str(repo)]) == 0
+    results = repo / "benchmarks" / "results"
+    assert (results / "gpu_session_nvidia-h100-2026-11-27-15-10.json").is_file()
+    # the second lease's cell would overwrite the first's: refused, and nothing is placed
+    assert gpu_session.main(["unpack", str(b), "--into", str(repo)]) == 2
+    assert not (results / "gpu_session_nvidia-h100-2026-11-27-17-02.json").exists()
+    assert (repo / "experiments" / "results" / cell).read_bytes() == b'{"final_loss": 1}'
+    # into a folder of its own, both are kept
+    assert gpu_session.main(["unpack", str(b), "--into", str(repo), "--grid-folder",
+                             "table1_fmnist-gpu-paper"]) == 0
+    assert (results / "gpu_session_nvidia-h100-2026-11-27-17-02.json").is_file()
+    kept = repo / "experiments" / "results" / "table1_fmnist-gpu-paper" / Path(cell).relative_to(
+        "table1_fmnist-gpu")
+    assert kept.read_bytes() == b'{"final_loss": 2}'
+    # the same archive again changes nothing and is accepted
+    assert gpu_session.main(["unpack", str(a), "--into", str(repo)]) == 0

@@ -394,3 +394,17 @@ def test_pretrain__a_diverged_run_ends_with_one_line_and_status_3(tiny_config, t
                  "--no-progress"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [err[0]] and err[0].startswith("dcco pretrain: training diverged: round ")
+
+
+def test_reproduce__a_refused_cell_is_named_before_any_folder_exists(grid_file, tmp_path,
+                                                                     capsys):
+    out = tmp_path / "out"
+    text = grid_file.read_text().replace('set = ["train.rounds=2"]',
+                                         'set = ["train.rounds=2", "data.num_clients=3"]')
+    grid_file.write_text(text)
+    assert main(["reproduce", str(grid_file), "--scale", "tiny", "--out", str(out),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "cell iid-2-cco_fedavg-s0: train.clients_per_round = 4 but the partition has only 3" \
+        in err
+    assert not out.exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dcco
 from dcco import rundir
-from dcco.rundir import source_digest
+from dcco.rundir import RunDir, source_digest
 
 
 def test_code_version__names_the_code_loaded_not_the_checkout_later(monkeypatch):
@@ -82,3 +82,23 @@ def test_atomic_writes__files_get_the_umask_permissions(tmp_path):
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "c.safetensors").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600
+
+
+def test_run_dir__stores_a_relative_data_folder_as_absolute(tmp_path, monkeypatch):
+    """So that `dcco evaluate RUN` finds the data from any working directory."""
+    from dcco.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    run = RunDir.create(tmp_path / "r", load_config(None, ['data.data_dir="table"']))
+    assert run.config().data.data_dir == str(tmp_path / "table")
+
+
+def test_data_errors__show_a_relative_path_resolved(tmp_path, monkeypatch):
+    import pytest
+
+    from dcco.data import load_dataset
+    from dcco.data.datasets import DataError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"nosuch/fmnist \(= .*/nosuch/fmnist\).*does not exist"):
+        load_dataset("fashion_mnist", "train", "nosuch/fmnist", download=False)

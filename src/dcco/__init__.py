@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 
 
 _API = ("Aggregated", "FitResult", "Merged", "aggregate_updates", "apply_update",
-        "dual_encoder", "fit", "local_update", "merge_statistics", "server_optimizer",
-        "statistics")
+        "dual_encoder", "fit", "linear_probe", "local_update", "merge_statistics",
+        "server_optimizer", "statistics")
 
 
 def __getattr__(name: str) -> Any:
@@ -36,9 +36,20 @@ def __getattr__(name: str) -> Any:
         from dcco import api
 
         return getattr(api, name)
+    if name == "ImageViews":
+        from dcco.image_views import ImageViews
+
+        return ImageViews
     raise AttributeError(f"module 'dcco' has no attribute {name!r}")
 
 
-__all__ = ["Aggregated", "Encoder", "FitResult", "Merged", "__version__", "aggregate_updates",
-           "apply_update", "dual_encoder", "export_encoder", "fit", "load_encoder",
-           "local_update", "merge_statistics", "server_optimizer", "statistics"]
+__all__ = ["Aggregated", "Encoder", "FitResult", "ImageViews", "Merged", "__version__",
+           "aggregate_updates",
+           "apply_update", "dual_encoder", "export_encoder", "fit", "linear_probe",
+           "load_encoder", "local_update", "merge_statistics", "server_optimizer",
+           "statistics"]
+
+
+def __dir__() -> list[str]:
+    """The public names (``__all__``), which are imported on first use."""
+    return sorted(set(__all__) | set(globals()))

@@ -22,8 +22,7 @@ latter is the shared encoder of both views, and updates are keyed by its own par
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,8 @@ from dcco.data.samples import Samples, samples_of_clients
 from dcco.methods.base import LossConfig, Method
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, build_projector
-from dcco.optim import apply_pseudo_gradient
+from dcco.models.dual import buffers_kept
+from dcco.optim import USER_RECIPE, apply_pseudo_gradient
 from dcco.rundir import RunDir
 from dcco.server import (
     ReplyError,
@@ -195,23 +195,10 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
     if n == 0:
         raise ValueError("a client with no samples has no statistics; leave it out of the "
                          "round")
-    with torch.no_grad(), _buffers_kept(dual):
+    with torch.no_grad(), buffers_kept(dual):
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
     return encoding_stats(f, g, m.stats)
-
-
-@contextmanager
-def _buffers_kept(module: nn.Module) -> Iterator[None]:
-    """Restores a module's buffers (batch norm's running statistics) on exit, so that a
-    client's forwards leave the global model as it was."""
-    saved = {n: b.detach().clone() for n, b in module.named_buffers()}
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for n, b in module.named_buffers():
-                b.copy_(saved[n])
 
 
 def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None,
@@ -244,7 +231,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
     if steps < 1 or (batch is not None and batch < 1):
         raise ValueError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = dual_view(model)
-    with _buffers_kept(dual):
+    with buffers_kept(dual):
         update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
     return replace(update, delta={back(k): v for k, v in update.delta.items()})
 
@@ -397,15 +384,75 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     apply_pseudo_gradient(optimizer, [p for _, p in named], [pseudo_gradient[n] for n, _ in named])
 
 
-def server_optimizer(model: nn.Module, name: str = "lars", lr: float = 1.5,
-                     weight_decay: float = 1e-6, **settings: Any) -> torch.optim.Optimizer:
-    """dcco's server optimiser over ``model``: LARS (1-D parameters excluded from adaptation
-    and weight decay) or Adam(W), as ``[optim]`` configures it (``dcco.optim.OptimConfig``'s
-    fields as keywords). Its rate stays ``lr``: call ``dcco.optim.set_lr`` for a schedule."""
+def server_optimizer(model: nn.Module, name: str = USER_RECIPE.name, lr: float = USER_RECIPE.lr,
+                     weight_decay: float = USER_RECIPE.weight_decay,
+                     **settings: Any) -> torch.optim.Optimizer:
+    """dcco's server optimiser over ``model``: Adam(W) (by default, ``USER_RECIPE``'s rate),
+    LARS (1-D parameters excluded from adaptation and weight decay) or SGD, as ``[optim]``
+    configures it (``dcco.optim.OptimConfig``'s fields as keywords). Its rate stays ``lr``:
+    call ``dcco.optim.set_lr`` for a schedule and warm-up."""
     from dcco.optim import OptimConfig, build_optimizer
 
     return build_optimizer(trainable_parameters(model),
                            OptimConfig(name=name, lr=lr, weight_decay=weight_decay, **settings))
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+@torch.no_grad()
+def encoder_features(encoder: nn.Module, x: Tensor,
+                     transform: Callable[[Tensor], Tensor] | None = None,
+                     batch: int = 512) -> Tensor:
+    """Your encoder's features of ``x`` (N, ...), in eval mode and without gradients, batch
+    by batch, each batch through ``transform`` first (e.g. uint8 images to floats); the
+    module's train/eval mode is restored. Returns float32 (N, d) on the CPU."""
+    was = encoder.training
+    first = next(encoder.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    encoder.eval()
+    try:
+        out = []
+        for part in x.split(batch):
+            part = part.to(device)
+            if transform is not None:
+                part = transform(part)
+            elif first is not None and part.is_floating_point():
+                part = part.to(first.dtype)
+            out.append(encoder(part).float().cpu())
+    finally:
+        encoder.train(was)
+    return torch.cat(out)
+
+
+def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor],
+                 *, transform: Callable[[Tensor], Tensor] | None = None, steps: int = 1000,
+                 seed: int = 0) -> float:
+    """The test accuracy of a linear classifier on your encoder's frozen features: dcco's
+    linear evaluation (the paper's protocol, appendix B: LARS, batch 512, rate 2.0 with
+    cosine decay, the features standardised on the training set) for any module.
+
+    Args:
+        encoder: maps a batch of inputs to (N, d) features; left as it was.
+        train, test: (inputs, labels), labels int (N,) in [0, classes).
+        transform: applied to each batch of inputs first (e.g. uint8 images to floats, no
+            augmentation); None: floating inputs are cast to the encoder's dtype.
+        steps: the classifier's LARS steps.
+        seed: the classifier's batch order.
+
+    Returns:
+        Accuracy on ``test``, in [0, 1].
+    """
+    from dcco.evaluate.probe import linear_probe_features
+    from dcco.evaluate.settings import EvalConfig
+
+    (x_train, y_train), (x_test, y_test) = train, test
+    y_train, y_test = torch.as_tensor(y_train).long(), torch.as_tensor(y_test).long()
+    classes = int(max(y_train.max(), y_test.max())) + 1
+    result = linear_probe_features(encoder_features(encoder, x_train, transform), y_train,
+                                   encoder_features(encoder, x_test, transform), y_test,
+                                   classes, EvalConfig(probe_steps=steps), seed)
+    return result.accuracy
 
 
 # ------------------------------------------------------------------------------ the simulator
@@ -420,19 +467,31 @@ class FitResult:
             module you passed, trained in place).
         run_dir: the run directory (``config.toml``, ``metrics.jsonl``, checkpoints,
             ``summary.json``), which ``dcco.load_encoder(run_dir, model=your_encoder)`` reads.
-        summary: the run's summary (rounds, final loss, ...).
+        summary: the run's summary (rounds, final loss, the collapse figures, ...).
+        collapse, collapse_warning: see the properties.
     """
 
     model: DualEncoder
     run_dir: Path
     summary: dict[str, Any]
 
+    @property
+    def collapse(self) -> dict[str, float] | None:
+        """The last collapse figures (``dead_dims``, ``corr_diag``, ``eff_rank`` and their
+        ``round``; ``dcco.collapse``), or None if none were read."""
+        return self.summary.get("collapse")
+
+    @property
+    def collapse_warning(self) -> str | None:
+        """The run's collapse warning (shown once when it was given), or None."""
+        return self.summary.get("collapse_warning")
+
 
 def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rounds: int,
         augment: Callable[[Tensor], Tensor] | None = None, method: str = "dcco",
         clients_per_round: int = 32, projector: Iterable[int] | None = (128, 128, 128),
         run_dir: str | Path | None = None, seed: int = 0, progress: bool | None = None,
-        settings: Iterable[str] = ()) -> FitResult:
+        settings: Iterable[str] | Mapping[str, Any] = ()) -> FitResult:
     """Train your encoder with ``method`` over your clients in dcco's batched simulator.
 
     Every round samples ``clients_per_round`` clients, makes two views of their samples
@@ -445,12 +504,14 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
 
     Args:
         encoder: your module, from a batch of views to (N, d) features (trained in place).
-        clients: client id → that client's samples (a tensor (n_k, ...) each), or
+        clients: client id → that client's samples (a tensor (n_k, ...) each: images, float
+            vectors, token ids, anything ``encoder`` and ``augment`` take), or
             ``dcco.data.Samples``.
         rounds: server rounds.
         augment: one view of a batch of stored samples (``dcco.train.Pretraining``'s
-            ``augment``), called twice a round; None: dcco's BYOL augmentation, which needs
-            uint8 (N, C, H, W) images with C = 1 or 3.
+            ``augment``), called twice a round, for samples of any kind (dcco's own
+            augmentation then stays off: ``augment.enabled = false``); None: dcco's BYOL
+            augmentation, which needs uint8 (N, C, H, W) images with C = 1 or 3.
         method: any federated method (``dcco``, ``dvicreg``, ``cco_fedavg``,
             ``contrastive_fedavg``, ...).
         clients_per_round: K.
@@ -458,12 +519,13 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         run_dir: where the run is written; None: ``runs/fit-<method>-<time>``.
         seed: the run's seed (client sampling, augmentation, the projector's initialisation).
         progress: a progress bar (None: on a terminal).
-        settings: further ``section.key=value`` settings of the run config (e.g.
-            ``'optim.lr=0.5'``, ``'train.log_every=1'``); the shipped recipe's LARS
-            (lr 1.5, 10 warm-up rounds, cosine) by default.
+        settings: further settings of the run config, as ``section.key=value`` strings
+            (``'optim.lr=0.5'``) or a mapping (``{"optim.lr": 0.5, "train.log_every": 1}``);
+            every key and its default: docs/config.md (``dcco config --list``).
 
     Raises:
-        ConfigError, DataError: bad settings or data, named, before any run directory exists.
+        ConfigError, DataError: bad settings or data, named, before any file or folder is
+            written.
     """
     from datetime import datetime
 
@@ -475,15 +537,16 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         raise DataError(f"dcco's augmentation takes uint8 (N, C, H, W) images with 1 or 3 "
                         f"channels; these samples are {data.x.dtype} "
                         f"{tuple(data.x.shape[1:])}: pass augment=your_function")
-    settings = list(settings)
+    settings = setting_strings(settings)
     for item in settings:
         key = item.partition("=")[0].strip()
         if key in FIT_ARGUMENTS:
             raise ConfigError(f"settings: {key} is fit's argument {FIT_ARGUMENTS[key]}=; "
                               f"give it there")
     dims = None if projector is None else [int(d) for d in projector]
-    cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings)
-    check_run(cfg, data)
+    cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
+                     own_augment=augment is not None)
+    check_run(cfg, data, towers=False)
     model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed)
     record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
               "projector": dims, "augment": "yours" if augment is not None else "dcco",
@@ -520,15 +583,29 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     return FitResult(model, run.path, summary)
 
 
+def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:
+    """``fit``'s settings as ``section.key=value`` strings: a mapping's values written as
+    TOML (``{"optim.lr": 0.5}`` → ``optim.lr=0.5``), strings as they are."""
+    from dcco.config import to_toml_value
+
+    if isinstance(settings, str):
+        raise TypeError("settings takes a list of 'section.key=value' strings or a mapping, "
+                        f"not one string ({settings!r})")
+    if isinstance(settings, Mapping):
+        none = '"none"'  # how an optional setting is left unset
+        return [f"{k}={none if v is None else to_toml_value(v)}" for k, v in settings.items()]
+    return [str(item) for item in settings]
+
+
 def fit_config(method: str, rounds: int, clients_per_round: int, projector: list[int] | None,
-               seed: int, settings: list[str]) -> RunConfig:
-    """The run config of a ``fit``: the shipped CPU recipe's optimiser (LARS 1.5, 10
-    warm-up rounds, cosine), the samples' natural clients, then ``settings``."""
+               seed: int, settings: list[str], own_augment: bool = False) -> RunConfig:
+    """The run config of a ``fit``: ``FIT_RECIPE``'s server optimiser, the samples' natural
+    clients, dcco's augmentation off with ``own_augment`` (the user's), then ``settings``."""
     base = [
         'data.dataset="samples"', 'data.partition="natural"', f'train.method="{method}"',
         f"train.rounds={rounds}", f"train.clients_per_round={clients_per_round}",
-        f"train.seed={seed}", "train.knn_every=0", 'optim.name="lars"', "optim.lr=1.5",
-        "optim.weight_decay=1e-6", "optim.warmup_steps=10", 'augment.blur_p=[0.0, 0.0]',
+        f"train.seed={seed}", "train.knn_every=0", *FIT_RECIPE, 'augment.blur_p=[0.0, 0.0]',
+        *(["augment.enabled=false"] if own_augment else []),
     ]
     if projector is not None:
         base.append(f"model.projector={projector}")
@@ -549,6 +626,11 @@ def _model_input(data: Samples, augment: Callable[[Tensor], Tensor] | None,
         return user_views(augment, first, cfg.train.seed, 0, torch.float32)[0][0]
     return model_input(first)[0]
 
+
+FIT_RECIPE = (f'optim.name="{USER_RECIPE.name}"', f"optim.lr={USER_RECIPE.lr}",
+              f"optim.weight_decay={USER_RECIPE.weight_decay}",
+              f"optim.warmup_steps={USER_RECIPE.warmup_steps}")
+"""``fit``'s server optimiser (``dcco.optim.USER_RECIPE``), before ``settings``."""
 
 FIT_ARGUMENTS = {"train.method": "method", "train.rounds": "rounds",
                  "train.clients_per_round": "clients_per_round", "train.seed": "seed",
@@ -584,6 +666,7 @@ __all__ = [
     "feature_dim",
     "fit",
     "fit_config",
+    "linear_probe",
     "local_update",
     "merge_statistics",
     "server_optimizer",

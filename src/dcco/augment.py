@@ -104,13 +104,19 @@ class AugmentConfig:
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     """Range of the crop's aspect ratio width / height (sampled log-uniformly)."""
     flip_p: float = 0.5
+    """Probability of a horizontal flip."""
     jitter_p: float = 0.8
+    """Probability of colour jitter (brightness, contrast, saturation, hue)."""
     brightness: float = 0.4
+    """Brightness factor spread: a factor uniform in [1 − a, 1 + a]."""
     contrast: float = 0.4
+    """Contrast factor spread: a factor uniform in [1 − a, 1 + a]."""
     saturation: float = 0.2
+    """Saturation factor spread (colour images): a factor uniform in [1 − a, 1 + a]."""
     hue: float = 0.1
     """Maximal hue shift in turns (0.5 = half the colour wheel)."""
     grayscale_p: float = 0.2
+    """Probability of grayscale (colour images)."""
     blur_p: tuple[float, float] = (1.0, 0.1)
     """Probability of Gaussian blur for view 0 and view 1."""
     blur_sigma: tuple[float, float] = (0.1, 2.0)

@@ -86,7 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress output (by default: a live bar on a terminal, a plain "
                         "line every 10%% or 30 s in a log)")
 
-    p = sub.add_parser("evaluate", help="evaluate a pretrained run (linear probe or finetuning)",
+    p = sub.add_parser("config", help="print every setting: its key, type, default and doc",
+                       description="Print the reference of every config setting (section, "
+                                   "key, type, default, one line of doc), generated from the "
+                                   "code; docs/config.md is its Markdown.")
+    p.add_argument("--list", action="store_true", required=True,
+                   help="list every setting (the only action)")
+    p.add_argument("--markdown", action="store_true",
+                   help="as Markdown tables (docs/config.md) instead of one line a key")
+
+    p = sub.add_parser("evaluate", help="evaluate a pretrained run: linear probe, finetuning, "
+                                        "k-NN, retrieval or the case protocols",
                        description="Evaluate the encoder of a run directory on its data set's "
                                    "test split; the projector is discarded. The result is added "
                                    "to the run's summary.json.")
@@ -518,6 +528,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
              + (f"; time budget {args.time_budget:g} min" if args.time_budget else ""))
         _resume_with(args, shlex.split(_reproduce_command(args))
                      + [x for c in args.cells for x in ("--cells", c)])
+        _check_cells(grid, todo)
         if jobs is None and args.deadline is None:
             jobs = _auto_jobs(grid, todo)
         if jobs == 1 or args.deadline is not None:
@@ -528,6 +539,25 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         _reproduce_table(args, grid, cells, out)
     interrupts = getattr(args, "interrupts", None)
     return 130 if interrupts is not None and interrupts.requested else 0
+
+
+def _check_cells(grid, todo: list) -> None:
+    """Every refusal of the cells to run (``dcco.train.check_run``), before any of their
+    folders is created; a refused cell is named."""
+    from dcco.config import ConfigError
+    from dcco.experiments import load_splits
+    from dcco.reproduce import SUPERVISED
+    from dcco.train import check_run
+
+    pretraining = [c for c in todo if c.method != SUPERVISED]
+    if not pretraining:
+        return
+    train = load_splits(grid.base)[0]
+    for cell in pretraining:
+        try:
+            check_run(cell.cfg, train)
+        except ConfigError as e:
+            raise ConfigError(f"cell {cell.path.name}: {e}") from None
 
 
 def _budget(args: argparse.Namespace):
@@ -647,7 +677,14 @@ def _reproduce_table(args: argparse.Namespace, grid, cells: list, out: Path) -> 
         _say(f"wrote {args.results}")
 
 
-COMMANDS = {"pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cmd_supervised,
+def cmd_config(args: argparse.Namespace) -> int:
+    from dcco.config_reference import reference
+
+    print(reference(markdown=args.markdown), end="")
+    return 0
+
+
+COMMANDS = {"config": cmd_config, "pretrain": cmd_pretrain, "evaluate": cmd_evaluate, "supervised": cmd_supervised,
             "compare": cmd_compare, "demo": cmd_demo, "reproduce": cmd_reproduce,
             "export": cmd_export}
 

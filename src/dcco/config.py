@@ -105,6 +105,9 @@ class TrainConfig:
     """Pretraining: the method, the round budget and how rounds run."""
 
     method: str = "dcco"
+    """The method (``dcco.methods.registry``): dcco, cco_fedavg, contrastive_fedavg,
+    centralized_cco (the paper's); dvicreg, vicreg_fedavg, fedsc, spectral_fedavg,
+    centralized_byol, byol_fedavg, centralized_simsiam, simsiam_fedavg, clip_fedavg."""
     rounds: int = 100_000
     """Federated rounds, or centralized steps (paper: 100K rounds on CIFAR-100)."""
     clients_per_round: int = 128
@@ -175,6 +178,8 @@ class TrainConfig:
     Flower's plain exchanges, whose nodes then send each client's statistics; not under
     SecAgg+, which shows the server only their sum)."""
     backend: Literal["batched", "reference"] = "batched"
+    """"batched": a round's clients in one forward and backward (exact for one local step on
+    all of a client's samples); "reference": client by client, as a deployment runs them."""
     max_batch: int | Literal["auto"] | None = "auto"
     """The batched backend runs a round's clients in groups of whole clients of at most this
     many samples, one forward and backward a group, the gradients summed: the same round
@@ -184,6 +189,8 @@ class TrainConfig:
     its backward (the memory of the whole round's forward, as on a GPU); None on a GPU. A
     number bounds a forward's memory: a statistics method then forwards each group twice."""
     seed: int = 0
+    """The run's seed: initialisation, partition, sampling and augmentation each draw from
+    their own stream of it."""
     device: str = "auto"
     """"auto" (CUDA when present), "cpu", "cuda" or "cuda:N"."""
     precision: Precision = "auto"
@@ -197,7 +204,9 @@ class TrainConfig:
     channels_last: bool = False
     """NHWC memory format for the backbones (measure it: group norm can undo the gain)."""
     log_every: int = 10
+    """Rounds between metrics records (loss, rates, the collapse figures)."""
     checkpoint_every: int = 500
+    """Rounds between atomic checkpoints (and at the end)."""
     knn_every: int = 0
     """Rounds between k-NN monitor evaluations; 0 = only at the end."""
     probe_every: int = 0

@@ -1,4 +1,5 @@
-"""``dcco demo``: the README's main job, all methods on non-IID Fashion-MNIST in ~10 minutes.
+"""``dcco demo``: the README's main job, all methods on non-IID Fashion-MNIST in about 5
+minutes on 2 CPU cores.
 
 Pretrains dcco, cco_fedavg, contrastive_fedavg and centralized_cco with the same budget
 (rounds × images per round) on one-class clients (α = 0), evaluates each encoder with a linear
@@ -38,6 +39,7 @@ from dcco.report import (
     write_tables,
 )
 from dcco.rundir import RunDir
+from dcco.train import check_run
 
 METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
 
@@ -98,6 +100,8 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
     if data_dir is not None:
         base = replace(base, data=replace(base.data, data_dir=str(data_dir)))
     train, test = load_splits(base)
+    for method in METHODS:  # every refusal before the first file or folder
+        check_run(with_method(base, method), train)
     out.mkdir(parents=True, exist_ok=True)
     splits = (train, test)
     say(f"Fashion-MNIST: {len(train)} training images, {len(test)} test images; clients of "

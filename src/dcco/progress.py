@@ -91,6 +91,16 @@ class Progress:
             self.stream.write(self.line(plain=True) + "\n")
             self.stream.flush()
 
+    def note(self, text: str) -> None:
+        """A line of its own (a warning), above the live bar, which is drawn again."""
+        if not self.enabled:
+            return
+        if self.live:
+            self.stream.write("\r" + text + "\033[K\n" + self.line())
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
     def line(self, plain: bool = False) -> str:
         """The progress as one line: with a bar, or ``plain`` for logs."""
         frac = self.done / self.total if self.total else 1.0

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,16 @@ NOT_COMPUTED = frozenset({"data.data_dir", "train.tensorboard"})
 is reused whatever they are (it keeps its own)."""
 
 
+def with_absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a relative ``data.data_dir`` made absolute (from the working directory
+    now), so that the stored config finds its data from any working directory (``dcco
+    evaluate RUN`` run elsewhere)."""
+    if cfg.data.data_dir is None or Path(cfg.data.data_dir).expanduser().is_absolute():
+        return cfg
+    return replace(cfg, data=replace(cfg.data, data_dir=str(
+        Path(cfg.data.data_dir).expanduser().absolute())))
+
+
 def config_differences(stored: RunConfig, wanted: RunConfig, limit: int = 6) -> str:
     """The keys whose values differ between two configs, as ``key: stored → wanted`` joined
     by "; " (at most ``limit`` of them, then a count), ``NOT_COMPUTED`` left out; empty when
@@ -167,7 +177,7 @@ class RunDir:
                 f"--resume {run.path}, or choose another --run-dir"
             )
         run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run.config_path, to_toml(cfg))
+        atomic_write_text(run.config_path, to_toml(with_absolute_paths(cfg)))
         version = code_version() | {"command": " ".join(sys.argv)}
         atomic_write_text(run.path / "version.json", json.dumps(version, indent=2) + "\n")
         return run

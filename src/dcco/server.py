@@ -172,6 +172,8 @@ class ReplyTally:
         failed: replies that report an error (the client raised, crashed or was lost).
         missing: requests with no reply before the timeout.
         rejected: malformed replies by kind (see ``REJECTION_KINDS``).
+        problems: what went wrong with each reply not accepted, one line each ("node 7
+            failed: ...", "node 9 rejected (shape): ..."), for the log.
     """
 
     sent: int = 0
@@ -179,9 +181,12 @@ class ReplyTally:
     failed: int = 0
     missing: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
 
-    def reject(self, kind: str) -> None:
+    def reject(self, kind: str, why: str | None = None) -> None:
         self.rejected[kind] = self.rejected.get(kind, 0) + 1
+        if why is not None:
+            self.problems.append(f"rejected ({kind}): {why}")
 
     def __add__(self, other: ReplyTally) -> ReplyTally:
         kinds = {*self.rejected, *other.rejected}
@@ -189,6 +194,7 @@ class ReplyTally:
             self.sent + other.sent, self.accepted + other.accepted, self.failed + other.failed,
             self.missing + other.missing,
             {k: self.rejected.get(k, 0) + other.rejected.get(k, 0) for k in sorted(kinds)},
+            self.problems + other.problems,
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -197,7 +203,8 @@ class ReplyTally:
 
 
 def accept_valid(replies: Iterable[object], validate: Callable[[object], T],
-                 tally: ReplyTally) -> list[tuple[int, T]]:
+                 tally: ReplyTally, name: Callable[[int, object], str] | None = None
+                 ) -> list[tuple[int, T]]:
     """The replies that pass ``validate``, with their positions; the others are counted.
 
     A ``ReplyError`` counts as a rejection of its kind; anything else raised by ``validate``
@@ -207,23 +214,27 @@ def accept_valid(replies: Iterable[object], validate: Callable[[object], T],
     Args:
         replies: the payloads of the replies that arrived without an error.
         validate: payload → checked value, raising ``ReplyError`` when malformed.
-        tally: updated in place (``accepted`` and ``rejected``).
+        tally: updated in place (``accepted``, ``rejected`` and ``problems``).
+        name: (position, payload) → who sent it, for ``problems`` ("node 7"); None: the
+            position ("reply 2").
     """
     valid = []
     for i, reply in enumerate(replies):
+        who = name(i, reply) if name is not None else f"reply {i}"
         try:
             valid.append((i, validate(reply)))
         except ReplyError as e:
-            tally.reject(e.kind)
-            LOG.warning("reply rejected (%s): %s", e.kind, e)
+            kind, why = e.kind, str(e)
         except KeyError as e:  # a record or field the payload lacks
-            tally.reject("missing_key")
-            LOG.warning("reply rejected (missing_key): it lacks %s", e)
+            kind, why = "missing_key", f"it lacks {e}"
         except (ValueError, TypeError) as e:  # undecodable, e.g. not a numeric array
-            tally.reject("dtype")
-            LOG.warning("reply rejected (dtype): %s", e)
+            kind, why = "dtype", str(e)
         else:
             tally.accepted += 1
+            continue
+        tally.reject(kind)
+        tally.problems.append(f"{who} rejected ({kind}): {why}")
+        LOG.warning("%s rejected (%s): %s", who, kind, why)
     return valid
 
 

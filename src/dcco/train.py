@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +22,14 @@ from dcco.algorithm import Algorithm, RoundResult
 from dcco.augment import is_image, training_views
 from dcco.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.client import trainable_parameters
+from dcco.collapse import (
+    FIGURES,
+    CollapseWarning,
+    CollapseWatch,
+    collapse_figures,
+    encoding_figures,
+    watch_start,
+)
 from dcco.config import ConfigError, RunConfig, local_sgd
 from dcco.data.paired import Dataset
 from dcco.data.partition import (
@@ -36,6 +45,7 @@ from dcco.methods.base import Segments
 from dcco.methods.predictive import target_decay
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder
+from dcco.models.dual import buffers_kept
 from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.precision import prepare_model
 from dcco.privacy import Ledger, RoundNoise, solve_noise_multiplier, stats_sensitivity
@@ -54,6 +64,11 @@ def input_record(data: Dataset) -> dict[str, Any]:
         record[f"input_shape{suffix}"] = list(data.input_shapes[tower])
         record[f"input_kind{suffix}"] = "images" if is_image(data.inputs(tower)) else "features"
     return record
+
+
+PROBE_SAMPLES = 256
+"""Samples of the collapse probe of a method that shares no statistics (``Pretraining.
+probe_figures``)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -189,11 +204,23 @@ def check_partition(cfg: RunConfig, partition: Partition) -> None:
             + (" large enough for the method" if cfg.data.partition == "natural" else ""))
 
 
-def check_run(cfg: RunConfig, train_set: Dataset) -> None:
-    """What ``Pretraining`` refuses about a config's clients, checked before a run directory
-    is created (``load_splits`` has checked the data against the config): the partition's
-    clients against a round's (``check_partition``)."""
-    check_partition(cfg, build_partition(cfg, train_set))
+def check_run(cfg: RunConfig, train_set: Dataset, towers: bool = True) -> None:
+    """Everything ``Pretraining`` refuses about a config and its data, checked before a run
+    directory or any other file is created (``load_splits`` has checked the data against the
+    config): the device, the data against the config (``RunConfig.check_data``; ``towers``:
+    false for towers the user builds), the partition's clients against a round's
+    (``check_partition``), and differential privacy's accounting.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    resolve_device(cfg.train.device)
+    cfg.resolved()
+    cfg.check_data(train_set, towers=towers)
+    partition = build_partition(cfg, train_set)
+    check_partition(cfg, partition)
+    if cfg.privacy.enabled:
+        Privacy.of(cfg, partition, build_method(cfg.train.method, cfg.loss))
 
 
 @dataclass(frozen=True)
@@ -270,6 +297,9 @@ class Pretraining:
         self.dtype = self.speed.param_dtype
         self.algorithm = algorithm_of(cfg)
         self.method = self.algorithm.method
+        self.shared: Moments | None = None
+        """S_A of the last round applied (None before one, or for a method that shares no
+        statistics): what the collapse figures are read from (``dcco.collapse``)."""
         self.aggregate: Moments | None = None
         """The last round's aggregated statistics, which the next round uses when
         ``train.staleness = 1`` (saved in checkpoints)."""
@@ -322,12 +352,43 @@ class Pretraining:
     def views(self, plan: RoundPlan, round_index: int) -> tuple[Tensor, Tensor]:
         """The two inputs of the round's samples: two augmented views of each image (N, C, H,
         W), or each pair's X and Y (``dcco.augment.training_views``)."""
-        ids = to_device(plan.sample_ids, self.device)
+        return self._views(plan.sample_ids, self._augment_seed, round_index)
+
+    def _views(self, sample_ids: Tensor, seed: int, round_index: int) -> tuple[Tensor, Tensor]:
+        ids = to_device(sample_ids, self.device)
         if self.augment is not None:
-            return user_views(self.augment, self.images[ids], self._augment_seed, round_index,
-                              self.dtype)
-        return training_views(self.images, self.second, ids, self._augment_seed, round_index,
+            return user_views(self.augment, self.images[ids], seed, round_index, self.dtype)
+        return training_views(self.images, self.second, ids, seed, round_index,
                               self.cfg.augment, self.cfg.augment_y, self.dtype)
+
+    def collapse(self, probe: bool = False) -> dict[str, float]:
+        """The collapse figures now (``dcco.collapse``), as numbers: of the last round's S_A
+        for a method that shares statistics (free: the round merged them); for one that
+        shares none, with ``probe``, of a fixed batch's two views (``probe_figures``); {}
+        otherwise."""
+        if self.shared is not None:
+            figures = collapse_figures(self.shared)
+        elif probe:
+            figures = self.probe_figures()
+        else:
+            return {}
+        return dict(zip(figures, _read(list(figures.values())), strict=True))
+
+    @torch.no_grad()
+    def probe_figures(self, size: int = PROBE_SAMPLES) -> dict[str, Tensor]:
+        """The collapse figures of ``size`` fixed training samples, two views each (the
+        run's augmentation, from a stream of their own), encoded by the model as a round
+        encodes them, without gradient and with its buffers kept."""
+        pool = self.partition.indices
+        gen = generator(self.cfg.train.seed, "collapse-probe")
+        ids = pool[torch.randperm(pool.shape[0], generator=gen)[:size]]
+        x1, x2 = self._views(ids, derive_seed(self.cfg.train.seed, "collapse-probe"), 0)
+        chunk = self.chunk or x1.shape[0]
+        with buffers_kept(self.model):
+            pairs = [self.model(a, b) for a, b in zip(x1.split(chunk), x2.split(chunk),
+                                                        strict=True)]
+        f, g = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        return encoding_figures(f, g)
 
     def step(self) -> RoundMetrics:
         """Run the next round and apply the server update."""
@@ -404,6 +465,7 @@ class Pretraining:
             self.model.update_target(target_decay(self.cfg.loss.target_decay, r,
                                                   self.cfg.train.rounds))
         self.aggregate = result.aggregate
+        self.shared = result.shared
         self.rounds_done += 1
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
                             result.num_samples, time.perf_counter() - start, result.exchanges)
@@ -605,9 +667,18 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
                      window: Callable[[], MetricsWindow] = MetricsWindow,
                      meta: dict[str, Any] | None = None,
                      on_log: Callable[[dict[str, Any]], None] | None = None,
-                     stop: Callable[[], str | None] | None = None) -> dict[str, Any]:
+                     stop: Callable[[], str | None] | None = None,
+                     on_warning: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The run loop of every backend: rounds until ``pt`` is finished, with metrics records,
-    the k-NN monitor, atomic checkpoints and the summary.
+    the collapse figures and their watch, the k-NN monitor, atomic checkpoints and the
+    summary.
+
+    Every metrics record carries the collapse figures (``dcco.collapse``): of the round's
+    S_A for a method that shares statistics; for one that shares none, of a fixed probe
+    batch at the k-NN monitor's rounds (``train.knn_every``) and the last. The first sign of
+    collapse after the warm-up (``CollapseWatch``, from ``collapse_watch_start``) is noted in
+    the metrics (``{"round": r, "warning": "collapse", "message": ...}``) and in the summary
+    (``collapse_warning``), and said once: to ``on_warning``, or as a ``CollapseWarning``.
 
     A run told to stop (``stop`` returns a reason) goes on to the end of its logging window,
     so that its records are those an uninterrupted run writes, then checkpoints there, notes
@@ -628,6 +699,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         on_log: called with every metrics record written.
         stop: asked after each logged round whether to stop (a reason, e.g. "time budget"),
             or None to go on.
+        on_warning: shows the collapse warning (a progress bar's note); None: Python's
+            ``warnings.warn``.
 
     Returns:
         The summary written to ``summary.json``; for a stopped run ``{"rounds": r,
@@ -643,6 +716,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
                                                state_bytes=state_bytes - model_bytes)
     writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
+    watch = CollapseWatch(watch_start(cfg.optim.warmup_steps))
     stopped: str | None = None
     while not pt.finished and stopped is None:
         m = step()
@@ -653,11 +727,23 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         if m.round % t_cfg.log_every == 0 or last:
             pt.check_finite()
             record = w.record(m.round, m.lr) | {"bytes_per_client": message_bytes}
+            if writes:
+                record |= pt.collapse(probe=last or bool(
+                    t_cfg.knn_every and m.round % t_cfg.knn_every == 0))
             if pt.privacy is not None:
                 record["epsilon"] = latest["epsilon"] = pt.privacy.epsilon(m.round)
             if writes:
                 run.append_metrics(record)
-            latest |= {k: record[k] for k in ("loss", "rounds_per_sec") if k in record}
+            latest |= {k: record[k] for k in ("loss", "rounds_per_sec", *FIGURES)
+                       if k in record}
+            warning = watch.check(m.round, {k: record[k] for k in FIGURES if k in record}, d)
+            if warning is not None and writes:
+                run.append_metrics({"round": m.round, "warning": "collapse",
+                                    "message": warning})
+                if on_warning is not None:
+                    on_warning(warning)
+                else:
+                    warnings.warn(warning, CollapseWarning, stacklevel=2)
             if on_log is not None:
                 on_log(record)
             w = window()
@@ -690,6 +776,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     losses = [r["loss"] for r in history if "loss" in r]
     knn = [r["knn"] for r in history if "knn" in r]
     skipped = sum(1 for r in history if isinstance(r.get("skipped"), str))
+    warned = [r["message"] for r in history if r.get("warning") == "collapse"]
+    figures = next((r for r in reversed(history) if "eff_rank" in r), {})
     return run.update_summary(
         method=t_cfg.method, dataset=cfg.data.dataset, rounds=pt.rounds_done,
         alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
@@ -704,6 +792,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         pretrain_seconds_this_session=time.perf_counter() - started,
         **({"skipped_rounds": skipped} if skipped else {}),
         **({"privacy": pt.privacy.summary(pt.rounds_done)} if pt.privacy is not None else {}),
+        **({"collapse": {k: figures[k] for k in ("round", *FIGURES)}} if figures else {}),
+        **({"collapse_warning": warned[0]} if warned else {}),
     )
 
 
@@ -712,7 +802,8 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
                     on_round: RoundCallback | None = None,
                     model: DualEncoder | None = None,
                     stop: Callable[[], str | None] | None = None,
-                    augment: Callable[[Tensor], Tensor] | None = None) -> dict[str, Any]:
+                    augment: Callable[[Tensor], Tensor] | None = None,
+                    on_warning: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Pretrain in this process into a run directory (``pretraining_loop``).
 
     Args:
@@ -723,7 +814,7 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
         resume: continue from ``run``'s checkpoint (from round 0 if none was written yet).
         on_round: see ``pretraining_loop``.
         model, augment: see ``Pretraining``.
-        stop: see ``pretraining_loop``.
+        stop, on_warning: see ``pretraining_loop``.
 
     Returns:
         The summary written to ``summary.json`` (``pretraining_loop``'s partial record for a
@@ -732,7 +823,8 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
     pt = Pretraining(cfg, train_set, model=model, augment=augment)
     if resume:
         resume_from_checkpoint(pt, run)
-    return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round, stop=stop)
+    return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round, stop=stop,
+                            on_warning=on_warning)
 
 
 def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
@@ -755,13 +847,23 @@ def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
             extra["k-NN"] = f"{100 * latest['knn']:.1f}%"
         if "epsilon" in latest:
             extra["ε"] = f"{latest['epsilon']:.3g}"
+        extra |= collapse_postfix(latest)
         bar.update(m.round, **extra)
 
     with bar:
         summary = run_pretraining(cfg, run, train_set, test_set, resume=resume,
-                                  on_round=on_round, model=model, stop=stop, augment=augment)
+                                  on_round=on_round, model=model, stop=stop, augment=augment,
+                                  on_warning=lambda text: bar.note(f"warning: {text}"))
     plot_run_curves(run)
     return summary
+
+
+def collapse_postfix(latest: dict[str, Any]) -> dict[str, str]:
+    """The collapse figures as a progress line shows them (``dead``, ``C_ii``, ``rank``)."""
+    if "eff_rank" not in latest:
+        return {}
+    return {"dead": f"{latest['dead_dims']:.0%}", "C_ii": f"{latest['corr_diag']:.2f}",
+            "rank": f"{latest['eff_rank']:.1f}"}
 
 
 def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:

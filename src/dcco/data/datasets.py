@@ -166,6 +166,14 @@ class ImageDataset:
                             self.class_names, clients, self.client_names)
 
 
+def shown(path: Path | str) -> str:
+    """A path as given, with its absolute form beside it when they differ (``nosuch/fmnist
+    (= /home/me/nosuch/fmnist)``), for messages."""
+    given = Path(path).expanduser()
+    full = given.absolute()
+    return str(path) if str(full) == str(path) else f"{path} (= {full})"
+
+
 def search_dirs(data_dir: str | Path | None) -> list[Path]:
     """Where data is looked for, in order: an explicit ``data_dir`` alone (it must exist), or
     else ``$DCCO_DATA`` and ``~/.cache/dcco``.
@@ -177,7 +185,8 @@ def search_dirs(data_dir: str | Path | None) -> list[Path]:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
-            raise DataError(f"the data directory {folder} (data.data_dir or --data-dir) {what}; "
+            raise DataError(f"the data directory {shown(data_dir)} (data.data_dir or --data-dir) "
+                            f"{what}; "
                             f"give the folder that holds the data set's files, or leave it out "
                             f"to search $DCCO_DATA, ~/.cache/dcco and the system copy")
         return [folder]
@@ -243,7 +252,7 @@ def _load_fashion_mnist(split: Split, data_dir: str | Path | None,
         raise DataError(
             f"Fashion-MNIST {split} files {img_stem}.gz and {lbl_stem}.gz (or uncompressed, "
             f"directly or in a fashion-mnist/ subfolder) not found in: "
-            f"{', '.join(map(str, dirs))} ({failure}). To get them: `apt-get install "
+            f"{', '.join(map(shown, dirs))} ({failure}). To get them: `apt-get install "
             f"dataset-fashion-mnist` (Debian/Ubuntu; installs into {DEBIAN_FASHION_MNIST}), or "
             f"download the four .gz files from {FASHION_MNIST_URL} into one of those folders "
             f"(e.g. $DCCO_DATA or data_dir)")

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from dcco.data.cache import cached_arrays
-from dcco.data.datasets import DataError, ImageDataset, Split, search_dirs
+from dcco.data.datasets import DataError, ImageDataset, Split, search_dirs, shown
 
 TABLE_ARRAYS = ("images", "labels", "clients", "splits", "class_names", "client_names")
 """What a decoded table holds: uint8 (N, C, H, W) images; int64 labels and client indices;
@@ -66,8 +66,12 @@ class TableConfig:
     """A second table holding the test split (e.g. Hugging Face's ``test-*.parquet``);
     None: one table, split by ``split_column`` or by clients."""
     image_column: str = "image"
+    """The column of each row's image: a file path (relative to the image folders) or
+    encoded bytes."""
     label_column: str = "label"
+    """The column of each row's class label (integers or names)."""
     client_column: str = "client"
+    """The column of each row's client id (a patient, a lesion, a phone)."""
     split_column: str | None = None
     """A column of ``train`` / ``test``; None: a seeded split by client."""
     image_folders: tuple[str, ...] = (".",)
@@ -132,8 +136,11 @@ def _locate(name: str, data_dir: str | Path | None, what: str) -> Path:
     for folder in dirs:
         if (folder / path).is_file():
             return folder / path
-    raise DataError(f"{what} {name} not found in {', '.join(map(str, dirs))} (data.data_dir or "
-                    f"--data-dir, $DCCO_DATA, ~/.cache/dcco)")
+    where = ("the data directory (data.data_dir or --data-dir), the only place searched when "
+             "it is given" if data_dir is not None else
+             "the places searched without a data directory: $DCCO_DATA, then ~/.cache/dcco")
+    raise DataError(f"{what} {name!r} is not in {' or '.join(map(shown, dirs))}: "
+                    f"{where}")
 
 
 def _columns_check(path: Path, have: list[str], want: dict[str, str | None]) -> None:

@@ -14,7 +14,8 @@ from dcco.seeding import generator
 
 
 def labelled_subset(labels: Tensor, n: int, num_classes: int, seed: int) -> Tensor:
-    """``n`` training sample ids, class-balanced and seeded.
+    """``n`` training sample ids, class-balanced and seeded; all of them when ``n`` is at
+    least the split's size (the rule of every protocol: the case protocols count cases).
 
     Class c gets ⌊n / num_classes⌋ samples, plus one for the first ``n mod num_classes``
     classes. Each class's picks are the head of a seeded permutation of its samples (stream
@@ -44,6 +45,8 @@ def labelled_subset(labels: Tensor, n: int, num_classes: int, seed: int) -> Tens
     if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes:
         raise ValueError(f"labels must lie in [0, {num_classes}), got "
                          f"[{int(labels.min())}, {int(labels.max())}]")
+    if n >= labels.numel():  # as many as there are: all of them (every protocol's rule)
+        return torch.arange(labels.numel())
     gen = generator(seed, "labels")
     chosen = []
     for c in range(num_classes):

@@ -40,14 +40,19 @@ class EvalConfig:
     probe_lr: float = 2.0
     """Linear probe initial learning rate, cosine-decayed (paper: 2.0 for 5K, 2.5 for 500)."""
     probe_momentum: float = 0.9
+    """Linear probe: LARS momentum."""
     finetune_steps: int = 100
     """Full finetuning: Adam steps (paper: 100)."""
     finetune_batch: int = 256
+    """Full finetuning: batch size."""
     finetune_lr: float = 5e-3
+    """Full finetuning: Adam learning rate."""
     scratch_epochs: int = 100
     """Supervised from scratch: epochs over the labelled subset (paper: 100)."""
     scratch_batch: int = 256
+    """Supervised from scratch: batch size."""
     scratch_lr: float = 0.01
+    """Supervised from scratch: learning rate."""
     knn_k: int = 200
     """Neighbours voting in the k-NN monitor (Wu et al. 2018 use 200)."""
     knn_temperature: float = 0.1

@@ -9,8 +9,9 @@ See ``docs/flower.md``.
 
 For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
 starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``, what
-your ClientApp's ``train`` handler returns (``userapp``); ``SecAgg`` and
-``secure_aggregation_mod`` for SecAgg+ (``secure_round``, ``mods``). They are imported on
+your ClientApp's ``train`` handler returns (``userapp``), with ``ImageViews``, a ready image
+augmentation; ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+ (``secure_round``,
+``mods``). They are imported on
 first use, so that the ClientApp's module stays free of torch.
 """
 
@@ -34,7 +35,21 @@ def __getattr__(name: str) -> Any:
         from dcco.flower.userapp import answer
 
         return answer
+    if name == "RoundsSkipped":
+        from dcco.flower.strategy import RoundsSkipped
+
+        return RoundsSkipped
+    if name == "ImageViews":
+        from dcco.image_views import ImageViews
+
+        return ImageViews
     raise AttributeError(f"module 'dcco.flower' has no attribute {name!r}")
 
 
-__all__ = ["DCCO", "SecAgg", "answer", "secure_aggregation_mod"]
+__all__ = ["DCCO", "ImageViews", "RoundsSkipped", "SecAgg", "answer",
+           "secure_aggregation_mod"]
+
+
+def __dir__() -> list[str]:
+    """The public names (``__all__``), imported on first use."""
+    return sorted(set(__all__) | set(globals()))

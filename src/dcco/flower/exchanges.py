@@ -99,10 +99,13 @@ def replies_by_node(replies: Iterable[Message], asked: set[int],
             continue
         if reply.has_error():
             failed.add(node)
+            tally.problems.append(f"node {node} failed: {reply.error.reason}")
         else:
             got[node] = reply.content
     tally.failed += len(failed)
     tally.missing += len(asked) - len(got) - len(failed)
+    tally.problems += [f"node {n}: no reply within the timeout"
+                       for n in sorted(asked - set(got) - failed)]
     return dict(sorted(got.items()))
 
 
@@ -196,7 +199,8 @@ class PlainExchanges:
         """The statistics replies that pass ``check(node, content)``, as (node, its
         statistics); their nodes become the update exchange's targets."""
         valid = [v for _, v in accept_valid(got.items(), lambda item: (item[0], check(*item)),
-                                            self.replies["stats"])]
+                                            self.replies["stats"],
+                                            lambda _, item: f"node {item[0]}")]
         self.targets = {node: self.targets[node] for node, _ in valid}
         self.counts = {node: int(sum(float(s.count) for s in each)) for node, each in valid}
         self.model_sent = True
@@ -228,7 +232,7 @@ class PlainExchanges:
             return update, stats
 
         items = list(got.items())
-        valid = accept_valid(items, checked, tally)
+        valid = accept_valid(items, checked, tally, lambda _, item: f"node {item[0]}")
         self._check("update", len(valid), shared)
         self.used = [(*items[i], u.num_samples) for i, (u, _) in valid]
         pooled = pooled_update([u for _, (u, _) in valid], self.wire.params())

@@ -35,34 +35,61 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import Tensor
 
 from dcco.algorithm import Algorithm, RoundSkipped
+from dcco.collapse import CollapseWatch, collapse_figures, watch_start
 from dcco.flower import codec, polling, secure_round
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
-from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
+from dcco.optim import (
+    USER_RECIPE,
+    OptimConfig,
+    apply_pseudo_gradient,
+    build_optimizer,
+    scheduled_lr,
+    set_lr,
+)
 from dcco.seeding import derive_seed
 from dcco.server import ReplyTally
 from dcco.statistics_cache import StatisticsCache
+from dcco.stats import Moments
 
 LOG = logging.getLogger("flwr.dcco")
 class DCCO(Strategy):
     """DCCO (and the other methods of dcco) for your own Flower app.
 
+    It takes Flower ``FedAvg``'s arguments, so that swapping one for the other is one line;
+    those it cannot honour are refused by name, with the reason (``train_metrics_aggr_fn``:
+    DCCO's training metrics are its own; a ``weighted_by_key`` other than
+    ``"num-examples"``: the exact round weighs each node by its sample count, which
+    ``answer`` reports under that key).
+
     Args:
         fraction_train: the fraction of connected nodes sampled a round (at least
             ``min_train_nodes``), as Flower's ``FedAvg``.
+        fraction_evaluate, min_evaluate_nodes: the nodes sampled for federated evaluation
+            after each round (``configure_evaluate``: the model and ``evaluate_config`` to
+            your ClientApp's ``@app.evaluate``), as ``FedAvg``'s; ``fraction_evaluate = 0``:
+            none.
+        arrayrecord_key, configrecord_key: the keys of the model and the config in the
+            evaluation messages, as ``FedAvg``'s (the training messages are
+            ``dcco.flower.answer``'s own layout).
+        evaluate_metrics_aggr_fn: how the evaluation replies' metrics are combined (as
+            ``FedAvg``'s; default: their average weighted by ``"num-examples"``).
         min_train_nodes: the fewest nodes sampled a round.
         min_available_nodes: nodes to wait for before a round.
         method: ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method
             of dcco (``cco_fedavg``, ``contrastive_fedavg``; one exchange).
         optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
-            (``dcco.optim.OptimConfig``: ``lars`` or ``adam``; ``schedule`` ``cosine`` over
-            the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D parameters' share.
+            (``dcco.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
+            ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
+            parameters' share. The default, Adam 1e-3 with 10 warm-up rounds, trains the
+            models CCO collapses under larger steps (docs/own_code.md, "Collapse").
         local_lr: the clients' SGD rate (paper: 1.0).
         min_survivors: the fewest valid replies a phase needs, or the round is skipped.
         seed: node sampling and the views' seed of each round.
@@ -82,19 +109,42 @@ class DCCO(Strategy):
             plain messages; kept in memory for the run of ``start``).
     """
 
-    def __init__(self, fraction_train: float = 1.0, min_train_nodes: int = 2,
-                 min_available_nodes: int = 2, method: str = "dcco",
-                 optimizer: str = "lars", lr: float = 1.5, weight_decay: float = 1e-6,
-                 warmup_rounds: int = 0, schedule: str = "cosine",
-                 vector_lr_scale: float = 1.0, local_lr: float = 1.0,
-                 min_survivors: int = 1, seed: int = 0,
+    def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int = 2, weighted_by_key: str = "num-examples",
+                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
+                 train_metrics_aggr_fn: Callable | None = None,
+                 evaluate_metrics_aggr_fn: Callable | None = None, method: str = "dcco",
+                 optimizer: str = USER_RECIPE.name, lr: float = USER_RECIPE.lr,
+                 weight_decay: float = USER_RECIPE.weight_decay,
+                 warmup_rounds: int = USER_RECIPE.warmup_steps,
+                 schedule: str = "cosine", vector_lr_scale: float = 1.0,
+                 local_lr: float = 1.0, min_survivors: int = 1, seed: int = 0,
                  trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
                  absent_statistics: str = "drop") -> None:
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        if not 0 <= fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
         if min(min_train_nodes, min_available_nodes, min_survivors) < 1:
             raise ValueError("min_train_nodes, min_available_nodes and min_survivors must be "
                              ">= 1")
+        if min_evaluate_nodes < 0:
+            raise ValueError(f"min_evaluate_nodes must be >= 0, got {min_evaluate_nodes}")
+        if train_metrics_aggr_fn is not None:
+            raise ValueError("train_metrics_aggr_fn: DCCO's training metrics are its own (the "
+                             "round's loss over its valid updates, samples, reply counters "
+                             "and collapse figures, in Result.train_metrics_clientapp); "
+                             "leave it unset")
+        if weighted_by_key != "num-examples":
+            raise ValueError(f"weighted_by_key = {weighted_by_key!r}: DCCO's exact round "
+                             f"weighs each node by its sample count, which "
+                             f"dcco.flower.answer reports as 'num-examples'; leave it unset")
+        self.fraction_evaluate = fraction_evaluate
+        self.min_evaluate_nodes = 0 if fraction_evaluate == 0 else min_evaluate_nodes
+        self.arrayrecord_key, self.configrecord_key = arrayrecord_key, configrecord_key
+        self.weighted_by_key = weighted_by_key
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or aggregate_metricrecords
         self.method = build_method(method, LossConfig())
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
@@ -110,6 +160,7 @@ class DCCO(Strategy):
                              "SecAgg+ shows the server only their sum: use plain messages "
                              "(secagg=None) or 'drop'")
         self.absent_statistics = absent_statistics
+        self.watch = CollapseWatch(watch_start(warmup_rounds))
         self.cache: StatisticsCache | None = None
         """Every node's last statistics under ``absent_statistics='cached'`` (from
         ``start``)."""
@@ -137,17 +188,19 @@ class DCCO(Strategy):
             self._given = order
         self.trained = self._given
         self._rng = random.Random(seed)
+        self._eval_rng = random.Random(derive_seed(seed, "evaluate"))
         self._weights: dict[str, Tensor] = {}
         self._params: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._rounds = 1
         self._asked_nodes: set[int] | None = None
         self._skipped: dict | None = None
+        self._skip_reason = ""
 
     # Flower's hooks. ``configure_train`` gives a round's first exchange (the statistics, or
     # the update for methods without them) and ``aggregate_train`` the server's step from
-    # the update replies; ``start`` runs the exchange between them. Evaluation on the nodes
-    # is the user's own (``evaluate_fn`` runs on the server).
+    # the update replies; ``start`` runs the exchange between them. ``configure_evaluate``
+    # and ``aggregate_evaluate`` are FedAvg's federated evaluation.
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -187,10 +240,38 @@ class DCCO(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        return []
+        """Federated evaluation, as ``FedAvg``'s: the model and ``config`` (with
+        ``server-round``) to ``fraction_evaluate`` of the nodes (at least
+        ``min_evaluate_nodes``), for your ClientApp's ``@app.evaluate``."""
+        if self.fraction_evaluate == 0:
+            return []
+        nodes = self._sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
+        config = ConfigRecord(dict(config) | {"server-round": server_round})
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
+                        group_id=str(server_round)) for n in nodes]
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-        return None
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """The evaluation replies' metrics combined by ``evaluate_metrics_aggr_fn`` (their
+        average weighted by ``num-examples``); a failed reply is logged with its reason and
+        left out; None when none is valid."""
+        valid = []
+        for reply in replies:
+            if reply.has_error():
+                LOG.warning("DCCO round %d, evaluation: node %d failed: %s", server_round,
+                            reply.metadata.src_node_id, reply.error.reason)
+            else:
+                valid.append(reply.content)
+        if not valid:
+            return None
+        try:
+            return self.evaluate_metrics_aggr_fn(valid, self.weighted_by_key)
+        except (KeyError, ValueError, TypeError) as e:
+            LOG.warning("DCCO round %d, evaluation: the replies' metrics could not be "
+                        "combined (%s: %s); an @app.evaluate reply needs a MetricRecord "
+                        "with %r", server_round, type(e).__name__, e, self.weighted_by_key)
+            return None
 
     def summary(self) -> None:
         LOG.info("DCCO strategy: method %s, %s of the nodes a round (at least %d), server %s "
@@ -204,17 +285,45 @@ class DCCO(Strategy):
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
               ) -> Result:
-        """Run ``num_rounds`` rounds; Flower's ``Strategy.start`` arguments and ``Result``
-        (``train_metrics_clientapp`` holds each round's loss, samples, reply counters per
-        phase, and ``skipped`` = 1 for a skipped round). ``train_config`` goes to the nodes
-        with every message; ``evaluate_fn(round, arrays)`` runs on the server before the
-        first round and after each."""
+        """Run ``num_rounds`` rounds; Flower's ``Strategy.start`` arguments and ``Result``.
+
+        ``train_metrics_clientapp`` holds each round's loss, samples, reply counters per
+        phase, ``skipped`` = 1 for a skipped round, and for a statistics method the collapse
+        figures of its S_A, ``dead_dims``, ``corr_diag`` and ``eff_rank``, with
+        ``collapse-warning`` = 1 at the round the collapse warning was logged
+        (``dcco.collapse``). ``train_config`` goes to the nodes with every training message
+        (a ``lr`` in it is refused: DCCO's nodes step at ``local_lr``, the server's optimiser
+        at ``lr``). After each round, ``configure_evaluate`` sends the model and
+        ``evaluate_config`` to the sampled nodes' ``@app.evaluate``, whose metrics fill
+        ``evaluate_metrics_clientapp``; ``evaluate_fn(round, arrays)`` runs on the server
+        before the first round and after each (``evaluate_metrics_serverapp``).
+
+        Every node that fails or replies without what DCCO needs is logged with its reason,
+        round by round, and a skipped round says why.
+
+        Raises:
+            ValueError: ``num_rounds`` < 1, a ``lr`` in ``train_config``, or arrays that do
+                not fit ``trained`` or ``secagg``.
+            RoundsSkipped: every round was skipped: nothing was trained, and the reasons are
+                in the message.
+        """
+        if not isinstance(num_rounds, int) or num_rounds < 1:
+            raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+        config = train_config or ConfigRecord()
+        if "lr" in config:
+            raise ValueError(f"train_config['lr'] = {config['lr']!r}: DCCO's nodes take one "
+                             f"SGD step at the strategy's local_lr ({self.local_lr:g}, the "
+                             f"paper's) and the server's optimiser sets the model's step "
+                             f"(DCCO(lr={self.optim.lr:g})); remove 'lr' from train_config "
+                             f"and set DCCO(lr=...) instead")
         self.summary()
         result = Result(arrays=initial_arrays)
         self._weights = {k: v.clone() for k, v in codec.tensors_of(initial_arrays).items()}
         self._rounds, self._params, self._optimizer = num_rounds, {}, None
         self._rng = random.Random(self.seed)
+        self._eval_rng = random.Random(derive_seed(self.seed, "evaluate"))
         self.cache = StatisticsCache() if self.absent_statistics == "cached" else None
+        self.watch = CollapseWatch(watch_start(self.optim.warmup_steps))
         self.trained = None if self._given is None else list(self._given)
         floating = {k for k, v in self._weights.items() if v.is_floating_point()}
         if self.trained is not None and not set(self.trained) <= floating:
@@ -226,7 +335,7 @@ class DCCO(Strategy):
                              f"state_dict of the nodes' model")
         if evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
             result.evaluate_metrics_serverapp[0] = res
-        config = train_config or ConfigRecord()
+        skipped: list[str] = []
         for r in range(1, num_rounds + 1):
             started = time.perf_counter()
             arrays, metrics = self._round(grid, r, config, timeout)
@@ -236,27 +345,70 @@ class DCCO(Strategy):
             result.train_metrics_clientapp[r] = MetricRecord(record)
             if arrays is not None:
                 result.arrays = arrays
-            LOG.info("DCCO round %d/%d: %s", r, num_rounds, "skipped" if metrics is None
-                     else f"loss {record['loss']:.4g}")
+                LOG.info("DCCO round %d/%d: loss %.4g", r, num_rounds, record["loss"])
+            else:
+                LOG.warning("DCCO round %d/%d: skipped, the model unchanged: %s", r,
+                            num_rounds, self._skip_reason)
+                skipped.append(f"round {r}: {self._skip_reason}")
+            self._evaluate(grid, r, result, evaluate_config, timeout)
             if evaluate_fn is not None and (res := evaluate_fn(r, result.arrays)) is not None:
                 result.evaluate_metrics_serverapp[r] = res
+        if len(skipped) == num_rounds:
+            raise RoundsSkipped(
+                f"every one of the {num_rounds} rounds was skipped, so the model was never "
+                f"trained: " + "; ".join(skipped[:3])
+                + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""))
         return result
+
+    def _evaluate(self, grid: Grid, r: int, result: Result, config: ConfigRecord | None,
+                  timeout: float) -> None:
+        """Round ``r``'s federated evaluation into ``result.evaluate_metrics_clientapp``."""
+        messages = list(self.configure_evaluate(r, result.arrays, config or ConfigRecord(),
+                                                grid))
+        if not messages:
+            return
+        replies = grid.send_and_receive(messages, timeout=timeout)
+        if (metrics := self.aggregate_evaluate(r, replies)) is not None:
+            result.evaluate_metrics_clientapp[r] = metrics
 
     def _round(self, grid: Grid, r: int, config: ConfigRecord, timeout: float
                ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """One round: ``Algorithm.run_round`` over the sampled nodes' exchanges (plain or
         SecAgg+: ``dcco.flower.exchanges``, the round of dcco's own app), then the server's
-        step."""
+        step. Every reply not used is logged with its reason."""
         targets = {n: [n] for n in self._sample(grid)}
         exchanges = self._exchanges(r, targets, config, timeout, grid)
         self._asked_nodes = set(targets)
         try:
             result = self.algorithm.run_round(exchanges, absent=exchanges.absent(self.cache))
-        except RoundSkipped:
+        except RoundSkipped as e:
+            self._log_problems(r, exchanges)
             self._skipped = self._metrics(exchanges)
+            self._skip_reason = f"{e.reason}{_hint(exchanges)}"
             return None, None
-        return self._apply(r, exchanges, result.pseudo_gradient, result.loss,
-                           result.num_samples)
+        self._log_problems(r, exchanges)
+        arrays, metrics = self._apply(r, exchanges, result.pseudo_gradient, result.loss,
+                                      result.num_samples)
+        return arrays, self._watched(r, metrics, result.shared)
+
+    @staticmethod
+    def _log_problems(r: int, exchanges: PlainExchanges) -> None:
+        for phase, tally in exchanges.replies.items():
+            for problem in tally.problems:
+                LOG.warning("DCCO round %d, %s: %s", r, phase, problem)
+
+    def _watched(self, r: int, metrics: MetricRecord, shared: Moments | None) -> MetricRecord:
+        """The round's metrics with the collapse figures of its S_A (``dcco.collapse``; none
+        for a method without statistics), and the collapse warning logged the first time
+        they show collapse after the warm-up (``CollapseWatch``)."""
+        if shared is None:
+            return metrics
+        figures = {k: float(v) for k, v in collapse_figures(shared).items()}
+        d = next(iter(shared.tensors())).shape[0]
+        if (warning := self.watch.check(r, figures, d)) is not None:
+            LOG.warning("DCCO: %s", warning)
+            figures["collapse-warning"] = 1.0
+        return MetricRecord(dict(metrics) | figures)
 
     def _exchanges(self, r: int, targets: dict[int, list[int]], config: ConfigRecord,
                    timeout: float, grid: Grid | None = None) -> PlainExchanges:
@@ -292,13 +444,20 @@ class DCCO(Strategy):
                 out[f"{phase}-clipped"] = exchanges.clipped.get(phase, 0.0)
         return out
 
-    def _sample(self, grid: Grid) -> list[int]:
+    def _sample(self, grid: Grid, fraction: float | None = None,
+                minimum: int | None = None) -> list[int]:
+        """``fraction`` of the connected nodes, at least ``minimum`` (default: training's),
+        once ``min_available_nodes`` are connected; evaluation draws from a stream of its
+        own, so that it leaves training's sample of nodes as it would be without it."""
         while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
             LOG.info("waiting for nodes: %d connected, %d needed", len(nodes),
                      self.min_available_nodes)
             time.sleep(1.0)
-        k = min(len(nodes), max(self.min_train_nodes, int(self.fraction_train * len(nodes))))
-        return sorted(self._rng.sample(nodes, k))
+        rng = self._rng if fraction is None else self._eval_rng
+        fraction = self.fraction_train if fraction is None else fraction
+        minimum = self.min_train_nodes if minimum is None else minimum
+        k = min(len(nodes), max(minimum, int(fraction * len(nodes))))
+        return sorted(rng.sample(nodes, k))
 
     def _config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
         return ConfigRecord(extra | {PHASE: phase, ROUND: r, METHOD: self.method.name,
@@ -345,10 +504,31 @@ class DCCO(Strategy):
             weights[k] = p.detach().clone()
 
 
+class RoundsSkipped(RuntimeError):
+    """Every round of ``DCCO.start`` was skipped: the model was never trained."""
+
+
+NOT_ANSWERED = ("layout", "packed", "state_dict", "statistics", "arrays")
+"""Words of a node's error, or of a rejected reply, that point to a ClientApp that does not
+answer with ``dcco.flower.answer`` (it loads DCCO's packed arrays as its own state_dict, or
+replies with weights and no statistics)."""
+
+
+def _hint(exchanges: PlainExchanges) -> str:
+    """A hint when the round's problems look like a ClientApp that does not call
+    ``dcco.flower.answer``, else ""."""
+    problems = [p for t in exchanges.replies.values() for p in t.problems]
+    if problems and any(word in p for p in problems for word in NOT_ANSWERED):
+        return (". The nodes' replies look like a ClientApp that does not answer with "
+                "dcco.flower.answer: its @app.train() must return dcco.flower.answer(msg, "
+                "context, model, samples, augment=...) (docs/own_code.md, \"Flower\")")
+    return ""
+
+
 def _tally(phase: str, tally: ReplyTally) -> dict:
     out = {f"{phase}-{k}": float(v) for k, v in tally.as_dict().items() if k != "rejected"}
     out |= {f"{phase}-rejected-{k}": float(v) for k, v in tally.rejected.items()}
     return out
 
 
-__all__ = ["DCCO", "SecAgg"]
+__all__ = ["DCCO", "RoundsSkipped", "SecAgg"]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
 
 from dcco.api import local_update, statistics
 from dcco.flower import codec, secagg
@@ -39,7 +41,8 @@ round's model, and its two views (the same the round's seed would make again, wi
 augmentation's cost)."""
 
 
-def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
+def answer(msg: Message, context: Context, model: nn.Module,
+           samples: Tensor | DataLoader | TorchDataset,
            augment: Callable[[Tensor], Tensor] | None = None) -> Message:
     """The node's reply to one of the strategy's ``train`` messages.
 
@@ -47,11 +50,13 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
         msg, context: what your ``@app.train()`` handler received.
         model: a fresh instance of the model the server trains (your encoder, or a
             ``dcco.dual_encoder``); its weights come from the message.
-        samples: this node's samples, (n, ...), one row each.
+        samples: this node's samples: a tensor (n, ...), one row each, or the
+            ``DataLoader`` or ``Dataset`` your FedAvg handler trained on (``node_samples``
+            takes its inputs, the labels left out).
         augment: one view of a batch of samples (called twice, for the two views, with
-            torch's random state seeded by the round); None: the samples as they are for both
-            views (only for inputs that are already two views' worth of difference, e.g.
-            features of two modalities; images want an augmentation).
+            torch's random state seeded by the round); None: for images (N, C, H, W),
+            ``dcco.ImageViews()``; other samples need yours (two identical views teach the
+            encoder nothing, so they are refused).
 
     Under SecAgg+ (``DCCO(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
@@ -64,6 +69,8 @@ def answer(msg: Message, context: Context, model: nn.Module, samples: Tensor,
     """
     ask = _asked(msg.content, model)
     phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
+    samples = node_samples(samples)
+    augment = augment if augment is not None else default_augment(samples)
     if params is not None and samples.shape[0] > params.max_weight:
         # over SecAgg+'s max_weight, its masked sums would overflow: the node refuses
         raise ValueError(f"this node holds {samples.shape[0]} samples, more than the "
@@ -156,6 +163,67 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
                   moments_of(arrays["statistics"]) if "statistics" in arrays else None, None)
 
 
+INPUT_KEYS = ("img", "image", "images", "pixel_values", "x", "input", "inputs")
+"""The keys a data loader's dict batches hold their inputs under, tried in this order."""
+
+
+def node_samples(samples: Tensor | DataLoader | TorchDataset) -> Tensor:
+    """A node's samples as one tensor (n, ...): a tensor as it is; a ``DataLoader`` or a
+    ``Dataset`` (PyTorch's, or a Hugging Face one with a torch format) read item by item,
+    each item's input taken (a tuple's or list's first element, a dict's entry under one of
+    ``INPUT_KEYS``, or its only tensor), the labels left out.
+
+    Raises:
+        TypeError: samples of another kind, or items whose input cannot be told.
+    """
+    if isinstance(samples, Tensor):
+        return samples
+    if isinstance(samples, DataLoader):
+        return torch.cat([_input_of(batch) for batch in samples])
+    if hasattr(samples, "__getitem__") and hasattr(samples, "__len__"):
+        if len(samples) == 0:
+            raise ValueError("this node's data set is empty: a node needs samples")
+        return torch.stack([_input_of(samples[i]) for i in range(len(samples))])
+    raise TypeError(f"samples must be a tensor, a torch DataLoader or a Dataset, got "
+                    f"{type(samples).__name__}")
+
+
+def _input_of(item: object) -> Tensor:
+    """An item's (or a batch's) input: see ``node_samples``."""
+    if isinstance(item, Tensor):
+        return item
+    if isinstance(item, (tuple, list)) and item:
+        return _input_of(item[0])
+    if isinstance(item, dict):
+        for key in INPUT_KEYS:
+            if key in item:
+                return _input_of(item[key])
+        tensors = [v for v in item.values() if isinstance(v, Tensor)
+                   and v.is_floating_point()]
+        if len(tensors) == 1:
+            return tensors[0]
+        raise TypeError(f"a data item of keys {sorted(item)}: its input is not under one of "
+                        f"{', '.join(INPUT_KEYS)}; pass the input tensor as samples")
+    if hasattr(item, "__array__"):  # a numpy array or a PIL image
+        import numpy as np
+
+        return torch.from_numpy(np.asarray(item))
+    raise TypeError(f"a data item of type {type(item).__name__} has no tensor input; pass "
+                    f"the input tensor as samples")
+
+
+def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
+    """``ImageViews()`` for image samples (N, C, H, W); for any other samples, refused."""
+    from dcco.image_views import ImageViews, looks_like_images
+
+    if looks_like_images(samples):
+        return ImageViews()
+    raise ValueError(f"answer(augment=None) with samples of shape {tuple(samples.shape)} "
+                     f"({samples.dtype}): the two views would be identical, and identical "
+                     f"views teach the encoder nothing; pass augment=your_function (one view "
+                     f"of a batch of samples)")
+
+
 def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
     """One training-mode forward of the round's views without gradients, for the running
     statistics a local step would leave (``dcco.local_update`` leaves the model as it was)."""
@@ -179,15 +247,12 @@ def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
     model.load_state_dict({k: weights[k].to(own[k].dtype) for k in own})
 
 
-def _views(samples: Tensor, augment: Callable[[Tensor], Tensor] | None, seed: int, node: int,
+def _views(samples: Tensor, augment: Callable[[Tensor], Tensor], seed: int, node: int,
            dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The round's two views of this node's samples: the same in both phases of a round."""
     from dcco.train import user_views
 
-    if augment is None:
-        x = samples.to(dtype) if samples.is_floating_point() else samples
-        return x, x
     return user_views(augment, samples, derive_seed(seed, "node", node), 0, dtype)
 
 
-__all__ = ["answer"]
+__all__ = ["answer", "default_augment", "node_samples"]

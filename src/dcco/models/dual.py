@@ -3,6 +3,8 @@ BYOL's and SimSiam's predictor and target (``Head``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +37,20 @@ def clip_scale(z: Tensor, bound: float) -> Tensor:
     within the bound, and finite for a zero row."""
     norm = torch.linalg.vector_norm(z, dim=1, keepdim=True)
     return bound / norm.clamp_min(bound)
+
+
+@contextmanager
+def buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Restores a module's buffers (batch norm's running statistics) on exit, so that
+    forwards made to measure (a client's statistics, the collapse probe) leave the model as it
+    was."""
+    saved = {n: b.detach().clone() for n, b in module.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, b in module.named_buffers():
+                b.copy_(saved[n])
 
 
 class DualEncoder(nn.Module):

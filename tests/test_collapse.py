@@ -1,0 +1,110 @@
+"""The collapse figures and their watch (``dcco.collapse``): the figures equal a direct
+float64 computation from the encodings, merging clients changes nothing, and the watch warns
+for collapsed encoders and not for healthy ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dcco.collapse import (
+    DEAD_FLOOR,
+    CollapseWatch,
+    collapse_figures,
+    effective_rank,
+    encoding_figures,
+    watch_start,
+)
+from dcco.stats import VICREG_STATS, encoding_stats, merge
+
+
+def _direct(f: np.ndarray, g: np.ndarray, floor: float = DEAD_FLOOR) -> dict[str, float]:
+    """The figures written out from the encodings in numpy float64: biased variances, dead
+    dimensions by the relative floor, the correlation of the live ones (0 for the dead),
+    Roy and Vetterli's effective rank from an SVD."""
+    var_f, var_g = f.var(0), g.var(0)
+    top = max(var_f.max(), var_g.max())
+    live_f, live_g = var_f > floor * top, var_g > floor * top
+    zf = np.where(live_f, (f - f.mean(0)) / np.sqrt(np.where(live_f, var_f, 1)), 0)
+    zg = np.where(live_g, (g - g.mean(0)) / np.sqrt(np.where(live_g, var_g, 1)), 0)
+    c = zf.T @ zg / f.shape[0]
+    s = np.linalg.svd(c, compute_uv=False)
+    p = s / s.sum()
+    p = p[p > 0]
+    return {"dead_dims": 1 - np.concatenate([live_f, live_g]).mean(),
+            "corr_diag": float(np.diag(c).mean()),
+            "eff_rank": float(np.exp(-(p * np.log(p)).sum()))}
+
+
+def _encodings(n: int = 64, d: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two views that share part of a signal, with dimensions of very different scales, one
+    constant and one far under the others' spread (dead), and a non-zero mean."""
+    gen = torch.Generator().manual_seed(seed)
+    signal = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    f = signal + 0.5 * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    g = signal + 0.5 * torch.randn(n, d, generator=gen, dtype=torch.float64)
+    scales = torch.logspace(-2, 1, d, dtype=torch.float64)
+    f, g = f * scales + 3.0, g * scales - 1.0
+    f[:, 0] = 2.5            # constant
+    g[:, 1] *= 1e-5          # variance 1e-10 of its own: under the floor of the largest
+    return f, g
+
+
+def test_collapse_figures__equal_a_direct_float64_computation() -> None:
+    f, g = _encodings()
+    got = {k: float(v) for k, v in encoding_figures(f, g).items()}
+    want = _direct(f.numpy(), g.numpy())
+    assert got["dead_dims"] == pytest.approx(2 / 16)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-10, abs=1e-12), key
+
+
+def test_collapse_figures__of_merged_clients_equal_those_of_the_pooled_batch() -> None:
+    f, g = _encodings(n=60, seed=3)
+    sizes = [1, 4, 15, 40]  # uneven, a one-sample client among them
+    parts = [encoding_stats(a, b) for a, b in zip(f.split(sizes), g.split(sizes), strict=True)]
+    merged = collapse_figures(merge(parts).moments())
+    pooled = encoding_figures(f, g)
+    for key, value in pooled.items():
+        assert float(merged[key]) == pytest.approx(float(value), rel=1e-10), key
+
+
+def test_collapse_figures__of_vicreg_statistics_read_the_views_and_fs_own_rank() -> None:
+    f, g = _encodings(seed=5)
+    got = collapse_figures(encoding_stats(f, g, VICREG_STATS).moments())
+    cco = encoding_figures(f, g)
+    assert float(got["dead_dims"]) == pytest.approx(float(cco["dead_dims"]))
+    assert float(got["corr_diag"]) == pytest.approx(float(cco["corr_diag"]), rel=1e-10)
+    fa = f.numpy()
+    live = fa.var(0) > DEAD_FLOOR * max(fa.var(0).max(), g.numpy().var(0).max())
+    z = (fa[:, live] - fa[:, live].mean(0)) / fa[:, live].std(0)
+    s = np.linalg.svd(z.T @ z / len(z), compute_uv=False)
+    p = s / s.sum()
+    assert float(got["eff_rank"]) == pytest.approx(float(np.exp(-(p * np.log(p)).sum())),
+                                                   rel=1e-9)
+
+
+def test_effective_rank__of_known_spectra() -> None:
+    assert float(effective_rank(torch.eye(7))) == pytest.approx(7.0)
+    assert float(effective_rank(torch.outer(torch.ones(5), torch.arange(5.0)))) == \
+        pytest.approx(1.0)
+    assert float(effective_rank(torch.zeros(4, 4))) == 0.0
+
+
+def test_collapse_figures__constant_encodings_are_all_dead() -> None:
+    f = torch.full((10, 6), 0.3, dtype=torch.float64)
+    figures = encoding_figures(f, f.clone())
+    assert float(figures["dead_dims"]) == 1.0
+    assert float(figures["corr_diag"]) == 0.0
+    assert float(figures["eff_rank"]) == 0.0
+
+
+def test_collapse_watch__judges_nothing_before_its_start_and_warns_once() -> None:
+    watch = CollapseWatch(watch_start(0))
+    dead = {"dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0}
+    assert watch.check(watch_start(0) - 1, dead, 16) is None
+    message = watch.check(watch_start(0), dead, 16)
+    assert message is not None and "dimensions" in message and "optim.lr" in message
+    assert watch.check(watch_start(0) + 10, dead, 16) is None
+    assert watch.message == message
