@@ -12,11 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from dcco.flower import DCCO, SecAgg, answer, codec, secure_aggregation_mod
+from dcco.flower import DCCO, RoundsSkipped, SecAgg, answer, codec, secure_aggregation_mod
 from dcco.flower.inprocess import InProcessGrid
 from dcco.flower.userapp import _views
 from dcco.methods import Segments, build_method
@@ -55,11 +63,26 @@ def _client_app(model=lambda: UserCNN().double(), samples=_samples) -> ClientApp
     def train(msg: Message, context: Context) -> Message:
         return answer(msg, context, model(), samples(context.node_id), augment=_augment)
 
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:  # the encodings' mean, a metric
+        net = model()
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        x = samples(context.node_id)
+        with torch.no_grad():
+            mean = float(net(x).mean()) if len(x) else 0.0
+        return Message(RecordDict({"metrics": MetricRecord(
+            {"mean": mean, "round": int(msg.content["config"]["server-round"]),
+             "num-examples": len(x)})}), reply_to=msg)
+
     return app
 
 
 def _grid(nodes: int = 4, tamper=None, **kw) -> InProcessGrid:
-    return InProcessGrid(_client_app(**kw), [{}] * nodes, {}, tamper)
+    """``nodes`` nodes of ``_client_app(**kw)``; ``tamper`` sees the training replies."""
+    train_only = None if tamper is None else (
+        lambda n, msg, reply: tamper(n, msg, reply)
+        if msg.metadata.message_type == MessageType.TRAIN else reply)
+    return InProcessGrid(_client_app(**kw), [{}] * nodes, {}, train_only)
 
 
 def _initial() -> tuple[nn.Module, ArrayRecord]:
@@ -128,7 +151,7 @@ def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():
     grid.send_and_receive = lambda msgs, timeout=None: sent.append(len(list(msgs) or [])) \
         or original(msgs, timeout=timeout)
     strategy = DCCO(method="contrastive_fedavg", optimizer="adam", lr=1e-3,
-                    min_available_nodes=4)
+                    min_available_nodes=4, fraction_evaluate=0.0)  # training's exchanges
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
     # the 1-sample node cannot take a within-client loss: it fails, and is counted
@@ -184,8 +207,10 @@ def test_strategy__malformed_and_failed_replies_are_counted_and_the_round_goes_o
 
 def test_strategy__too_few_valid_replies_skip_the_round_and_leave_the_model():
     _, initial = _initial()
-    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, min_survivors=4).start(
-        grid=_grid(tamper=_lose(4, "stats")), initial_arrays=initial, num_rounds=1)
+    with pytest.raises(RoundsSkipped, match="every one of the 1 rounds was skipped") as e:
+        DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, min_survivors=4).start(
+            grid=_grid(tamper=_lose(4, "stats")), initial_arrays=initial, num_rounds=1)
+    result = e.value.result
     m = result.train_metrics_clientapp[1]
     assert m["skipped"] == 1 and m["stats-accepted"] == 3 and m["stats-missing"] == 1
     assert "update-sent" not in m
@@ -203,10 +228,11 @@ def test_strategy__a_bad_model_or_an_empty_node_is_a_failed_reply_that_is_counte
             return self.conv(x)
 
     flat = Flat().double()
-    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=2).start(
-        grid=_grid(2, model=lambda: Flat().double()), initial_arrays=ArrayRecord(
-            flat.state_dict()), num_rounds=1)
-    m = result.train_metrics_clientapp[1]
+    with pytest.raises(RoundsSkipped) as e:
+        DCCO(optimizer="adam", lr=1e-3, min_available_nodes=2).start(
+            grid=_grid(2, model=lambda: Flat().double()), initial_arrays=ArrayRecord(
+                flat.state_dict()), num_rounds=1)
+    m = e.value.result.train_metrics_clientapp[1]
     assert m["skipped"] == 1 and m["stats-failed"] == 2
     _, initial = _initial()
     empty = {3: torch.zeros(0, 1, 8, 8, dtype=torch.float64)}
@@ -405,7 +431,8 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
     model, initial = _initial()
     # FedAvg's server (SGD at rate 1): the weights move by the average update itself
     strategy = DCCO(method=method, optimizer="sgd", lr=1.0, weight_decay=0.0,
-                    min_available_nodes=4, schedule="constant", secagg=_secagg())
+                    warmup_rounds=0, min_available_nodes=4, schedule="constant",
+                    secagg=_secagg())
     result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
     assert (m["stats-accepted"], m["update-accepted"], m["skipped"]) == (4, 4, 0)
@@ -495,8 +522,7 @@ def test_strategy__flowers_own_hooks_give_starts_round_for_a_fedavg_method():
           "min_available_nodes": 4}
     expected = DCCO(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=1)
     strategy, grid = DCCO(**kw), _grid()
-    strategy.start(grid=grid, initial_arrays=initial, num_rounds=0)  # sets the weights
-    strategy._rounds = 1
+    strategy.begin(initial, num_rounds=1)  # what start sets before its first round
     messages = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
     arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
     assert _rel(arrays.to_torch_state_dict(), expected.arrays.to_torch_state_dict()) <= 1e-12
@@ -584,3 +610,125 @@ def test_strategy_in_flowers_simulation__equals_the_reference_round(method, secu
         # between 4e-12 and 2e-9 (measured over runs); 1e-7 leaves that room, 10⁴ below the
         # 1e-3 the SecAgg+ case allows for its quantisation
         assert _rel(got, expected) <= 1e-7, _rel(got, expected)
+
+
+def test_strategy__federated_evaluation_runs_the_users_evaluate_and_fills_the_result():
+    """DCCO takes FedAvg's evaluation arguments: after each round the sampled nodes'
+    ``@app.evaluate`` gets the new model and the config, and its metrics, weighted by
+    ``num-examples``, reach ``Result.evaluate_metrics_clientapp``."""
+    _, initial = _initial()
+    strategy = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.5,
+                    min_evaluate_nodes=2)
+    result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2,
+                            evaluate_config=ConfigRecord({"batch": 4}))
+    assert sorted(result.evaluate_metrics_clientapp) == [1, 2]
+    for r in (1, 2):
+        assert result.evaluate_metrics_clientapp[r]["round"] == r
+        assert math.isfinite(result.evaluate_metrics_clientapp[r]["mean"])
+    none = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.0)
+    assert not none.start(grid=_grid(), initial_arrays=initial,
+                          num_rounds=1).evaluate_metrics_clientapp
+    with pytest.raises(ValueError, match="train_metrics_aggr_fn: DCCO's training metrics"):
+        DCCO(train_metrics_aggr_fn=lambda records, key: None)
+    with pytest.raises(ValueError, match="weighted_by_key = 'n'.*sample count"):
+        DCCO(weighted_by_key="n")
+
+
+def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognised(caplog):
+    """A ClientApp still on FedAvg's train handler (it loads DCCO's packed arrays as its
+    state_dict): every node's error is logged, the skipped round says why and what to
+    change, and a run with every round skipped ends in an error, not a saved model."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:  # FedAvg's handler, not answer()
+        model = UserCNN().double()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict())}), reply_to=msg)
+
+    _, initial = _initial()
+    grid = InProcessGrid(app, [{}] * 3, {})
+    with caplog.at_level("WARNING", logger="flwr.dcco"), \
+            pytest.raises(RoundsSkipped, match="every one of the 2 rounds was skipped"):
+        DCCO(optimizer="adam", lr=1e-3, min_available_nodes=3, fraction_evaluate=0.0).start(
+            grid=grid, initial_arrays=initial, num_rounds=2)
+    text = caplog.text
+    for node in (1, 2, 3):
+        assert f"DCCO round 1, stats: node {node} failed:" in text
+    assert "skipped, the model unchanged: stats: 0 valid replies" in text
+    assert "does not answer with dcco.flower.answer" in text
+    with pytest.raises(ValueError, match="num_rounds must be an integer >= 1, got 0"):
+        DCCO().start(grid=_grid(), initial_arrays=initial, num_rounds=0)
+    with pytest.raises(ValueError, match=r"train_config\['lr'\] = 0.01.*DCCO\(lr="):
+        DCCO().start(grid=_grid(), initial_arrays=initial, num_rounds=1,
+                     train_config=ConfigRecord({"lr": 0.01}))
+
+
+def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
+    """A node's samples as its FedAvg handler has them: a DataLoader of (input, label)
+    batches or of dicts (Flower's quickstart), or a Dataset, give the same round as the
+    tensor; samples that are not images without an augmentation are refused."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dcco.flower.userapp import node_samples
+
+    x = _samples(4)
+    labels = torch.arange(len(x))
+    pairs = DataLoader(TensorDataset(x, labels), batch_size=2)
+    dicts = DataLoader([{"img": a, "label": b} for a, b in zip(x, labels, strict=True)],
+                       batch_size=3)
+    for given in (pairs, dicts, TensorDataset(x, labels)):
+        assert torch.equal(node_samples(given), x)
+    strategy, model = DCCO(optimizer="adam", lr=1e-3), UserCNN().double()
+    msg = Message(RecordDict({"config": strategy._config("stats", 1, {}),
+                              "arrays": codec.array_record(model.state_dict())}),
+                  dst_node_id=1, message_type="train")
+
+    def reply(samples):
+        context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                          run_config={})
+        out = answer(msg, context, UserCNN().double(), samples, augment=_augment)
+        return codec.tensors_of(out.content.array_records["statistics"])
+
+    torch.manual_seed(0)
+    want = reply(x)
+    for given in (pairs, TensorDataset(x, labels)):
+        torch.manual_seed(0)
+        got = reply(given)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="identical views teach the encoder nothing"):
+        answer(msg, context, nn.Linear(5, 3), torch.randn(4, 5))
+
+
+def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path):
+    """``checkpoint=``: the model, the server optimiser and the node sampling after every
+    round; a second ``start`` after three of five rounds ends where one run of five does."""
+    _, initial = _initial()
+    kw = {"optimizer": "adam", "lr": 1e-2, "min_available_nodes": 4, "fraction_train": 0.5,
+          "fraction_evaluate": 0.5}
+    whole = DCCO(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=5)
+    path = tmp_path / "strategy.pt"
+    first = DCCO(**kw, checkpoint=path)
+    grid = _grid()
+    original = first._round
+
+    def stop_after_three(grid, r, config, timeout):
+        if r == 4:
+            raise KeyboardInterrupt  # the ServerApp stopped
+        return original(grid, r, config, timeout)
+
+    first._round = stop_after_three
+    with pytest.raises(KeyboardInterrupt):
+        first.start(grid=grid, initial_arrays=initial, num_rounds=5)
+    assert torch.load(path, weights_only=True)["round"] == 3
+    resumed = DCCO(**kw, checkpoint=path).start(grid=grid, initial_arrays=initial,
+                                                num_rounds=5)
+    assert _rel(resumed.arrays.to_torch_state_dict(), whole.arrays.to_torch_state_dict()) \
+        <= 1e-12
+    assert sorted(resumed.train_metrics_clientapp) == [1, 2, 3, 4, 5]
+    assert resumed.train_metrics_clientapp[5]["loss"] == pytest.approx(
+        whole.train_metrics_clientapp[5]["loss"], rel=1e-12)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt is not a DCCO strategy checkpoint"):
+        DCCO(**kw, checkpoint=tmp_path / "junk.pt").start(grid=grid, initial_arrays=initial)

@@ -30,6 +30,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -43,6 +44,7 @@ from dcco.collapse import CollapseWatch, collapse_figures, watch_start
 from dcco.flower import codec, polling, secure_round
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
 from dcco.flower.secure_round import SecAgg
+from dcco.flower.strategy_checkpoint import resume_strategy, save_strategy
 from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
@@ -106,7 +108,13 @@ class DCCO(Strategy):
             ``cached``: the strategy keeps every node's last statistics and merges those of
             the nodes absent from a round into its S_A (FedSC's partial participation,
             ``dcco.statistics_cache``: not a centralized step; a statistics method with
-            plain messages; kept in memory for the run of ``start``).
+            plain messages; kept for the run of ``start``, and in ``checkpoint``).
+        checkpoint: a file the strategy rewrites atomically after every round: the model,
+            the server optimiser's state, the round, the node sampling's state, FedSC's cache
+            and the metrics so far. A ``start`` that finds it resumes after its last round (a
+            stopped ServerApp is started again with the same arguments; ``initial_arrays``
+            is then ignored, and the log says so), to the same model as an uninterrupted
+            run. None: no checkpoint.
     """
 
     def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -121,7 +129,8 @@ class DCCO(Strategy):
                  schedule: str = "cosine", vector_lr_scale: float = 1.0,
                  local_lr: float = 1.0, min_survivors: int = 1, seed: int = 0,
                  trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
-                 absent_statistics: str = "drop") -> None:
+                 absent_statistics: str = "drop", checkpoint: str | Path | None = None
+                 ) -> None:
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if not 0 <= fraction_evaluate <= 1:
@@ -160,6 +169,7 @@ class DCCO(Strategy):
                              "SecAgg+ shows the server only their sum: use plain messages "
                              "(secagg=None) or 'drop'")
         self.absent_statistics = absent_statistics
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
         self.watch = CollapseWatch(watch_start(warmup_rounds))
         self.cache: StatisticsCache | None = None
         """Every node's last statistics under ``absent_statistics='cached'`` (from
@@ -318,25 +328,15 @@ class DCCO(Strategy):
                              f"and set DCCO(lr=...) instead")
         self.summary()
         result = Result(arrays=initial_arrays)
-        self._weights = {k: v.clone() for k, v in codec.tensors_of(initial_arrays).items()}
-        self._rounds, self._params, self._optimizer = num_rounds, {}, None
-        self._rng = random.Random(self.seed)
-        self._eval_rng = random.Random(derive_seed(self.seed, "evaluate"))
-        self.cache = StatisticsCache() if self.absent_statistics == "cached" else None
-        self.watch = CollapseWatch(watch_start(self.optim.warmup_steps))
-        self.trained = None if self._given is None else list(self._given)
-        floating = {k for k, v in self._weights.items() if v.is_floating_point()}
-        if self.trained is not None and not set(self.trained) <= floating:
-            raise ValueError(f"trained names arrays that initial_arrays does not hold as "
-                             f"floating tensors: {sorted(set(self.trained) - floating)[:3]}")
-        if self.secagg is not None and (lacking := [
-                k for k in self.secagg.model.state_dict() if k not in self._weights]):
-            raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
-                             f"state_dict of the nodes' model")
-        if evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
+        self.begin(initial_arrays, num_rounds)
+        first, skipped = 1, []
+        if self.checkpoint is not None and self.checkpoint.is_file():
+            first, skipped = resume_strategy(self, self.checkpoint, result, num_rounds)
+            LOG.info("DCCO: resuming from %s after round %d of %d (initial_arrays ignored)",
+                     self.checkpoint, first - 1, num_rounds)
+        elif evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
             result.evaluate_metrics_serverapp[0] = res
-        skipped: list[str] = []
-        for r in range(1, num_rounds + 1):
+        for r in range(first, num_rounds + 1):
             started = time.perf_counter()
             arrays, metrics = self._round(grid, r, config, timeout)
             record = (dict(metrics) | {"skipped": 0.0} if metrics is not None
@@ -353,12 +353,35 @@ class DCCO(Strategy):
             self._evaluate(grid, r, result, evaluate_config, timeout)
             if evaluate_fn is not None and (res := evaluate_fn(r, result.arrays)) is not None:
                 result.evaluate_metrics_serverapp[r] = res
+            if self.checkpoint is not None:
+                save_strategy(self, self.checkpoint, r, num_rounds, result, skipped)
         if len(skipped) == num_rounds:
             raise RoundsSkipped(
                 f"every one of the {num_rounds} rounds was skipped, so the model was never "
                 f"trained: " + "; ".join(skipped[:3])
-                + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""))
+                + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""), result)
         return result
+
+    def begin(self, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+        """A run's start: the weights of ``initial_arrays``, a fresh server optimiser, node
+        sampling and collapse watch, and the checks of ``trained`` and ``secagg`` against
+        the arrays (``start`` calls it; Flower's own loop of ``configure_train`` and
+        ``aggregate_train`` needs it called first)."""
+        self._weights = {k: v.clone() for k, v in codec.tensors_of(initial_arrays).items()}
+        self._rounds, self._params, self._optimizer = num_rounds, {}, None
+        self._rng = random.Random(self.seed)
+        self._eval_rng = random.Random(derive_seed(self.seed, "evaluate"))
+        self.cache = StatisticsCache() if self.absent_statistics == "cached" else None
+        self.watch = CollapseWatch(watch_start(self.optim.warmup_steps))
+        self.trained = None if self._given is None else list(self._given)
+        floating = {k for k, v in self._weights.items() if v.is_floating_point()}
+        if self.trained is not None and not set(self.trained) <= floating:
+            raise ValueError(f"trained names arrays that initial_arrays does not hold as "
+                             f"floating tensors: {sorted(set(self.trained) - floating)[:3]}")
+        if self.secagg is not None and (lacking := [
+                k for k in self.secagg.model.state_dict() if k not in self._weights]):
+            raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
+                             f"state_dict of the nodes' model")
 
     def _evaluate(self, grid: Grid, r: int, result: Result, config: ConfigRecord | None,
                   timeout: float) -> None:
@@ -505,7 +528,16 @@ class DCCO(Strategy):
 
 
 class RoundsSkipped(RuntimeError):
-    """Every round of ``DCCO.start`` was skipped: the model was never trained."""
+    """Every round of ``DCCO.start`` was skipped: the model was never trained.
+
+    Attributes:
+        result: the run's ``Result`` (its metrics say, round by round, what became of the
+            replies).
+    """
+
+    def __init__(self, message: str, result: Result) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 NOT_ANSWERED = ("layout", "packed", "state_dict", "statistics", "arrays")

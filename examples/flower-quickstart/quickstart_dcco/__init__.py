@@ -1,0 +1,1 @@
+"""Flower's quickstart-pytorch with DCCO: see ../pyproject.toml."""
