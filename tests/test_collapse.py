@@ -108,3 +108,57 @@ def test_collapse_watch__judges_nothing_before_its_start_and_warns_once() -> Non
     assert message is not None and "dimensions" in message and "optim.lr" in message
     assert watch.check(watch_start(0) + 10, dead, 16) is None
     assert watch.message == message
+
+
+class _Constant(torch.nn.Module):
+    """An encoder whose output does not depend on its input, whatever its parameter: the
+    quickstart Net's fate when its outputs went constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.level = torch.nn.Parameter(torch.zeros(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.level.expand(x.shape[0], -1)
+
+
+def _vector_clients(n_clients: int = 12, per: int = 4) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {f"c{k}": torch.randn(per, 12, generator=gen) for k in range(n_clients)}
+
+
+def _noise(x: torch.Tensor) -> torch.Tensor:
+    return x + 0.3 * torch.randn_like(x)
+
+
+def test_collapse_watch__a_constant_model_is_warned_and_recorded(tmp_path):
+    import json
+
+    import dcco
+    from dcco.collapse import CollapseWarning
+
+    with pytest.warns(CollapseWarning, match="100% of the encodings' dimensions no longer vary"):
+        done = dcco.fit(_Constant(), _vector_clients(), rounds=20, augment=_noise,
+                        clients_per_round=6, projector=(8, 8), run_dir=tmp_path / "r",
+                        progress=False)
+    assert done.collapse == {"round": 20, "dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0}
+    assert done.collapse_warning.startswith("collapse at round 20:")
+    records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["round"] for r in records if r.get("warning") == "collapse"] == [20]
+    assert all(r["dead_dims"] == 1.0 for r in records if "dead_dims" in r)
+
+
+def test_collapse_watch__a_learning_run_is_not_warned(tmp_path, recwarn):
+    """An MLP on vectors whose two views share most of their signal: its figures stay those
+    of a live encoder, and no warning comes."""
+    import dcco
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    done = dcco.fit(mlp, _vector_clients(), rounds=30, augment=_noise, clients_per_round=6,
+                    projector=(16, 16), run_dir=tmp_path / "r", progress=False)
+    assert done.collapse_warning is None
+    assert done.collapse["dead_dims"] == 0.0 and done.collapse["eff_rank"] > 3
+    assert done.collapse["corr_diag"] > 0.3
+    assert not [w for w in recwarn if "collapse" in str(w.message)]

@@ -142,6 +142,12 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
                    for k in caches[0])
     records = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").open()]
     assert [r["round"] for r in records if "loss" in r] == [2, 4, 5]  # one writer, no repeats
+    # the collapse figures of the all-reduced S_A: the single process's
+    single = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").open()]
+    for a, b in zip([r for r in records if "loss" in r], [r for r in single if "loss" in r],
+                    strict=True):
+        for key in ("dead_dims", "corr_diag", "eff_rank"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-9), key
 
 
 @pytest.mark.slow

@@ -539,6 +539,10 @@ def test_a_flower_run_directory_works_with_evaluate_and_compare(make_federation,
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses and all(math.isfinite(v) for v in losses)
+    # the collapse figures of each record's S_A, in the records and the summary
+    logged = [r for r in records if "loss" in r]
+    assert all(0 <= r["dead_dims"] <= 1 and r["eff_rank"] >= 0 for r in logged)
+    assert summary["collapse"]["round"] == cfg.train.rounds
     assert main(["evaluate", str(tmp_path / "run")]) == 0
     assert main(["compare", str(tmp_path / "run"), "--out", str(tmp_path / "cmp")]) == 0
     table = (tmp_path / "cmp.md").read_text()

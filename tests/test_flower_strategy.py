@@ -141,6 +141,7 @@ def test_strategy_rounds__equal_the_reference_round_with_the_users_model(method)
         m = result.train_metrics_clientapp[r]
         assert m["stats-accepted"] == 4 and m["update-accepted"] == 4 and m["skipped"] == 0
         assert m["num-examples"] == sum(SIZES) and math.isfinite(m["loss"])
+        assert 0 <= m["dead_dims"] <= 1 and m["eff_rank"] >= 1  # the figures of its S_A
 
 
 def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():

@@ -853,7 +853,8 @@ def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
     with bar:
         summary = run_pretraining(cfg, run, train_set, test_set, resume=resume,
                                   on_round=on_round, model=model, stop=stop, augment=augment,
-                                  on_warning=lambda text: bar.note(f"warning: {text}"))
+                                  on_warning=(lambda text: bar.note(f"warning: {text}"))
+                                  if bar.enabled else None)
     plot_run_curves(run)
     return summary
 
