@@ -57,10 +57,20 @@ CARRY_LIMIT = 64 << 20
 and the carried paths (``.gpu/``, and the unfinished cells' checkpoints)."""
 CARRY_MARGIN = 1 << 20
 """Left free under ``CARRY_LIMIT`` for the records a session adds to the tree."""
-CELL_ORDER = ("non-iid-4-*-s0", "centralized_cco-s0", "non-iid-16-*-s0", "*-s0", "*")
-"""The order the cells start in (``dcco reproduce --cells``): the decisive setting first (DCCO,
-CCO + FedAvg and contrastive FedAvg at non-IID 4, seed 0, side by side), then centralized
-CCO, non-IID 16, the rest of seed 0, then the other seeds."""
+CELL_ORDER = ("non-iid-4-dcco-s0", "centralized_cco-s0", "non-iid-4-contrastive_fedavg-s0",
+              "supervised-s0", "non-iid-16-dcco-s0", "non-iid-16-contrastive_fedavg-s0",
+              "non-iid-4-dcco-s1", "centralized_cco-s1", "non-iid-4-contrastive_fedavg-s1",
+              "non-iid-4-dcco-s2", "centralized_cco-s2", "non-iid-4-contrastive_fedavg-s2",
+              "*-s0", "*")
+"""The order the cells start in (``dcco reproduce --cells``), each named, never left to a
+pattern's alphabetical order: DCCO at non-IID 4 and centralized CCO (seed 0) first, then
+what the verdict sets them beside (contrastive FedAvg at non-IID 4, supervised training),
+then DCCO and contrastive FedAvg at non-IID 16, then seeds 1 and 2 of the decisive cells,
+then the rest. Finished cells are skipped."""
+PILOT_SCALES = ("gpu", "gpu-paper", "gpu-lars", "gpu-warmup")
+"""The recipes the pilot (``benchmarks/recipe_pilot.py``) weighs, in its tie order: the
+`gpu` scale's, chosen on the CPU (docs/results.md, "Collapse"), then the paper's Adam 5e-3,
+LARS and Adam 5e-3 with a long warm-up."""
 GPU_RUNGS = ("eager float32", "+ bf16", "+ compile", "+ CUDA graphs")
 """The ladder's rungs that decide ``auto`` on CUDA (precision and compilation)."""
 CELL_FILES = ("config.toml", "metrics.jsonl", "summary.json", "version.json")
@@ -151,23 +161,39 @@ def machine_record(out: Path) -> dict:
 
 
 def gpu_record(prefix: str) -> Path | None:
-    """A committed record of a phase (``round_cost``, ``precision_check``) made on a GPU, if
-    any: the ladder and the precision check decide ``auto`` on CUDA once, and a later lease
-    gives their minutes to the cells."""
+    """A committed record of a phase (``round_cost``, ``recipe_pilot``, ``precision_check``)
+    made on a GPU, if any: the ladder, the pilot and the precision check run once on CUDA,
+    and a later lease gives their minutes to the cells."""
     found = sorted(p for p in (ROOT / "benchmarks" / "results").glob(f"{prefix}_*.json")
-                   if p.stem != f"{prefix}_cpu")
+                   if "_cpu" not in p.stem)
     return found[0] if found else None
 
 
+def picked_scale(record: Path | None, default: str) -> tuple[str, str]:
+    """The scale a recipe pilot's record picked, and why; ``default`` (and why) when there
+    is no record, or it picked none."""
+    if record is None or not record.is_file():
+        return default, f"no pilot record: the grid runs --scale {default}"
+    data = json.loads(record.read_text())
+    if data.get("picked"):
+        return data["picked"], f"the pilot ({record.name}) picked it: {data['why']}"
+    return default, f"the pilot ({record.name}) picked none ({data.get('why')}); {default}"
+
+
 def phase_shares(minutes: float, on_gpu: bool, ladder: float | None,
-                 precision: float | None) -> dict[str, tuple[float, Path | None]]:
-    """The ladder's and the precision check's minutes, and the GPU record that made a phase's
-    default none: a third of the budget (at most 3 min) and a sixth (at most 1.5 min) unless
-    asked for (``ladder``, ``precision``), none on a GPU once a GPU's record is committed."""
+                 precision: float | None, pilot: float | None = None,
+                 scale: str | None = None) -> dict[str, tuple[float, Path | None]]:
+    """The ladder's, the recipe pilot's and the precision check's minutes, and the GPU
+    record that made a phase's default none: a third of the budget (at most 3 min), a
+    quarter (at most 2.5 min) and a sixth (at most 1.5 min) unless asked for (``ladder``,
+    ``pilot``, ``precision``), none on a GPU once a GPU's record is committed (the precision
+    check's: at ``scale``, the recipe the grid runs)."""
     shares = {}
-    for name, asked, prefix, share, most in (("ladder", ladder, "round_cost", 1 / 3, 3.0),
-                                             ("precision", precision, "precision_check",
-                                              1 / 6, 1.5)):
+    for name, asked, prefix, share, most in (
+            ("ladder", ladder, "round_cost", 1 / 3, 3.0),
+            ("pilot", pilot, "recipe_pilot", 1 / 4, 2.5),
+            ("precision", precision, f"precision_check_*_{scale}" if scale else
+             "precision_check", 1 / 6, 1.5)):
         done = gpu_record(prefix) if on_gpu and asked is None else None
         shares[name] = (asked if asked is not None else 0.0 if done is not None
                         else min(most, share * minutes), done)
@@ -342,7 +368,10 @@ def run(args: argparse.Namespace) -> int:
     session: dict = {"minutes": args.minutes, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "phases": []}
     record = machine_record(out)
+    if record["commit"] != "unknown":  # the cells' version.json, where git is not
+        os.environ.setdefault("DCCO_SOURCE_COMMIT", record["commit"])
     session["machine"] = record.get("gpu", "cpu")
+    session["tree"] = str(ROOT)
     _write_json(session_path, session)
     on_gpu = record["cuda_available"] and args.device != "cpu"
     _say(f"machine: {session['machine']}, torch {record['torch']}; budget "
@@ -352,7 +381,8 @@ def run(args: argparse.Namespace) -> int:
     py = sys.executable
     records = str(out / "records")
     reserve = max(10.0, 0.02 * 60 * args.minutes)  # for the pack at the end
-    shares = phase_shares(args.minutes, on_gpu, args.ladder_minutes, args.precision_minutes)
+    shares = phase_shares(args.minutes, on_gpu, args.ladder_minutes, args.precision_minutes,
+                          args.pilot_minutes)
 
     def left() -> float:
         return deadline - time.monotonic() - reserve
@@ -361,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
     rungs = args.ladder_steps or (list(GPU_RUNGS) if on_gpu else ["eager float32"])
     steps = ["--steps", *rungs]
     methods = ["--methods", *args.ladder_methods] if args.ladder_methods else []
+    pilot_record = out / "records" / "recipe_pilot.json"
+    pilot_share = shares["pilot"]
     phases = [
         ("ladder", [py, "benchmarks/round_cost.py", "--scale", args.ladder_scale, "--device",
                     "cuda" if on_gpu else "cpu", "--out", records, *steps, *methods],
@@ -368,28 +400,31 @@ def run(args: argparse.Namespace) -> int:
         ("profile", [py, "benchmarks/round_profile.py", "--grid", str(args.grid), "--scale",
                      args.scale, "--warmup", str(args.profile_warmup), "--out", records,
                      *overrides], (args.profile_minutes, None)),
-        ("precision", [py, "benchmarks/precision_check.py", "--grid", str(args.grid),
-                       "--scale", args.scale, "--rounds", str(args.precision_rounds),
-                       "--knn-every", str(max(1, args.precision_rounds // 4)),
-                       "--fast-precision", "bf16", "--fast-compile",
-                       "on" if on_gpu else "off", "--work", str(out / "precision-work"),
-                       "--out", records, *overrides], shares["precision"]),
+        ("pilot", [py, "benchmarks/recipe_pilot.py", "--grid", str(args.grid), "--scales",
+                   *args.pilot_scales, "--rounds", str(args.pilot_rounds), "--jobs",
+                   str(len(args.pilot_scales)), "--out", str(out / "pilot-work"), "--record",
+                   str(pilot_record)], pilot_share),
     ]
     for name, command, (minutes, done) in phases:
-        if minutes <= 0:
-            why = (f"skipped: a GPU's record exists ({done.relative_to(ROOT)}); "
-                   f"--{name}-minutes runs it again" if done is not None
-                   else "skipped: not asked for (0 minutes)")
-            session["phases"].append({"phase": name, "command": " ".join(command),
-                                      "minutes_allowed": 0, "minutes": 0, "outcome": why})
-            _say(f"{name}: {why}")
-            _write_json(session_path, session)
-            continue
-        run_phase(name, command, min(60 * minutes, left()), log, session, session_path)
+        _phase(name, command, minutes, done, left, log, session, session_path)
+    scale, why = picked_scale(pilot_record if pilot_record.is_file() else pilot_share[1],
+                              args.scale)
+    session["scale"], session["scale_why"] = scale, why
+    _say(f"the grid's scale: {scale} ({why})")
+    grid_out = args.grid_out or Path("experiments/results") / f"{args.grid.stem}-{scale}"
+    precision = phase_shares(args.minutes, on_gpu, args.ladder_minutes,
+                             args.precision_minutes, args.pilot_minutes, scale)["precision"]
+    _phase("precision", [py, "benchmarks/precision_check.py", "--grid", str(args.grid),
+                         "--scale", scale, "--tag", scale, "--rounds",
+                         str(args.precision_rounds), "--knn-every",
+                         str(max(1, args.precision_rounds // 4)), "--fast-precision", "bf16",
+                         "--fast-compile", "on" if on_gpu else "off", "--work",
+                         str(out / "precision-work"), "--out", records, *overrides],
+           *precision, left, log, session, session_path)
     # the grid's own start-up and table come out of its share
     grid_minutes = (left() - max(5.0, min(30.0, 0.05 * 60 * args.minutes))) / 60
-    grid_command = [py, "-m", "dcco", "reproduce", str(args.grid), "--scale", args.scale,
-                    "--out", str(args.grid_out), "--jobs", args.jobs, "--time-budget",
+    grid_command = [py, "-m", "dcco", "reproduce", str(args.grid), "--scale", scale,
+                    "--out", str(grid_out), "--jobs", args.jobs, "--time-budget",
                     f"{max(grid_minutes, 0.01):.2f}", "--no-progress",
                     *[x for p in args.cells for x in ("--cells", p)]]
     if grid_minutes > 0.05:
@@ -398,6 +433,7 @@ def run(args: argparse.Namespace) -> int:
                   session, session_path)
     else:
         run_phase("grid", grid_command, 0, log, session, session_path)
+    args.grid_out = grid_out
     session["checkpoints"] = pack_checkpoints(out, args.grid_out,
                                               session["carry_budget_bytes"])
     archive = pack(out, args.grid_out)
@@ -410,19 +446,66 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _phase(name: str, command: list[str], minutes: float, done: Path | None,
+           left, log: Path, session: dict, session_path: Path) -> None:
+    """One phase with its share of minutes, or its record of being skipped (``done``: the
+    committed record that made its share none)."""
+    if minutes <= 0:
+        why = (f"skipped: a GPU's record exists ({done.relative_to(ROOT)}); "
+               f"--{name}-minutes runs it again" if done is not None
+               else "skipped: not asked for (0 minutes)")
+        session["phases"].append({"phase": name, "command": " ".join(command),
+                                  "minutes_allowed": 0, "minutes": 0, "outcome": why})
+        _say(f"{name}: {why}")
+        _write_json(session_path, session)
+        return
+    run_phase(name, command, min(60 * minutes, left()), log, session, session_path)
+
+
 def detach(args: argparse.Namespace) -> int:
-    """Start this session in a new process session, output to ``--out``/session.log."""
+    """Start this session in a new process session, from a copy of the tree outside it
+    (``session_tree``), output to ``--out``/session.log: a lent machine's device tool copies
+    the working tree afresh at every call, which would change or delete the files of a
+    session running inside it."""
     args.out.mkdir(parents=True, exist_ok=True)
+    tree = session_tree(args.out)
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     log = args.out / "session.log"
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(
+        str(tree / Path(p).resolve().relative_to(ROOT)) if _inside(p, ROOT) else p
+        for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)
     with open(log, "a") as fh:
-        process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv],
-                                   stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                                   start_new_session=True)
-    print(f"started the session as process {process.pid} in a new process session; follow "
-          f"it with: tail -n 20 {log}; the archive is {args.out / 'records.tar.gz'} once "
-          f"{args.out / 'DONE'} exists")
+        process = subprocess.Popen([sys.executable, str(tree / "benchmarks" / "gpu_session.py"),
+                                    *argv], stdout=fh, stderr=subprocess.STDOUT, cwd=tree,
+                                   env=env, start_new_session=True)
+    print(f"started the session as process {process.pid} in a new process session, from a "
+          f"copy of the tree in {tree}; follow it with: tail -n 20 {log}; the archive is "
+          f"{args.out / 'records.tar.gz'} once {args.out / 'DONE'} exists")
     return 0
+
+
+SKIPPED_IN_COPY = (".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".ruff_cache",
+                   ".hypothesis")
+"""What the session's copy of the tree leaves out (``session_tree``)."""
+
+
+def session_tree(out: Path) -> Path:
+    """A copy of the tree (``.gpu`` included, ``SKIPPED_IN_COPY`` left out) in a folder of its
+    own beside ``out``, for a detached session to run from."""
+    tree = out.resolve().parent / f"{out.resolve().name}-tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(*SKIPPED_IN_COPY), symlinks=True)
+    return tree
+
+
+def _inside(path: str, root: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(root)
+    except ValueError:
+        return False
+    return True
 
 
 def record_tag(session: dict) -> str:
@@ -454,8 +537,9 @@ def unpack(args: argparse.Namespace) -> int:
             if name.endswith(".log") or (len(parts) > 1 and parts[1] == ".logs"):
                 continue
             if parts[0] == "records":
-                target = results / (f"gpu_session_{tag}_machine.json"
-                                    if parts[-1] == "machine.json" else parts[-1])
+                target = results / ({"machine.json": f"gpu_session_{tag}_machine.json",
+                                     "recipe_pilot.json": f"recipe_pilot_{tag}.json"}
+                                    .get(parts[-1], parts[-1]))
             elif name == "session.json":
                 target = results / f"gpu_session_{tag}.json"
             elif len(parts) == 3 and parts[2] in CELL_FILES:
@@ -512,9 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["auto", "cpu"], default="auto",
                    help="cpu: run every phase on the CPU (the test of this script)")
     p.add_argument("--grid", type=Path, default=Path("experiments/table1_fmnist.toml"))
-    p.add_argument("--scale", default="gpu", help="the grid scale the cells and checks use")
-    p.add_argument("--grid-out", type=Path,
-                   default=Path("experiments/results/table1_fmnist-gpu"))
+    p.add_argument("--scale", default="gpu",
+                   help="the grid scale when no pilot picks one (and the profile's)")
+    p.add_argument("--grid-out", type=Path, default=None,
+                   help="the cells' folder (default: experiments/results/<grid>-<scale>, at "
+                        "the scale the pilot picked)")
     p.add_argument("--jobs", default=str(JOBS),
                    help=f"cells side by side (default {JOBS}: see JOBS)")
     p.add_argument("--ladder-scale", default="full")
@@ -527,6 +613,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", nargs="+", default=list(CELL_ORDER), metavar="PATTERN",
                    help="the cells, in the order they start (default: the decisive ones "
                         "first, CELL_ORDER)")
+    p.add_argument("--pilot-scales", nargs="+", default=list(PILOT_SCALES),
+                   help="the recipe pilot's candidate scales, in its tie order")
+    p.add_argument("--pilot-rounds", type=int, default=300)
+    p.add_argument("--pilot-minutes", type=float, default=None,
+                   help="the pilot's share (default: a quarter of the budget, at most 2.5 "
+                        "min; none once benchmarks/results/ holds a GPU's pilot, whose pick "
+                        "the grid then runs)")
     p.add_argument("--profile-warmup", type=int, default=10,
                    help="rounds before the profiled ones")
     p.add_argument("--precision-rounds", type=int, default=600)

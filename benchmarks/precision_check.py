@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None,
                     help="where the two run directories go (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON and plot here")
+    ap.add_argument("--tag", default="",
+                    help="appended to the record's name (the GPU session: the scale checked)")
     ap.add_argument("--sequential", action="store_true")
     # the child's arguments
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -145,7 +147,8 @@ def main() -> None:
           f"{'within' if record['within_tolerance'] else 'OUTSIDE'}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"precision_check_{re.sub(r'[^a-z0-9]+', '-', device.lower())}"
+        stem = args.out / (f"precision_check_{re.sub(r'[^a-z0-9]+', '-', device.lower())}"
+                           + (f"_{args.tag}" if args.tag else ""))
         stem.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
         plot(record, stem.with_suffix(".png"))
         print(f"wrote {stem}.json and {stem}.png")

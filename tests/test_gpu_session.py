@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -53,23 +54,39 @@ knn_queries = 50
 
 [scale.gpu]
 set = []
+
+[scale.gpu-lars]
+set = ['optim.name="lars"', "optim.lr=0.5"]
 """
 
 RECORDS = {"ladder": "records/round_cost_cpu.json", "profile": "records/round_profile_cpu.json",
-           "precision": "records/precision_check_cpu.json"}
+           "pilot": "records/recipe_pilot.json"}
 
 
 @pytest.mark.slow
 def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path, tiny_fmnist):
+    """The session as the device tool runs it: detached from a copy of the tree, which the
+    next call's fresh copy of the working tree cannot disturb (here the tree it started in
+    loses a module the moment it returns); the pilot picks a recipe by its rule, the
+    precision check and the grid run at it, the decisive cell first."""
+    import shutil
+
+    repo = tmp_path / "repo"  # the working tree, as the device tool copies it
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "runs", "__pycache__", ".pytest_cache", ".ruff_cache", ".gpu"))
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.format(data_dir=tiny_fmnist))
     out, cells = tmp_path / "session", tmp_path / "cells"
+    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
     started = subprocess.run(
         [sys.executable, "benchmarks/gpu_session.py", "run", "--minutes", "2", "--device",
          "cpu", "--detach", "--grid", str(grid), "--scale", "gpu", "--grid-out", str(cells),
-         "--ladder-scale", "tiny", "--precision-rounds", "4", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
-    assert "in a new process session" in started.stdout
+         "--ladder-scale", "tiny", "--precision-rounds", "4", "--pilot-scales", "gpu",
+         "gpu-lars", "--pilot-rounds", "4", "--out", str(out)],
+        cwd=repo, capture_output=True, text=True, check=True, timeout=120, env=env)
+    assert "in a new process session, from a copy of the tree" in started.stdout
+    (repo / "src" / "dcco" / "checkpoint.py").unlink()  # the next call's copy: gone
+    shutil.rmtree(repo / "benchmarks")
     # the session runs on after the command returned; its budget and each phase's grace
     # bound it, however busy the machine
     end = time.monotonic() + 900
@@ -82,14 +99,23 @@ def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path
         names = set(tar.getnames())
         session = json.load(tar.extractfile("session.json"))
         machine = json.load(tar.extractfile("records/machine.json"))
+        pilot = json.load(tar.extractfile("records/recipe_pilot.json"))
+    assert session["tree"] == str((tmp_path / "session-tree").resolve())
     assert machine["cuda_available"] is False and machine["code"]["source_sha256"]
     phases = {p["phase"]: p for p in session["phases"]}
-    assert list(phases) == ["ladder", "profile", "precision", "grid"]
+    assert list(phases) == ["ladder", "profile", "pilot", "precision", "grid"]
     assert phases["profile"]["outcome"] == "skipped: not asked for (0 minutes)"
     assert phases["ladder"]["minutes_allowed"] == pytest.approx(2 / 3)
     assert "--steps eager float32 --methods dcco contrastive_fedavg" in \
         phases["ladder"]["command"]
-    assert "--cells non-iid-4-*-s0 --cells centralized_cco-s0" in phases["grid"]["command"]
+    assert phases["pilot"]["outcome"] == "ok", phases["pilot"]
+    assert [c["scale"] for c in pilot["candidates"]] == ["gpu", "gpu-lars"]
+    assert pilot["picked"] == session["scale"] and session["scale"] in ("gpu", "gpu-lars")
+    assert f"--scale {session['scale']} --tag {session['scale']}" in \
+        phases["precision"]["command"]
+    assert f"--scale {session['scale']} " in phases["grid"]["command"]
+    assert "--cells non-iid-4-dcco-s0 --cells centralized_cco-s0 --cells " \
+        "non-iid-4-contrastive_fedavg-s0" in phases["grid"]["command"]
     for phase in session["phases"]:
         assert phase["outcome"] in ("ok", "interrupted at its time limit",
                                     "skipped: no time left",
@@ -123,6 +149,7 @@ def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path
     assert carried in placed and carried in done.stdout
     assert (repo / carried).read_bytes() == (first / "checkpoint.safetensors").read_bytes()
     assert not any(p.endswith(".log") for p in placed)
+    assert f"benchmarks/results/recipe_pilot_cpu-{stamp}.json" in placed
 
 
 def _session_module():
@@ -217,3 +244,21 @@ def test_unpack__two_leases_of_one_day_keep_apart_and_a_record_is_never_overwrit
     assert kept.read_bytes() == b'{"final_loss": 2}'
     # the same archive again changes nothing and is accepted
     assert gpu_session.main(["unpack", str(a), "--into", str(repo)]) == 0
+
+
+def test_recipe_pilot__the_rule_picks_the_best_uncollapsed_and_the_first_of_a_tie():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from recipe_pilot import pick
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    runs = [{"scale": "gpu", "knn": 0.700, "final_loss": 400.0, "rounds": 300},
+            {"scale": "gpu-paper", "knn": 0.800, "final_loss": 900.0, "rounds": 300,
+             "collapse_warning": "collapse at round 40: ..."},
+            {"scale": "gpu-lars", "knn": 0.704, "final_loss": 380.0, "rounds": 300},
+            {"scale": "gpu-warmup", "knn": 0.71, "final_loss": float("nan"), "rounds": 300}]
+    assert pick(runs)[0] == "gpu"          # gpu-lars is within 0.5 points: the first wins
+    runs[2]["knn"] = 0.72
+    assert pick(runs)[0] == "gpu-lars"     # the collapsed and the diverged never win
+    chosen, why = pick([{"scale": "gpu", "why_not": "collapse at round 40"}])
+    assert chosen is None and "collapse at round 40" in why

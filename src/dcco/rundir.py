@@ -78,7 +78,9 @@ def _source_state() -> dict[str, str]:
                                text=True, timeout=5, check=False).stdout.strip()
         state["git_commit"] = commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        state["git_commit"] = "unknown"
+        # a tree without git metadata (a lent machine's copy): the commit it was made from,
+        # if the session says (benchmarks/gpu_session.py reads .gpu/commit.txt)
+        state["git_commit"] = os.environ.get("DCCO_SOURCE_COMMIT", "unknown")
     return state
 
 
