@@ -69,11 +69,9 @@ def answer(msg: Message, context: Context, model: nn.Module,
     """
     ask = _asked(msg.content, model)
     phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
-    samples = node_samples(samples)
-    augment = augment if augment is not None else default_augment(samples)
-    if params is not None and samples.shape[0] > params.max_weight:
+    if params is not None and (held := _count(samples)) > params.max_weight:
         # over SecAgg+'s max_weight, its masked sums would overflow: the node refuses
-        raise ValueError(f"this node holds {samples.shape[0]} samples, more than the "
+        raise ValueError(f"this node holds {held} samples, more than the "
                          f"strategy's SecAgg.max_samples = {params.max_weight:g}; raise it")
     if ask.model is not None:
         weights = ask.model
@@ -93,9 +91,10 @@ def answer(msg: Message, context: Context, model: nn.Module,
             and int(kept_views["seed"]) == seed):
         views = codec.tensors_of(context.state.array_records[KEPT_VIEWS])  # phase 1's
         x1, x2 = views["x1"], views["x2"]
-    else:
-        x1, x2 = _views(samples, augment, seed, context.node_id,
-                        next(model.parameters()).dtype)
+    else:  # the node's samples are read (a data loader's: one pass) once a round
+        samples = node_samples(samples)
+        x1, x2 = _views(samples, augment if augment is not None else default_augment(samples),
+                        seed, context.node_id, next(model.parameters()).dtype)
     if phase == "stats":
         context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
@@ -186,6 +185,15 @@ def node_samples(samples: Tensor | DataLoader | TorchDataset) -> Tensor:
         return torch.stack([_input_of(samples[i]) for i in range(len(samples))])
     raise TypeError(f"samples must be a tensor, a torch DataLoader or a Dataset, got "
                     f"{type(samples).__name__}")
+
+
+def _count(samples: Tensor | DataLoader | TorchDataset) -> int:
+    """How many samples a node holds, without reading them."""
+    if isinstance(samples, Tensor):
+        return int(samples.shape[0])
+    if isinstance(samples, DataLoader):
+        return len(samples.dataset)
+    return len(samples)
 
 
 def _input_of(item: object) -> Tensor:
