@@ -1,4 +1,4 @@
-"""DCCO as a Flower strategy for your own ServerApp (the Message API, flwr ≥ 1.21).
+"""DCCO as a Flower strategy for your own ServerApp (the Message API; dcco pins flwr 1.41-1.42).
 
 Where your ServerApp calls Flower's ``FedAvg(...).start(...)``, call ``DCCO(...).start(...)``
 with the same arguments; your ClientApp's ``@app.train()`` handler answers with
