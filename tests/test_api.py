@@ -285,15 +285,24 @@ def test_fit__bad_data_is_named_before_a_run_directory_exists(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_example__own_model_trains_and_loads_back(tmp_path):
-    """examples/own_model.py as written, for 3 rounds (on the real Fashion-MNIST)."""
+def test_example__own_model_beats_the_same_encoder_untrained(tmp_path):
+    """examples/own_model.py as written (100 rounds on the real Fashion-MNIST, fit's
+    defaults): the linear probe of the trained encoder beats that of the same encoder
+    untrained, and no collapse warning comes (under the earlier default, LARS 1.5, the
+    trained one scored 56 % against 74 %: docs/results.md, "Collapse")."""
+    import re
+
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "own_model.py"),
-                           str(tmp_path / "run"), "3"], capture_output=True, text=True,
-                          env=env, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr
-    assert "final loss" in done.stdout and "features: (8, 64)" in done.stdout
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3
+                           str(tmp_path / "run")], capture_output=True, text=True,
+                          env=env, timeout=1800, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probes = dict(re.findall(r"^(trained|untrained): linear probe ([\d.]+) %$", done.stdout,
+                             re.MULTILINE))
+    assert float(probes["trained"]) > float(probes["untrained"]), done.stdout
+    assert "collapse at round" not in done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds"] == 100 and "collapse_warning" not in summary
 
 
 def test_docs__the_round_in_your_own_loop_runs_as_written(tmp_path):

@@ -39,7 +39,10 @@ class LossConfig:
     lambd: float = LAMBDA
     """λ of the CCO loss (paper eq. 1)."""
     eps: float = BN_EPS
-    """Variance epsilon, placed as BatchNorm places it."""
+    """ε added inside each variance of the CCO loss, as BatchNorm adds it: C_ij = cov_ij /
+    (√(var_i + ε) √(var_j + ε)). Paper eq. 1 has none; a tiny ε (1e-12) is eq. 1 as written,
+    which collapses the CPU recipe (docs/results.md, "Collapse"). Below a variance of ε a
+    dimension's correlations shrink towards 0."""
     temperature: float = TEMPERATURE
     """NT-Xent temperature τ."""
     vicreg: tuple[float, float, float] = VICREG_COEFFS
