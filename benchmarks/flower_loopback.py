@@ -2,10 +2,10 @@
 
 Deploys, one after the other on this machine, a SuperLink and ``--nodes`` SuperNodes for:
 
-- ``floor, 2 exchanges`` and ``floor, 1 exchange``: ``dcco.flower.floor``, whose ClientApp
+- ``floor, 2 exchanges`` and ``floor, 1 exchange``: ``dcco.flower.testing.floor``, whose ClientApp
   only echoes a tiny message (it imports Flower, not torch): what any Flower app pays per
   round of that many exchanges;
-- each ``--methods`` entry: the dcco app (``dcco.flower.loopback``), with
+- each ``--methods`` entry: the dcco app (``dcco.flower.testing.loopback``), with
   ``dcco.flower.timing`` splitting its exchanges into process start and imports, data load,
   compute and the rest (Flower's); with ``--worker``, each again with ``flower.worker = true``
   (the nodes' long-lived workers hold torch, the data and the model); with ``--stale``, DCCO
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from dcco.flower import timing
-from dcco.flower.loopback import Loopback, run_loopback, seconds_per_round
-from dcco.rundir import cpu_name
+from dcco.flower.testing.loopback import Loopback, run_loopback, seconds_per_round
+from dcco.run.rundir import cpu_name
 
 FLOOR_PROJECT = Path(__file__).resolve().parent / "flower_floor"
 TARGET = 1.5

@@ -15,7 +15,7 @@ Prints the median seconds per round and the median per-repetition ratio to the r
 backend, so a slow spell of a shared machine hits all variants alike. The model weights are
 restored after every timed round, so every variant times the same round. The cost of a real
 network (SuperLink, SuperNodes, gRPC, one ClientApp process per message) is measured by
-``python -m dcco.flower.loopback`` instead; see docs/flower.md.
+``python -m dcco.flower.testing.loopback`` instead; see docs/flower.md.
 
     python benchmarks/flower_overhead.py --clients 16 64 --nodes 4 --repeats 5 --secagg
 """
@@ -31,15 +31,15 @@ import time
 import torch
 
 from dcco.config import load_config
-from dcco.experiments import load_splits
+from dcco.core.server import aggregate_updates
+from dcco.data.splits import load_splits
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
 from dcco.flower.client_app import app as client_app
 from dcco.flower.federation import Federation
-from dcco.flower.inprocess import InProcessGrid
 from dcco.flower.nodes import node_data, node_update
-from dcco.server import aggregate_updates
-from dcco.train import Pretraining
+from dcco.flower.testing.inprocess import InProcessGrid
+from dcco.run.pretraining import Pretraining
 
 
 def timed(step, pt: Pretraining) -> float:

@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dcco.flower.loopback import LocalSimulation
-from dcco.rundir import code_version, cpu_name
+from dcco.flower.testing.loopback import LocalSimulation
+from dcco.run.rundir import code_version, cpu_name
 
 PROJECT = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 TARGET = 1.5

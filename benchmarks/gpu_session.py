@@ -153,7 +153,7 @@ def machine_record(out: Path) -> dict:
     commit = ROOT / ".gpu" / "commit.txt"
     record["commit"] = (commit.read_text().strip() if commit.is_file()
                         else os.environ.get("DCCO_SOURCE_COMMIT", "unknown"))
-    from dcco.rundir import code_version
+    from dcco.run.rundir import code_version
 
     record["code"] = code_version()
     _write_json(out / "records" / "machine.json", record)

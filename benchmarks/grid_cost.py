@@ -11,7 +11,7 @@ rounds, and prints the seconds per round, the peak accelerator memory, and the h
     python benchmarks/grid_cost.py experiments/table1_fmnist.toml --scale full --rounds 20
 
 Each cell runs as its config says, ``train.precision`` and ``train.compile`` included (``auto``:
-bf16 and torch.compile on CUDA, float32 eager on the CPU; ``dcco.precision.AUTO``); time
+bf16 and torch.compile on CUDA, float32 eager on the CPU; ``dcco.core.precision.AUTO``); time
 today's path with ``--set train.precision=\"float32\" --set train.compile=\"off\"``. A compiled
 cell's warm-up rounds include its compilation.
 """
@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from dcco.config import ConfigError
-from dcco.experiments import load_splits
+from dcco.data.splits import load_splits
 from dcco.reproduce import SUPERVISED, load_grid, plan_cells, select_cells
-from dcco.rundir import cpu_name
-from dcco.train import Pretraining
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import cpu_name
 
 
 def _sync(device: torch.device) -> None:

@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import workload  # the same workload as the peers benchmark
 
+from dcco.core.simulator import run_round
 from dcco.methods import build_method
-from dcco.rundir import code_version, cpu_name
-from dcco.simulator import run_round
+from dcco.run.rundir import code_version, cpu_name
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 SecAgg+; and what DCCO's statistics cost against the model at d = 128 and d = 1024.
 
 Runs one round of each federated method through the real ServerApp logic and ClientApp (mods
-included, so SecAgg+ runs for real) over ``dcco.flower.inprocess.InProcessGrid``, whose
+included, so SecAgg+ runs for real) over ``dcco.flower.testing.inprocess.InProcessGrid``, whose
 messages are the ones a deployment sends; ``MeteredGrid`` counts each message's content as
 Flower serialises it (protobuf; transport framing aside). Config: the FMNIST small network
 (widths 16/32/64, projector 128³, d = 128), K = 16 clients of 4 samples, 3 nodes.
@@ -23,17 +23,17 @@ from pathlib import Path
 
 import torch
 
-from dcco.algorithm import Algorithm
 from dcco.config import load_config
+from dcco.core.algorithm import Algorithm
 from dcco.data.datasets import load_dataset
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
 from dcco.flower.client_app import app as client_app
 from dcco.flower.federation import Federation
-from dcco.flower.inprocess import InProcessGrid
 from dcco.flower.nodes import node_data
+from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.methods import build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.train import Pretraining
+from dcco.run.pretraining import Pretraining
 
 METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg"]
 NODES = 3

@@ -11,7 +11,7 @@ update the sample-weighted average of the clients' deltas. Two methods:
 
 The peers (each skipped, and said so, when it cannot be imported):
 
-- ``dcco``: dcco's batched simulator (``dcco.simulator.run_round``, the clients in one forward
+- ``dcco``: dcco's batched simulator (``dcco.core.simulator.run_round``, the clients in one forward
   and backward, or on a CPU in groups of at most 256 samples: ``train.max_batch = "auto"``);
 - ``loop-deepcopy``: the plain loop, a ``copy.deepcopy`` of the global model per client, an
   SGD step, the deltas accumulated;
@@ -60,12 +60,12 @@ from pathlib import Path
 
 import torch
 
-from dcco.augment import AugmentConfig, augment_pair
+from dcco.core.simulator import run_round
+from dcco.data.augment import AugmentConfig, augment_pair
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.rundir import code_version, cpu_name
-from dcco.simulator import run_round
-from dcco.train import keeps_graphs, max_batch_of
+from dcco.run.rounds import keeps_graphs, max_batch_of
+from dcco.run.rundir import code_version, cpu_name
 
 WIDTHS, PROJECTOR, SIDE = (16, 32, 64), (128, 128, 128), 28
 SEED = 0
@@ -115,7 +115,7 @@ def dcco_round(model, method: str, x1, x2, segments) -> dict[str, torch.Tensor]:
 
 def _client_loss(method: str):
     if method == "contrastive":
-        from dcco.losses import nt_xent
+        from dcco.core.losses import nt_xent
 
         return lambda f, g, shared: nt_xent(f, g)
     m = build_method("dcco")
@@ -127,7 +127,7 @@ def loop_round(model, method: str, x1, x2, segments, reload: bool) -> dict[str, 
     or one model refilled with ``load_state_dict``), one SGD step, the deltas averaged by
     sample count. DCCO's clients first send their statistics (a no-gradient forward each),
     which the loop merges before the steps."""
-    from dcco.stats import encoding_stats, merge
+    from dcco.core.stats import encoding_stats, merge
 
     sizes = segments.counts.tolist()
     parts = list(zip(x1.split(sizes), x2.split(sizes), strict=True))

@@ -50,9 +50,9 @@ def run_one(args: argparse.Namespace) -> None:
     """The child process: one pretraining run into ``--run-dir``."""
     from dataclasses import replace
 
-    from dcco.experiments import load_splits
-    from dcco.rundir import RunDir
-    from dcco.train import run_pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.loop import run_pretraining
+    from dcco.run.rundir import RunDir
 
     cfg = cell_config(args.grid, args.scale, args.cell, args.rounds, args.knn_every, args.set)
     cfg = replace(cfg, train=replace(cfg.train, precision=args.precision,

@@ -23,8 +23,9 @@ import platform
 import statistics
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ROOT / "examples" / "flower-quickstart"
@@ -45,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from flwr.serverapp.strategy import FedAvg
 
     from dcco.flower import DCCO
-    from dcco.flower.inprocess import InProcessGrid
-    from dcco.rundir import code_version, cpu_name
+    from dcco.flower.testing.inprocess import InProcessGrid
+    from dcco.run.rundir import code_version, cpu_name
 
     sys.path.insert(0, str(PROJECT))
     from quickstart_dcco import client_app, task

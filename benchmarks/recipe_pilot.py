@@ -65,9 +65,10 @@ def candidate_config(grid: Path, scale: str, cell: str, rounds: int):
 
 def run_one(args: argparse.Namespace) -> int:
     """One candidate, in this process: pretrain into ``--out/<scale>``, write its record."""
-    from dcco.experiments import load_splits
-    from dcco.rundir import RunDir
-    from dcco.train import check_run, run_pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.loop import run_pretraining
+    from dcco.run.rounds import check_run
+    from dcco.run.rundir import RunDir
 
     cfg = candidate_config(args.grid, args.one, args.cell, args.rounds)
     train, test = load_splits(cfg)
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("collapse_warning"):
             r["why_not"] = r["collapse_warning"]
     chosen, why = pick(runs)
-    from dcco.rundir import code_version
+    from dcco.run.rundir import code_version
 
     record = {"command": "python benchmarks/recipe_pilot.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "grid": str(args.grid), "cell": args.cell,

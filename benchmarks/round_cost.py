@@ -43,14 +43,14 @@ from pathlib import Path
 
 import torch
 
-from dcco.algorithm import Algorithm
-from dcco.augment import AugmentConfig, augment_pair
-from dcco.client import trainable_parameters
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import trainable_parameters
+from dcco.core.optim import OptimConfig, apply_pseudo_gradient, build_optimizer
+from dcco.core.precision import Speed, can_compile, prepare_model
+from dcco.core.simulator import run_round
+from dcco.data.augment import AugmentConfig, augment_pair
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.optim import OptimConfig, apply_pseudo_gradient, build_optimizer
-from dcco.precision import Speed, can_compile, prepare_model
-from dcco.simulator import run_round
 
 
 def time_rounds(variants, x1, x2, warmup, repeats) -> list[list[float]]:
@@ -227,7 +227,7 @@ def floor_step(model, opt, x1, x2) -> None:
 
 
 def round_step(model, opt, params, algorithm, x1, x2, segments) -> None:
-    """One round as ``dcco.train.Pretraining.step`` runs it, after the augmentation."""
+    """One round as ``dcco.run.pretraining.Pretraining.step`` runs it, after the augmentation."""
     result = run_round(model, algorithm, x1, x2, segments.to(x1.device), "batched")
     apply_pseudo_gradient(opt, [p for _, p in params],
                           [result.pseudo_gradient[n] for n, _ in params])

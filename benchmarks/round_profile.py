@@ -1,5 +1,5 @@
 """Where one round's time goes: torch.profiler over a few rounds of a grid cell, as
-``dcco.train.Pretraining.step`` runs them (the plan, the augmentation, the round, the server
+``dcco.run.pretraining.Pretraining.step`` runs them (the plan, the augmentation, the round, the server
 step), after warm-up rounds.
 
     python benchmarks/round_profile.py --scale gpu --cell non-iid-4-dcco-s0 --out benchmarks/results
@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from dcco.experiments import load_splits
+    from dcco.data.splits import load_splits
     from dcco.reproduce import load_grid, plan_cells, select_cells
-    from dcco.train import Pretraining
+    from dcco.run.pretraining import Pretraining
 
     grid = load_grid(args.grid, args.scale, args.set)
     (cell,) = select_cells([c for c in plan_cells(grid, Path(tempfile.gettempdir()))

@@ -16,9 +16,9 @@ import time
 import torch
 from peers import workload
 
-from dcco.algorithm import Algorithm
+from dcco.core.algorithm import Algorithm
+from dcco.core.simulator import BatchedExecutor
 from dcco.methods import build_method
-from dcco.simulator import BatchedExecutor
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from dcco.rundir import cpu_name
+from dcco.run.rundir import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIN = "while True: pass"

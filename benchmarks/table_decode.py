@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from dcco.data import TableConfig, load_split
-    from dcco.rundir import code_version
+    from dcco.run.rundir import code_version
 
     work = args.work or Path(tempfile.mkdtemp(prefix="table-decode-"))
     folder = work / "HAM10000"

@@ -13,7 +13,7 @@ at round 0) it records, on a fixed batch of ``--batch`` training images seen thr
 views of the run's augmentation (a fixed draw; the model in training mode, no gradient):
 
 - the loss's two terms on that batch: ``on_diag`` Σ_i (1 − C_ii)² and ``off_diag``
-  λ/(d−1) Σ_{i≠j} C_ij², and the collapse figures (``dcco.collapse``) of its encodings and
+  λ/(d−1) Σ_{i≠j} C_ij², and the collapse figures (``dcco.core.collapse``) of its encodings and
   of the last round's S_A;
 - the spread of the encodings' per-dimension variances against the loss's ε (quantiles, and
   the fraction below ε);
@@ -45,16 +45,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dcco.augment import training_views
-from dcco.checkpoint import atomic_write_text
-from dcco.collapse import collapse_figures, effective_rank
 from dcco.config import load_config
-from dcco.experiments import load_splits
-from dcco.losses import cco_from_correlation, cross_correlation
-from dcco.rundir import code_version
-from dcco.seeding import derive_seed
-from dcco.stats import encoding_stats
-from dcco.train import Pretraining, monitor_knn
+from dcco.core.collapse import collapse_figures, effective_rank
+from dcco.core.losses import cco_from_correlation, cross_correlation
+from dcco.core.seeding import derive_seed
+from dcco.core.stats import encoding_stats
+from dcco.data.augment import training_views
+from dcco.data.splits import load_splits
+from dcco.run.checkpoint import atomic_write_text
+from dcco.run.loop import monitor_knn
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import code_version
 
 PROBE_ROUND = 2**20
 """The augmentation round of the fixed probe views (no training round reaches it)."""

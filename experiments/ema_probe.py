@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dcco.rundir import code_version
+from dcco.run.rundir import code_version
 
 GRID = Path(__file__).resolve().parent / "reruns_fmnist.toml"
 
@@ -39,9 +39,10 @@ def main() -> None:
 
     from grid_cells import cell_config
 
+    from dcco.data.splits import load_splits
     from dcco.evaluate import labelled_subset, linear_probe
-    from dcco.experiments import eval_config_for, load_splits
-    from dcco.train import Pretraining
+    from dcco.evaluate.runs import eval_config_for
+    from dcco.run.pretraining import Pretraining
 
     cfg = cell_config(GRID, args.scale, args.cell, args.data_dir)
     if args.rounds is not None:

@@ -7,7 +7,7 @@ recipe with encodings clipped to norm 2), and at each of ``--rounds`` measures, 
 round's clients:
 
 - ``encoding_coherence``: per client ‖Σ_{n∈k} ∂L/∂z_n‖ / Σ_{n∈k} ‖∂L/∂z_n‖
-  (``dcco.diagnostics``), its median over the clients, and over the whole round (0 exactly
+  (``experiments/diagnostics.py``), its median over the clients, and over the whole round (0 exactly
   for a centred loss);
 - ``pooled_over_client``: the norm of the round's pooled parameter gradient over the clients'
   mean gradient norm (the measure of experiments/local_steps_diagnosis.py): 1 if the clients
@@ -24,14 +24,15 @@ import platform
 from pathlib import Path
 
 import torch
+from diagnostics import encoding_gradient_sums  # experiments/diagnostics.py, beside this script
 from grid_cells import cell_config
 
-from dcco.client import client_update, trainable_parameters
-from dcco.diagnostics import encoding_gradient_sums
-from dcco.experiments import load_splits
-from dcco.rundir import code_version, cpu_name
-from dcco.simulator import run_round
-from dcco.train import Pretraining, plan_round
+from dcco.core.client import client_update, trainable_parameters
+from dcco.core.simulator import run_round
+from dcco.data.splits import load_splits
+from dcco.run.pretraining import Pretraining
+from dcco.run.rounds import plan_round
+from dcco.run.rundir import code_version, cpu_name
 
 HERE = Path(__file__).resolve().parent
 GRIDS = {"dcco": HERE / "table1_claims_fmnist.toml", "fedsc": HERE / "fedsc_fmnist.toml"}

@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from grid_cells import cell_config
 
-from dcco.client import client_update, trainable_parameters
-from dcco.experiments import load_splits
-from dcco.rundir import code_version, cpu_name
-from dcco.simulator import run_round
-from dcco.train import Pretraining, plan_round
+from dcco.core.client import client_update, trainable_parameters
+from dcco.core.simulator import run_round
+from dcco.data.splits import load_splits
+from dcco.run.pretraining import Pretraining
+from dcco.run.rounds import plan_round
+from dcco.run.rundir import code_version, cpu_name
 
 GRID = Path(__file__).resolve().parent / "local_steps_fmnist.toml"
 

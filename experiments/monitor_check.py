@@ -34,13 +34,15 @@ from pathlib import Path
 import torch
 from scipy.stats import kendalltau, spearmanr
 
-from dcco.checkpoint import atomic_write_text
 from dcco.config import load_config
+from dcco.core.seeding import generator
+from dcco.data.splits import load_splits
 from dcco.evaluate import KNN_FEATURES, extract_features, knn_predict
-from dcco.experiments import eval_config_for, evaluate_model, load_splits, pretrained_model
-from dcco.rundir import RunDir, code_version
-from dcco.seeding import generator
-from dcco.train import resolve_device, run_pretraining
+from dcco.evaluate.runs import eval_config_for, evaluate_model, pretrained_model
+from dcco.run.checkpoint import atomic_write_text
+from dcco.run.loop import run_pretraining
+from dcco.run.rounds import resolve_device
+from dcco.run.rundir import RunDir, code_version
 
 
 def retrained(cell: Path, work: Path, splits) -> RunDir:

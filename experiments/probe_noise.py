@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dcco.rundir import RunDir, code_version
+from dcco.run.rundir import RunDir, code_version
 
 
 def main() -> None:
@@ -25,10 +25,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
+    from dcco.data.splits import load_splits
     from dcco.evaluate import labelled_subset
     from dcco.evaluate.features import extract_features
     from dcco.evaluate.probe import linear_probe_features
-    from dcco.experiments import eval_config_for, load_splits, pretrained_model
+    from dcco.evaluate.runs import eval_config_for, pretrained_model
 
     record = {"command": "python experiments/probe_noise.py " + " ".join(sys.argv[1:]),
               "code": code_version(), "runs": {}}

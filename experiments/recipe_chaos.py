@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dcco.rundir import code_version, cpu_name
+from dcco.run.rundir import code_version, cpu_name
 
 GRID = Path(__file__).resolve().parent / "table1_fmnist.toml"
 CANDIDATES = {
@@ -44,8 +44,8 @@ def child(cell: str, overrides: list[str], rounds: int, every: int, data_dir: st
     from grid_cells import cell_config
 
     from dcco.config import load_config, to_toml
-    from dcco.experiments import load_splits
-    from dcco.train import Pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.pretraining import Pretraining
 
     cfg = cell_config(GRID, "small", cell, data_dir)
     if overrides:

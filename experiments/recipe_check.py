@@ -108,9 +108,11 @@ def check_config(path: Path, work: Path, margin: float) -> list[dict]:
 
     from dcco.config import load_config
     from dcco.data.datasets import DataError
-    from dcco.experiments import evaluate_model, load_splits, pretrained_model
-    from dcco.rundir import RunDir
-    from dcco.train import resolve_device, run_pretraining
+    from dcco.data.splits import load_splits
+    from dcco.evaluate.runs import evaluate_model, pretrained_model
+    from dcco.run.loop import run_pretraining
+    from dcco.run.rounds import resolve_device
+    from dcco.run.rundir import RunDir
 
     base = load_config(path)
     label = _label(path)
@@ -259,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grids-only", action="store_true", help="only the grid scales")
     args = ap.parse_args(argv)
 
-    from dcco.checkpoint import atomic_write_text
-    from dcco.rundir import code_version
+    from dcco.run.checkpoint import atomic_write_text
+    from dcco.run.rundir import code_version
 
     configs = args.configs or sorted((ROOT / "configs").glob("*.toml"))
     config_rows = [] if args.grids_only else [

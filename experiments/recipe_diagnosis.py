@@ -38,12 +38,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dcco.augment import model_input
-from dcco.checkpoint import atomic_write_text
 from dcco.config import load_config
-from dcco.experiments import load_splits
-from dcco.rundir import code_version
-from dcco.train import Pretraining
+from dcco.data.augment import model_input
+from dcco.data.splits import load_splits
+from dcco.run.checkpoint import atomic_write_text
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import code_version
 
 
 def _kind(name: str, param: torch.Tensor) -> str:

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from grid_cells import cell_config
 
-from dcco.experiments import load_splits
-from dcco.rundir import code_version, cpu_name
-from dcco.train import Pretraining
+from dcco.data.splits import load_splits
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import code_version, cpu_name
 
 GRID = Path(__file__).resolve().parent / "stale_fmnist.toml"
 

@@ -52,12 +52,14 @@ from pathlib import Path
 import torch
 from grid_cells import cell_config
 
-from dcco.algorithm import Algorithm
-from dcco.client import client_update
-from dcco.experiments import evaluate_model, load_splits
-from dcco.rundir import code_version, cpu_name
-from dcco.simulator import run_round
-from dcco.train import Pretraining, plan_round
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import client_update
+from dcco.core.simulator import run_round
+from dcco.data.splits import load_splits
+from dcco.evaluate.runs import evaluate_model
+from dcco.run.pretraining import Pretraining
+from dcco.run.rounds import plan_round
+from dcco.run.rundir import code_version, cpu_name
 
 GRID = Path(__file__).resolve().parent / "stale_fmnist.toml"
 SETTINGS = {"non-iid-1": "non-iid-4-dcco-s0", "non-iid-4": "non-iid-4-dcco-s0"}

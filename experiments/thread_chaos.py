@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dcco.rundir import code_version, cpu_name
+from dcco.run.rundir import code_version, cpu_name
 
 GRID = Path(__file__).resolve().parent / "local_steps_fmnist.toml"
 CELL = ("curve-e1", "non-iid-16-dcco-s0")
@@ -28,8 +28,8 @@ def losses(rounds: int, data_dir: str) -> list[float]:
     """This process's losses (its thread count is whatever OMP_NUM_THREADS says)."""
     from grid_cells import cell_config
 
-    from dcco.experiments import load_splits
-    from dcco.train import Pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.pretraining import Pretraining
 
     cfg = cell_config(GRID, *CELL, data_dir)
     train, _ = load_splits(cfg)

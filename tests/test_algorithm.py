@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from test_rounds import _model
 from test_rounds import _round_views as _views
 
-from dcco.algorithm import Algorithm
-from dcco.client import client_update, trainable_parameters
-from dcco.losses import vicreg_loss
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import client_update, trainable_parameters
+from dcco.core.losses import vicreg_loss
+from dcco.core.simulator import run_round
+from dcco.core.stats import VICREG_STATS, encoding_stats
 from dcco.methods import Segments, build_method
-from dcco.simulator import run_round
-from dcco.stats import VICREG_STATS, encoding_stats
 
 SIZES = [1, 3, 1, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
@@ -35,7 +35,7 @@ def reference_vicreg(x: torch.Tensor, y: torch.Tensor, sim_coeff=25.0, std_coeff
                      cov_coeff=1.0) -> torch.Tensor:
     """VICReg's loss as its reference implementation writes it (facebookresearch/vicreg,
     ``main_vicreg.py``, ``VICReg.forward`` after the projector, one process), transcribed
-    independently of ``dcco.losses``."""
+    independently of ``dcco.core.losses``."""
     batch_size, num_features = x.shape
     repr_loss = F.mse_loss(x, y)
     x = x - x.mean(dim=0)
@@ -279,7 +279,7 @@ def test_own_statistics__first_step_is_the_anchored_one_and_later_steps_follow_t
     transcription: L(S_A + (N_k/N)(S_k(θ) − S_k(θ₀))) · N/N_k on the step's samples."""
     import copy
 
-    from dcco.stats import Moments
+    from dcco.core.stats import Moments
 
     sizes = [4, 6, 4]
     model, (x1, x2) = _model(), _views(sizes)
@@ -427,8 +427,8 @@ def test_stale_after__a_fresh_warm_up_then_one_exchange_and_the_fresh_run_in_its
     send their statistics with their updates, round 3 on takes the last aggregate (one); with
     ``stale_after`` at the run's length the run is the fresh one, weight for weight."""
     from dcco.config import load_config
-    from dcco.experiments import load_splits
-    from dcco.train import Pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.pretraining import Pretraining
 
     def run(*overrides: str) -> tuple[Pretraining, list[int]]:
         cfg = load_config(tiny_config(rounds=4), list(overrides))
@@ -456,11 +456,12 @@ def test_stale_statistics__resume_is_bit_identical_with_the_saved_aggregate(tiny
                                                                            tmp_path):
     from safetensors.torch import load_file
 
-    from dcco.checkpoint import save_checkpoint
     from dcco.config import load_config
-    from dcco.experiments import load_splits
-    from dcco.rundir import RunDir
-    from dcco.train import Pretraining, run_pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.checkpoint import save_checkpoint
+    from dcco.run.loop import run_pretraining
+    from dcco.run.pretraining import Pretraining
+    from dcco.run.rundir import RunDir
 
     cfg = load_config(tiny_config(rounds=4, checkpoint_every=2), ["train.staleness=1"])
     train, _ = load_splits(cfg)

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 import dcco
+from dcco.core.simulator import run_round
 from dcco.errors import UserError
 from dcco.methods import Segments, build_method
-from dcco.simulator import run_round
 
 SIZES = [1, 3, 2, 5]
 ROOT = Path(__file__).parents[1]
@@ -413,7 +413,7 @@ def test_fit__float_vectors_through_an_mlp_with_your_augment(tmp_path):
                     projector=(16, 16), run_dir=tmp_path / "fresh", progress=False,
                     settings={"train.log_every": 1})
     assert done.summary["rounds"] == 3 and done.summary["input_kind"] == "features"
-    from dcco.rundir import RunDir
+    from dcco.run.rundir import RunDir
 
     assert RunDir.open(tmp_path / "fresh").config().augment.enabled is False
     losses = [r["loss"] for r in map(json.loads, (tmp_path / "fresh" / "metrics.jsonl")

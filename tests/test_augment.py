@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dcco.augment import (
+from dcco.data.augment import (
     CROP_TRIES,
     AugmentConfig,
     Slot,
@@ -408,7 +408,7 @@ def test_augment_config__presets():
 
 
 def test_rotation__a_quarter_turn_of_the_whole_image_is_rot90_and_none_changes_nothing():
-    from dcco.augment import _crop_grid
+    from dcco.data.augment import _crop_grid
 
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (3, 2, 8, 8), generator=gen, dtype=torch.uint8)
@@ -426,7 +426,7 @@ def test_rotation__a_quarter_turn_of_the_whole_image_is_rot90_and_none_changes_n
 
 
 def test_rotation__views_are_rotated_within_the_configured_range_and_reproducible():
-    from dcco.augment import AugmentConfig, augment_pair
+    from dcco.data.augment import AugmentConfig, augment_pair
 
     gen = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (16, 3, 12, 12), generator=gen, dtype=torch.uint8)

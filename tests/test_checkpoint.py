@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from dcco.checkpoint import CheckpointError, checkpoint_meta, load_checkpoint, save_checkpoint
-from dcco.optim import OptimConfig, build_optimizer
+from dcco.core.optim import OptimConfig, build_optimizer
+from dcco.run.checkpoint import CheckpointError, checkpoint_meta, load_checkpoint, save_checkpoint
 
 
 def _net(seed=0):

@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from dcco.cli import main
-from dcco.rundir import RunDir
+from dcco.run.rundir import RunDir
 
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
 
@@ -209,7 +209,7 @@ def test_cli_pretrain__a_signal_stops_at_a_checkpoint_even_in_the_background(tin
 
 def test_interrupts__the_first_signal_asks_a_repeat_soon_after_is_the_same_a_later_one_stops(
         monkeypatch):
-    from dcco import cli
+    from dcco.cli import signals as cli
 
     clock = [100.0]
     monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
@@ -301,12 +301,12 @@ def test_cli__internal_errors_keep_their_traceback(monkeypatch):
 
 def test_cli__interrupt_names_the_command_that_continues(tiny_config, tiny_fmnist, tmp_path,
                                                          monkeypatch, capsys):
-    import dcco.train
+    import dcco.run.loop
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dcco.train, "run_pretraining", interrupted)
+    monkeypatch.setattr(dcco.run.loop, "run_pretraining", interrupted)
     run = tmp_path / "my run"
     assert main(["pretrain", str(tiny_config()), "--run-dir", str(run)]) == 130
     assert f"continue with: dcco pretrain --resume '{run}'" in capsys.readouterr().err

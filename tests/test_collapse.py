@@ -1,4 +1,4 @@
-"""The collapse figures and their watch (``dcco.collapse``): the figures equal a direct
+"""The collapse figures and their watch (``dcco.core.collapse``): the figures equal a direct
 float64 computation from the encodings, merging clients changes nothing, and the watch warns
 for collapsed encoders and not for healthy ones."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dcco.collapse import (
+from dcco.core.collapse import (
     DEAD_FLOOR,
     CollapseWatch,
     collapse_figures,
@@ -16,7 +16,7 @@ from dcco.collapse import (
     encoding_figures,
     watch_start,
 )
-from dcco.stats import VICREG_STATS, encoding_stats, merge
+from dcco.core.stats import VICREG_STATS, encoding_stats, merge
 
 
 def _direct(f: np.ndarray, g: np.ndarray, floor: float = DEAD_FLOOR) -> dict[str, float]:
@@ -135,7 +135,7 @@ def test_collapse_watch__a_constant_model_is_warned_and_recorded(tmp_path):
     import json
 
     import dcco
-    from dcco.collapse import CollapseWarning
+    from dcco.core.collapse import CollapseWarning
 
     with pytest.warns(CollapseWarning, match="100% of the encodings' dimensions no longer vary"):
         done = dcco.fit(_Constant(), _vector_clients(), rounds=20, augment=_noise,

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcco.checkpoint import load_checkpoint
-from dcco.client import trainable_parameters
 from dcco.config import load_config
-from dcco.flower.loopback import Loopback, seconds_per_round
+from dcco.core.client import trainable_parameters
+from dcco.core.optim import build_optimizer
+from dcco.flower.testing.loopback import Loopback, seconds_per_round
 from dcco.models import build_dual_encoder
-from dcco.optim import build_optimizer
+from dcco.run.checkpoint import load_checkpoint
 
 NODES = 3
 

@@ -4,11 +4,16 @@ the uncentred spectral loss, and 1 for a client of one sample."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
-from dcco.diagnostics import encoding_gradient_sums
+from dcco.core.stats import encoding_stats
 from dcco.methods import Segments, build_method
-from dcco.stats import encoding_stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from diagnostics import encoding_gradient_sums
 
 SIZES = [1, 4, 3, 6]
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcco.checkpoint import checkpoint_state, load_checkpoint
 from dcco.config import load_config
-from dcco.distributed import share
+from dcco.core.distributed import share
+from dcco.core.simulator import run_round
+from dcco.core.statistics_cache import StatisticsCache
 from dcco.methods import Segments
 from dcco.models import build_dual_encoder
-from dcco.simulator import run_round
-from dcco.statistics_cache import StatisticsCache
+from dcco.run.checkpoint import checkpoint_state, load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = ROOT / "tests" / "helpers" / "dist_round.py"

@@ -62,7 +62,7 @@ def test_config_reference__docs_config_md_is_the_code_s(capsys):
     from dataclasses import fields
 
     from dcco.cli import main
-    from dcco.config_reference import sections
+    from dcco.config.reference import sections
 
     assert main(["config", "--list", "--markdown"]) == 0
     printed = capsys.readouterr().out

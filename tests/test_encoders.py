@@ -9,10 +9,11 @@ import torch
 
 import dcco
 from dcco.cli import main
+from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import extract_features
-from dcco.experiments import load_splits, pretrained_model
-from dcco.rundir import RunDir
+from dcco.evaluate.runs import pretrained_model
+from dcco.run.rundir import RunDir
 
 
 @pytest.fixture

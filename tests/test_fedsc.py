@@ -11,14 +11,14 @@ import torch
 from test_rounds import _model
 from test_rounds import _round_views as _views
 
-from dcco.algorithm import Algorithm
-from dcco.client import client_update, trainable_parameters
-from dcco.losses import spectral_loss
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import client_update, trainable_parameters
+from dcco.core.losses import spectral_loss
+from dcco.core.simulator import run_round
+from dcco.core.stats import SPECTRAL_STATS, encoding_stats
 from dcco.methods import Segments, build_method
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import METHODS
-from dcco.simulator import run_round
-from dcco.stats import SPECTRAL_STATS, encoding_stats
 
 SIZES = [1, 3, 1, 5, 2, 4]
 
@@ -113,7 +113,7 @@ def _encoding_norm_after_local_steps(method_name: str, steps: int) -> tuple[floa
     """A client of 4 samples among a round of 6 clients takes ``steps`` local steps with its
     own statistics live (``local_statistics = "own"``) and the others' frozen; returns its
     encodings' mean norm before and after."""
-    from dcco.stats import merge
+    from dcco.core.stats import merge
 
     model, (x1, x2) = _model(projector=(24, 24, 16)), _views(SIZES)
     method = build_method(method_name)
@@ -178,7 +178,7 @@ def test_secagg_standardisation__round_trips_the_spectral_sums_without_first_mom
 
 
 def test_server_validation__spectral_replies_of_the_wrong_shape_asymmetric_nonfinite_or_count():
-    from dcco.server import ReplyError, validate_statistics
+    from dcco.core.server import ReplyError, validate_statistics
 
     gen = torch.Generator().manual_seed(1)
     f, g = (torch.randn(5, 3, generator=gen, dtype=torch.float64) for _ in range(2))
@@ -199,7 +199,7 @@ def test_fedsc_alpha_schedule__is_inexact_even_at_one_step_and_exact_at_alpha_n_
     """FedSC's own weight α (its code's schedule, 1 → 0.2) is an option, and a negative
     control: at one local step it is not the centralized step; at α = N_k/N for every client
     (one client's share of the round) it is."""
-    from dcco.train import fedsc_alpha
+    from dcco.run.rounds import fedsc_alpha
 
     assert fedsc_alpha(0, 11) == 1.0 and fedsc_alpha(10, 11) == pytest.approx(0.2)
     assert fedsc_alpha(5, 11) == pytest.approx(0.6)
@@ -222,7 +222,7 @@ def test_fedsc_alpha_schedule__is_inexact_even_at_one_step_and_exact_at_alpha_n_
 
 def test_dp_noise__is_a_negative_control_of_the_exact_round():
     """Differential privacy's noise on the shared sums: the round is no longer the exact one."""
-    from dcco.privacy import RoundNoise
+    from dcco.core.privacy import RoundNoise
 
     model, (x1, x2) = _model(projector=(24, 24, 16)), _views(SIZES)
     segments = Segments.from_counts(SIZES)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from dcco.cli import main
-from dcco.client import LocalSGD
 from dcco.config import load_config, local_sgd
+from dcco.core.client import LocalSGD
 
 PRESET = Path(__file__).parents[1] / "configs" / "fedsc_cifar10.toml"
 

@@ -26,26 +26,27 @@ from flwr.app import Array, Error, Message
 from flwr.common.constant import ErrorCode
 from helpers.client_tables import make_ham10000
 
-from dcco.checkpoint import load_checkpoint
 from dcco.cli import main
-from dcco.client import client_statistics, client_update, trainable_parameters
 from dcco.config import ConfigError, load_config
-from dcco.experiments import load_splits
+from dcco.core.client import client_statistics, client_update, trainable_parameters
+from dcco.core.optim import apply_pseudo_gradient, set_lr
+from dcco.core.server import aggregate_updates
+from dcco.core.simulator import run_round
+from dcco.core.stats import merge
+from dcco.data.splits import load_splits
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig, parse_run_config, run_config_entries
 from dcco.flower.client_app import app as client_app
 from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE, array_record, tensors_of
 from dcco.flower.federation import Federation
-from dcco.flower.inprocess import InProcessGrid, Tamper
 from dcco.flower.nodes import client_views, node_data, node_update
 from dcco.flower.placement import node_partition
 from dcco.flower.run import run_federated
+from dcco.flower.testing.inprocess import InProcessGrid, Tamper
 from dcco.models import build_dual_encoder
-from dcco.optim import apply_pseudo_gradient, set_lr
-from dcco.server import aggregate_updates
-from dcco.simulator import run_round
-from dcco.stats import merge
-from dcco.train import Pretraining, plan_round
+from dcco.run.checkpoint import load_checkpoint
+from dcco.run.pretraining import Pretraining
+from dcco.run.rounds import plan_round
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 3
@@ -729,7 +730,7 @@ def test_server_view__one_nodes_encodings_leak_in_plain_statistics_not_under_sec
 
 def test_open_run__errors_name_the_apps_keys_not_the_clis_flags(tiny_config, tmp_path):
     from dcco.flower.run import open_run
-    from dcco.rundir import RunDirError
+    from dcco.run.rundir import RunDirError
 
     cfg = load_config(tiny_config(rounds=2))
     run = tmp_path / "run"
@@ -1073,7 +1074,7 @@ def test_node_workers__a_socket_folder_too_long_is_named(tmp_path, monkeypatch):
 
 
 def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):
-    """Flower's floor (``dcco.flower.floor``) echoes tiny messages for every round and
+    """Flower's floor (``dcco.flower.testing.floor``) echoes tiny messages for every round and
     exchange and records each round's seconds; it, and the dcco ClientApp module that Flower
     imports in a new process for every message, import Flower but not torch."""
     import subprocess
@@ -1081,7 +1082,7 @@ def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):
 
     from flwr.app import Context, RecordDict
 
-    from dcco.flower import floor
+    from dcco.flower.testing import floor
 
     grid = InProcessGrid(floor.client_app, [{} for _ in range(NODES)], {})
     record = tmp_path / "floor.json"
@@ -1105,7 +1106,7 @@ def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):
     values = [a.numpy() for a in first.values()] + [a.numpy() for a in second.values()]
     assert len({v.tobytes() for v in values}) == 10  # all distinct: no shared objects
     assert floor._payload(0, 5, rng) is None
-    for module in ("dcco.flower.floor", "dcco.flower.client_app"):
+    for module in ("dcco.flower.testing.floor", "dcco.flower.client_app"):
         code = f"import sys, {module}; print('torch' in sys.modules, 'flwr' in sys.modules)"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True)

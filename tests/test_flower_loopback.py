@@ -22,7 +22,7 @@ NODES = 3
 
 # ----------------------------------------------------------------- the launcher as a user meets it
 
-LAUNCHER = [sys.executable, "-m", "dcco.flower.loopback"]
+LAUNCHER = [sys.executable, "-m", "dcco.flower.testing.loopback"]
 
 
 def _tiny_overrides(data: Path, rounds: int) -> list[str]:
@@ -49,7 +49,7 @@ def _started_by(home: Path) -> list[int]:
 
 def test_launcher__refuses_an_undeclared_key_or_a_bad_value_before_starting_anything(
         tmp_path, capsys):
-    from dcco.flower.loopback import main
+    from dcco.flower.testing.loopback import main
 
     out = tmp_path / "deploy"
     assert main(["--nodes", "1", "--out", str(out), "--set", "train.roundz=3"]) == 2
@@ -64,7 +64,7 @@ def test_launcher__sighup_and_sigterm_stop_it_as_ctrl_c_does():
     """The handler's two paths (the end-to-end test below runs each once): SIGINT raises
     KeyboardInterrupt, SIGTERM and SIGHUP raise ``Stopped`` with their number, and any later
     signal is ignored while the processes are being stopped."""
-    from dcco.flower.loopback import Stopped, _stop_on_signals
+    from dcco.flower.testing.loopback import Stopped, _stop_on_signals
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -128,7 +128,7 @@ def test_launcher__a_failed_run_prints_flowers_reason(tmp_path, tiny_fmnist):
 def test_flwr_run_local_simulation__trains_and_leaves_no_process(tmp_path, tiny_fmnist):
     """``flwr run`` on Flower's local simulation runtime (2 virtual SuperNodes), 2 rounds of
     the tiny model; the detached SuperLink it leaves is stopped afterwards."""
-    from dcco.flower.loopback import LocalSimulation
+    from dcco.flower.testing.loopback import LocalSimulation
 
     run_dir = tmp_path / "run"
     run_config = {

@@ -24,12 +24,12 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from dcco.core.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
+from dcco.core.simulator import run_round
 from dcco.flower import DCCO, RoundsSkipped, SecAgg, answer, codec, secure_aggregation_mod
-from dcco.flower.inprocess import InProcessGrid
+from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.flower.userapp import _views
 from dcco.methods import Segments, build_method
-from dcco.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
-from dcco.simulator import run_round
 
 ROOT = Path(__file__).parents[1]
 SIZES = [1, 3, 2, 5]
@@ -264,9 +264,9 @@ def test_example_flower_app__trains_in_flowers_simulation(tmp_path):
     not compared: each round's views are drawn by the node's Flower id, new every run, and
     from one round to the next they move the loss more than a few steps do (244, 159, 264
     were seen); the written model is scored on the same seeded views as the initial one."""
-    from dcco.flower.loopback import LocalSimulation
-    from dcco.losses import cco_loss
-    from dcco.stats import encoding_stats
+    from dcco.core.losses import cco_loss
+    from dcco.core.stats import encoding_stats
+    from dcco.flower.testing.loopback import LocalSimulation
 
     project = ROOT / "examples" / "flower-app"
     out = tmp_path / "out"
@@ -319,7 +319,7 @@ def test_strategy__fedsc_cache_of_absent_nodes_equals_the_reference_rounds_with_
     import functools
     import random
 
-    from dcco.statistics_cache import StatisticsCache
+    from dcco.core.statistics_cache import StatisticsCache
 
     def strategy(absent: str) -> DCCO:
         return DCCO(method="fedsc", optimizer="sgd", lr=0.1, schedule="constant",

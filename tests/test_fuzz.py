@@ -4,7 +4,7 @@ The server's side: statistics replies and update replies (with or without the st
 stale mode), built valid and then broken in generated ways (missing records and keys, wrong
 dtypes and shapes, truncated and oversized arrays, NaN, Inf and huge values, bad counts and
 losses, foreign records, a garbled packing layout or a packed array cut short). Each one goes through the checks the federation applies
-(``accept_valid`` with the codec and ``dcco.server``): the server never crashes, a valid
+(``accept_valid`` with the codec and ``dcco.core.server``): the server never crashes, a valid
 reply is accepted, and a broken one is rejected and counted under a known kind. The client's
 side: instructions broken the same ways are either read or refused with ``InstructionError``,
 never another exception. 600 examples per test (2,400 in all; each of the 17 ways to break
@@ -23,11 +23,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcco.client import ClientUpdate
+from dcco.core.client import ClientUpdate
+from dcco.core.server import REJECTION_KINDS, ReplyTally, accept_valid, validate_statistics
+from dcco.core.stats import CCO_STATS, VICREG_STATS, encoding_stats
 from dcco.flower import codec
 from dcco.flower.appwire import validate_update_reply
-from dcco.server import REJECTION_KINDS, ReplyTally, accept_valid, validate_statistics
-from dcco.stats import CCO_STATS, VICREG_STATS, encoding_stats
 
 D = 4
 SHAPES = {"w": (3, 2), "b": (3,)}

@@ -11,19 +11,19 @@ import torch
 from test_rounds import _model
 from test_rounds import _round_views as _views
 
-from dcco.algorithm import Algorithm
-from dcco.client import (
+from dcco.config import RunConfig, TrainConfig
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import (
     LocalSGD,
     client_statistics,
     client_update,
     local_batches,
     trainable_parameters,
 )
-from dcco.config import RunConfig, TrainConfig
+from dcco.core.simulator import run_round
+from dcco.core.stats import merge
 from dcco.methods import Segments, build_method
-from dcco.simulator import run_round
-from dcco.stats import merge
-from dcco.train import algorithm_of
+from dcco.run.rounds import algorithm_of
 
 SIZES = [3, 6, 2, 5]
 

@@ -5,14 +5,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dcco.losses import (
+from dcco.core.losses import (
     cco_loss,
     cco_loss_per_segment,
     cross_correlation,
     nt_xent,
     nt_xent_per_anchor,
 )
-from dcco.stats import encoding_stats, merge
+from dcco.core.stats import encoding_stats, merge
 
 
 def barlow_twins_reference(z1, z2, lambd=20.0):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dcco.optim import LARS, OptimConfig, build_optimizer, scheduled_lr
+from dcco.core.optim import LARS, OptimConfig, build_optimizer, scheduled_lr
 
 
 def test_scheduled_lr__warmup_then_cosine_to_zero():
@@ -51,7 +51,7 @@ def test_optim_config__rejects_bad_values_naming_the_field():
 
 @pytest.mark.parametrize("name", ["lars", "adam"])
 def test_vector_lr_scale__one_dimensional_parameters_step_at_a_fraction_of_the_rate(name):
-    from dcco.optim import set_lr
+    from dcco.core.optim import set_lr
 
     torch.manual_seed(0)
     layer = nn.Linear(4, 3)

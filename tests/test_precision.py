@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcco.augment import (
+from dcco.config import ConfigError, RunConfig, load_config, to_toml
+from dcco.core.client import trainable_parameters
+from dcco.core.optim import LARS, OptimConfig, build_optimizer
+from dcco.core.precision import Speed, prepare_model
+from dcco.core.simulator import run_round
+from dcco.data.augment import (
     AugmentConfig,
     _apply,
     _apply_all,
@@ -28,14 +33,9 @@ from dcco.augment import (
     _solarize,
     augment_pair,
 )
-from dcco.checkpoint import load_checkpoint, save_checkpoint
-from dcco.client import trainable_parameters
-from dcco.config import ConfigError, RunConfig, load_config, to_toml
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.optim import LARS, OptimConfig, build_optimizer
-from dcco.precision import Speed, prepare_model
-from dcco.simulator import run_round
+from dcco.run.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = [2, 3, 5, 2, 4]
@@ -187,10 +187,11 @@ def test_deferred_finiteness__names_the_round_and_no_checkpoint_holds_the_diverg
         tmp_path, tiny_config):
     """The loss is read only at metrics records and checkpoints; a NaN in round 3 (logging
     every 5, checkpoints every 2) is caught before round 4's checkpoint, naming round 3."""
-    from dcco.algorithm import RoundResult
+    from dcco.core.algorithm import RoundResult
     from dcco.data.datasets import load_dataset
-    from dcco.rundir import RunDir
-    from dcco.train import Pretraining, pretraining_loop
+    from dcco.run.loop import pretraining_loop
+    from dcco.run.pretraining import Pretraining
+    from dcco.run.rundir import RunDir
 
     cfg = load_config(tiny_config(rounds=6, checkpoint_every=2), ["train.log_every=5"])
     train = load_dataset("fashion_mnist", "train", cfg.data.data_dir)
@@ -292,7 +293,7 @@ def test_committed_cells__still_match_their_grid_after_train_dtype_became_precis
     """The committed cells were written with ``train.dtype``; they read as eager float32 runs
     and match the grid's cells (which pin that), so ``dcco reproduce`` reuses them."""
     from dcco.reproduce import load_grid, plan_cells
-    from dcco.rundir import RunDir, config_differences
+    from dcco.run.rundir import RunDir, config_differences
 
     cells = [c for c in plan_cells(load_grid(ROOT / "experiments" / f"{grid}.toml", scale),
                                    ROOT / "experiments" / "results" / out)
@@ -327,7 +328,7 @@ def test_precision_check__runs_both_configurations_and_writes_its_record(tmp_pat
 
 
 def test_auto_compile__is_off_for_rounds_run_client_by_client_and_cudagraphs_refused_there():
-    from dcco.precision import resolve
+    from dcco.core.precision import resolve
 
     assert resolve("auto", "auto", "cpu", batched=False) == ("float32", "off")
     assert resolve("bf16", "on", "cuda", batched=False) == ("bf16", "on")  # asked for by name

@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 
-from dcco.algorithm import Algorithm
-from dcco.augment import AugmentConfig, augment_pair
 from dcco.config import ConfigError, load_config
-from dcco.losses import byol_loss_per_sample, simsiam_loss_per_sample
+from dcco.core.algorithm import Algorithm
+from dcco.core.losses import byol_loss_per_sample, simsiam_loss_per_sample
+from dcco.core.simulator import BatchedExecutor, run_round
+from dcco.data.augment import AugmentConfig, augment_pair
 from dcco.methods import Segments, build_method
 from dcco.methods.predictive import target_decay
 from dcco.models import Head, ModelConfig, build_dual_encoder, has_batch_norm
-from dcco.simulator import BatchedExecutor, run_round
 
 SIZES = [1, 3, 2, 5, 1]
 
@@ -168,11 +168,12 @@ def test_target_decay__rises_from_the_base_to_one_on_a_cosine():
 def test_byol_run__moves_its_target_and_resumes_bit_identically(tiny_config, tmp_path):
     from safetensors.torch import load_file
 
-    from dcco.checkpoint import save_checkpoint
-    from dcco.encoders import load_encoder
-    from dcco.experiments import load_splits
-    from dcco.rundir import RunDir
-    from dcco.train import Pretraining, run_pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.checkpoint import save_checkpoint
+    from dcco.run.encoders import load_encoder
+    from dcco.run.loop import run_pretraining
+    from dcco.run.pretraining import Pretraining
+    from dcco.run.rundir import RunDir
 
     cfg = load_config(tiny_config(method="byol_fedavg", rounds=4, checkpoint_every=2))
     train, _ = load_splits(cfg)
@@ -264,7 +265,7 @@ def test_batch_norm_round__runs_client_by_client_in_both_backends():
     x1, x2 = _views(sizes)
     segments = Segments.from_counts(sizes)
     method = build_method("simsiam_fedavg")
-    # the executor itself falls back (dcco.distributed builds executors without run_round)
+    # the executor itself falls back (dcco.core.distributed builds executors without run_round)
     batched = _flat(Algorithm(method).run_round(BatchedExecutor(model, x1, x2, segments)))
     reference = _flat(run_round(model, method, x1, x2, segments, "reference"))
     want = _direct(model, x1, x2, sizes, "simsiam")

@@ -1,4 +1,4 @@
-"""Client-level differential privacy (dcco.privacy): the sensitivity bounds hold, also for
+"""Client-level differential privacy (dcco.core.privacy): the sensitivity bounds hold, also for
 adversarial clients; the noise has the configured standard deviation and is reproducible;
 the accountant is the library's; a DP run resumes bit-identically."""
 
@@ -10,13 +10,10 @@ import math
 import pytest
 import torch
 
-from dcco.algorithm import Algorithm
-from dcco.augment import AugmentConfig, augment_pair
-from dcco.client import trainable_parameters
 from dcco.config import ConfigError, load_config
-from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
-from dcco.privacy import (
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import trainable_parameters
+from dcco.core.privacy import (
     RoundNoise,
     clip_update,
     consistent,
@@ -24,8 +21,11 @@ from dcco.privacy import (
     solve_noise_multiplier,
     stats_sensitivity,
 )
-from dcco.simulator import ReferenceExecutor, run_round
-from dcco.stats import CCO_STATS, SPECTRAL_STATS, VICREG_STATS, EncodingStats
+from dcco.core.simulator import ReferenceExecutor, run_round
+from dcco.core.stats import CCO_STATS, SPECTRAL_STATS, VICREG_STATS, EncodingStats
+from dcco.data.augment import AugmentConfig, augment_pair
+from dcco.methods import Segments, build_method
+from dcco.models import ModelConfig, build_dual_encoder
 
 SIZES = [4, 4, 4, 4, 4]
 
@@ -154,7 +154,7 @@ def test_accountant__is_the_librarys_rdp_for_the_implemented_sampling():
     assert epsilon(2 * sigma, m, k, rounds, 2, delta) < epsilon(sigma, m, k, rounds, 2, delta)
     assert epsilon(sigma, m, k, rounds // 2, 2, delta) < epsilon(sigma, m, k, rounds, 2, delta)
     assert epsilon(sigma, m, k, 0, 2, delta) == 0 and epsilon(0, m, k, 1, 2, delta) == math.inf
-    from dcco.privacy import Ledger
+    from dcco.core.privacy import Ledger
 
     for extra in (0, 1):  # a run's ledger (one round's RDP, composed) gives the same ε
         ledger = Ledger(sigma, m, k, 2, delta, extra)
@@ -178,10 +178,11 @@ def test_privacy_config__errors_name_the_key():
 def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_path):
     """A DCCO run with ε = 8 reports ε in metrics and summary; killed after its checkpoint
     at round 3 and resumed, it ends with the weights of an uninterrupted run."""
-    from dcco.checkpoint import load_checkpoint
     from dcco.data.datasets import load_dataset
-    from dcco.rundir import RunDir
-    from dcco.train import Pretraining, pretraining_loop, resume_from_checkpoint
+    from dcco.run.checkpoint import load_checkpoint
+    from dcco.run.loop import pretraining_loop, resume_from_checkpoint
+    from dcco.run.pretraining import Pretraining
+    from dcco.run.rundir import RunDir
 
     cfg = load_config(tiny_config(rounds=6, checkpoint_every=3), ["privacy.target_epsilon=8"])
     train = load_dataset("fashion_mnist", "train", cfg.data.data_dir)
@@ -198,7 +199,7 @@ def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_pa
     first = Pretraining(cfg, train)
     while first.rounds_done < 3:  # as if killed after round 3's checkpoint
         first.step()
-    from dcco.checkpoint import save_checkpoint
+    from dcco.run.checkpoint import save_checkpoint
 
     save_checkpoint(cut.checkpoint_path, first.model, first.optimizer, 3)
     resumed = Pretraining(cfg, train)
@@ -217,7 +218,7 @@ def test_fedsc_private_run__takes_the_same_accountant_and_reports_epsilon(tiny_c
     sensitivity n·√fields as DCCO's sums (tested above), so the same mechanism and accountant
     apply, and a run reports the same ε as a DCCO run of the same sampling and noise."""
     from dcco.data.datasets import load_dataset
-    from dcco.train import Pretraining
+    from dcco.run.pretraining import Pretraining
 
     runs = {}
     for method in ("fedsc", "dcco"):

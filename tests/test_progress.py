@@ -2,7 +2,7 @@
 
 import io
 
-from dcco.progress import Progress
+from dcco.run.progress import Progress
 
 
 class _Tty(io.StringIO):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 import torch
 from flwr.app import Context, RecordDict
 
-from dcco.flower.inprocess import InProcessGrid
+from dcco.flower.testing.inprocess import InProcessGrid
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ROOT / "examples" / "flower-quickstart"

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from dcco.config import load_config
-from dcco.report import family, loss_panels, plot_accuracy_bars, plot_loss_curves, plot_run_curves
-from dcco.rundir import RunDir
+from dcco.run.report import (
+    family,
+    loss_panels,
+    plot_accuracy_bars,
+    plot_loss_curves,
+    plot_run_curves,
+)
+from dcco.run.rundir import RunDir
 
 
 def _run(path, method: str, records: list[dict]) -> RunDir:
@@ -72,8 +78,8 @@ def test_tensorboard__metrics_and_evaluations_read_back_with_tensorboards_reader
 
 def test_tensorboard__off_by_default_and_missing_package_named(tiny_config, tmp_path,
                                                                monkeypatch, capsys):
-    from dcco import scalars
     from dcco.cli import main
+    from dcco.run import scalars
 
     run = tmp_path / "plain"
     assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
@@ -87,7 +93,7 @@ def test_tensorboard__off_by_default_and_missing_package_named(tiny_config, tmp_
 
 
 def test_knn_cell__old_raw_records_are_marked_new_standardized_ones_are_not():
-    from dcco.report import knn_cell, knn_features
+    from dcco.run.report import knn_cell, knn_features
 
     assert knn_features({"knn": 0.5}) == "raw"  # written before records named their monitor
     assert knn_cell({"knn": 0.5}) == "50.0 (raw)"

@@ -217,7 +217,7 @@ def test_claims_table__differences_with_standard_errors_beside_the_paper(tmp_pat
 def test_reproduce__cells_filter_and_busy_cells_skipped(grid_file, tmp_path, capsys):
     """--cells runs a subset; a cell another process holds (its lock) is skipped, not shared."""
     from dcco.reproduce import select_cells
-    from dcco.rundir import RunDir, RunDirBusy
+    from dcco.run.rundir import RunDir, RunDirBusy
 
     out = tmp_path / "out"
     grid = load_grid(grid_file, "tiny")
@@ -253,7 +253,7 @@ def test_claim_checks__paired_by_seed_held_not_held_or_undecided(tmp_path):
     sure (Student's t interval excludes 0), not held where the opposite sign is, undecided
     otherwise (one seed included)."""
     from dcco.evaluate import PROTOCOL_REVISION
-    from dcco.experiments import eval_key
+    from dcco.evaluate.runs import eval_key
     from dcco.reproduce import claim_checks, claims_table
     from dcco.reproduce.claims import Paired, paired_difference
 
@@ -318,10 +318,10 @@ def test_table1_grid__gpu_scale_runs_with_paper_label_counts_per_class(tiny_fmni
     per class) and supervised on each label set run, and the results block renders."""
     from dataclasses import replace
 
-    from dcco.experiments import load_splits
+    from dcco.data.splits import load_splits
     from dcco.reproduce import results_markdown, run_cell
-    from dcco.rundir import RunDir
-    from dcco.train import run_pretraining
+    from dcco.run.loop import run_pretraining
+    from dcco.run.rundir import RunDir
 
     shipped = Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml"
     grid = load_grid(shipped, "gpu")
@@ -353,7 +353,7 @@ def test_reproduce__a_diverged_cell_is_marked_left_out_and_the_grid_goes_on(
     """A cell whose training diverges is recorded as diverged in its metrics, said in one line,
     and the next cells run; the next command does not train it again (training is
     deterministic), and the table says how many of a group diverged."""
-    from dcco.train import Diverged, Pretraining
+    from dcco.run.pretraining import Diverged, Pretraining
 
     real = Pretraining.check_finite
 
@@ -383,7 +383,7 @@ def test_reproduce__a_diverged_cell_is_marked_left_out_and_the_grid_goes_on(
 
 def test_pretrain__a_diverged_run_ends_with_one_line_and_status_3(tiny_config, tmp_path,
                                                                    capsys, monkeypatch):
-    from dcco.train import Diverged, Pretraining
+    from dcco.run.pretraining import Diverged, Pretraining
 
     def diverges(self):
         raise Diverged(self.rounds_done, f"round {self.rounds_done}: the loss is nan; training "

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from dcco.cli import main
-from dcco.experiments import load_splits
+from dcco.data.splits import load_splits
 from dcco.reproduce import cell_accuracy, load_grid, plan_cells, run_cell
 from dcco.reproduce.pool import (
     TIME_BUDGET,
@@ -27,8 +27,9 @@ from dcco.reproduce.pool import (
     reason_not_to_start,
     threads_per_job,
 )
-from dcco.rundir import RunDir, code_version
-from dcco.train import Pretraining, run_pretraining
+from dcco.run.loop import run_pretraining
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import RunDir, code_version
 
 GRID = """
 [grid]
@@ -233,7 +234,7 @@ def test_reproduce_jobs__budget_stops_a_cell_and_the_next_command_resumes_it(tmp
     the stop more certain): the budget gives the dcco cell's process its start-up and a few
     seconds, and the cell needs longer than the whole budget."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import dcco.cli, dcco.train, dcco.reproduce"],
+    subprocess.run([sys.executable, "-c", "import dcco.cli, dcco.run.loop, dcco.reproduce"],
                    check=True)
     startup = time.perf_counter() - start
     budget = 2 * startup + 5

@@ -9,10 +9,10 @@ amplifies rounding noise in near-zero gradients.
 import pytest
 import torch
 
-from dcco.augment import AugmentConfig, augment_pair
+from dcco.core.simulator import run_round
+from dcco.data.augment import AugmentConfig, augment_pair
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.simulator import run_round
 
 SIZES = [1, 3, 1, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]  # within-client losses need two samples
@@ -115,8 +115,8 @@ def test_batched_round_in_client_groups__equals_the_round_in_one_forward(method)
     a larger client alone), one forward and backward a group, give the same round: the
     pseudo-gradient, the loss, the statistics (merged, per client, and the fresh ones sent
     with the updates), in float64."""
-    from dcco.algorithm import Algorithm
-    from dcco.simulator import BatchedExecutor, client_groups
+    from dcco.core.algorithm import Algorithm
+    from dcco.core.simulator import BatchedExecutor, client_groups
 
     m = build_method(method)
     model, (x1, x2) = _model(), _round_views(SIZES_FEDAVG, seed=2)
@@ -166,7 +166,7 @@ def test_client_groups_keeping_their_graphs__the_same_round_bit_for_bit_one_forw
 
 
 def test_keep_graphs__only_under_auto_on_a_cpu():
-    from dcco.train import keeps_graphs
+    from dcco.run.rounds import keeps_graphs
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert keeps_graphs("auto", cpu) and not keeps_graphs("auto", cuda)

@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import dcco
-from dcco import rundir
-from dcco.rundir import RunDir, source_digest
+from dcco.run import rundir
+from dcco.run.rundir import RunDir, source_digest
 
 
 def test_code_version__names_the_code_loaded_not_the_checkout_later(monkeypatch):
@@ -33,8 +33,8 @@ def test_source_digest__changes_with_a_file_name_or_its_contents(tmp_path):
 
 def test_compare__an_unfinished_run_shows_what_it_has_logged(tmp_path):
     from dcco.config import RunConfig
-    from dcco.report import comparison_rows
-    from dcco.rundir import RunDir
+    from dcco.run.report import comparison_rows
+    from dcco.run.rundir import RunDir
 
     cfg = RunConfig()
     run = RunDir.create(tmp_path / "stopped", cfg)
@@ -53,7 +53,7 @@ def test_open_or_create__another_config_is_refused_naming_the_keys(tmp_path):
     import pytest
 
     from dcco.config import load_config
-    from dcco.rundir import RunDir, RunDirError
+    from dcco.run.rundir import RunDir, RunDirError
 
     RunDir.create(tmp_path / "run", load_config(None, ["train.rounds=10"]))
     with pytest.raises(RunDirError) as err:
@@ -69,7 +69,7 @@ def test_atomic_writes__files_get_the_umask_permissions(tmp_path):
 
     import torch
 
-    from dcco.checkpoint import atomic_write_text, save_checkpoint
+    from dcco.run.checkpoint import atomic_write_text, save_checkpoint
 
     old = os.umask(0o022)
     try:

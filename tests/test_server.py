@@ -5,15 +5,15 @@ import math
 import pytest
 import torch
 
-from dcco.client import ClientUpdate
-from dcco.server import (
+from dcco.core.client import ClientUpdate
+from dcco.core.server import (
     ReplyError,
     aggregate_updates,
     check_count,
     validate_statistics,
     validate_update,
 )
-from dcco.stats import encoding_stats
+from dcco.core.stats import encoding_stats
 
 D = 3
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from dcco.config import ConfigError, load_config
-from dcco.experiments import load_splits
-from dcco.rundir import RunDir
-from dcco.statistics_cache import StatisticsCache, cache_bytes
-from dcco.stats import SPECTRAL_STATS, encoding_stats, merge
-from dcco.train import Pretraining, run_pretraining
+from dcco.core.statistics_cache import StatisticsCache, cache_bytes
+from dcco.core.stats import SPECTRAL_STATS, encoding_stats, merge
+from dcco.data.splits import load_splits
+from dcco.run.loop import run_pretraining
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import RunDir
 
 
 def _stats(seed: int, n: int):
@@ -75,7 +76,7 @@ def test_cached_rounds__exact_with_full_participation_and_not_with_absent_client
 def test_cached_rounds__resume_is_bit_identical_with_the_saved_cache(tiny_config, tmp_path):
     from safetensors.torch import load_file
 
-    from dcco.checkpoint import save_checkpoint
+    from dcco.run.checkpoint import save_checkpoint
 
     cfg = load_config(tiny_config(rounds=4, checkpoint_every=2),
                       ["train.method=\"fedsc\"", "data.num_clients=12",
@@ -106,7 +107,7 @@ def test_cached_rounds__refused_without_statistics_with_privacy_staleness_or_too
     assert cache_bytes(15000, 300, 32, 32768) == 9600 * 32769 * 8
     cfg = load_config(path, [cached])
     train, _ = load_splits(cfg)
-    monkeypatch.setattr("dcco.train.MAX_CACHE_BYTES", 1 << 10)  # 24 clients of 16-wide sums
+    monkeypatch.setattr("dcco.run.pretraining.MAX_CACHE_BYTES", 1 << 10)  # 24 clients of 16-wide sums
     with pytest.raises(ConfigError, match="GiB of client statistics"):
         Pretraining(cfg, train)
 

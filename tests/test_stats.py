@@ -2,7 +2,7 @@
 
 import torch
 
-from dcco.stats import EncodingStats, anchored, encoding_stats, merge
+from dcco.core.stats import EncodingStats, anchored, encoding_stats, merge
 
 
 def _pair(n: int, d: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

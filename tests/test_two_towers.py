@@ -17,22 +17,23 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from dcco.augment import AugmentConfig, modality_view, training_views
-from dcco.checkpoint import load_checkpoint, save_checkpoint
 from dcco.cli import main
 from dcco.config import ConfigError, load_config
+from dcco.core.losses import clip_loss, clip_loss_per_anchor, nt_xent
+from dcco.core.simulator import run_round
 from dcco.data import DataError, PairedDataset, load_split
+from dcco.data.augment import AugmentConfig, modality_view, training_views
 from dcco.data.paired import halves, load_npz_pairs
-from dcco.encoders import load_encoder
+from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig, comparable, retrieval, retrieval_ranks
-from dcco.experiments import evaluate_model, load_splits
-from dcco.losses import clip_loss, clip_loss_per_anchor, nt_xent
+from dcco.evaluate.runs import evaluate_model
 from dcco.methods import Segments, build_method
 from dcco.models import MLP, ModelConfig, ResNet, build_dual_encoder
-from dcco.rundir import RunDir
-from dcco.simulator import run_round
-from dcco.train import Pretraining
+from dcco.run.checkpoint import load_checkpoint, save_checkpoint
+from dcco.run.encoders import load_encoder
+from dcco.run.pretraining import Pretraining
+from dcco.run.rundir import RunDir
 
 SIZES = [1, 3, 1, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]

@@ -3,15 +3,19 @@
 Implements Distributed Cross Correlation Optimization (DCCO; Vemulapalli et al., ICLR 2023)
 and the baselines the paper compares with, on a fast single-machine simulator and over Flower.
 
-Layers, dependencies flowing one way:
-``stats``/``losses`` (pure math) → ``client`` (one client's work) → ``methods`` (the losses)
-→ ``algorithm`` (the round) → ``simulator``/``flower`` (executors) → ``train`` → ``cli``.
+The package, layer by layer (dependencies flow one way, down; docs/architecture.md, and
+``tests/test_layers.py`` checks it): ``core`` (statistics, losses, the client's and the
+server's parts, the algorithm's round, its executors) with ``methods``, ``models``, ``data``
+and ``evaluate``; ``config``; ``run`` (the loop, run directories, checkpoints), ``flower``
+and ``reproduce``; the public API (``api``, ``fitting``); ``cli``.
 
-``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as a plain ``torch.nn.Module``
-(``dcco.encoders``). DCCO in your own code (``dcco.api``, docs/own_code.md): ``dcco.fit``
-trains your encoder over your clients in the simulator; ``statistics``, ``merge_statistics``,
-``local_update``, ``aggregate_updates`` and ``apply_update`` are a round's parts, for your own
-loop or deployment.
+What a user imports is re-exported here, each imported on first use (``import dcco`` stays
+light): ``dcco.fit`` trains your encoder over your clients in the simulator and
+``dcco.linear_probe`` scores it (``dcco.fitting``); ``statistics``, ``merge_statistics``,
+``local_update``, ``aggregate_updates`` and ``apply_update`` are a round's parts for your own
+loop or deployment (``dcco.api``); ``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as
+a plain ``torch.nn.Module`` (``dcco.run.encoders``); ``dcco.ImageViews`` is a ready image
+augmentation. ``dcco.flower`` holds the Flower strategy and client helper.
 """
 
 from __future__ import annotations
@@ -21,23 +25,27 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-_API = ("Aggregated", "FitResult", "Merged", "aggregate_updates", "apply_update",
-        "dual_encoder", "fit", "linear_probe", "local_update", "merge_statistics",
-        "server_optimizer", "statistics")
+_API = ("Aggregated", "Merged", "aggregate_updates", "apply_update", "dual_encoder",
+        "local_update", "merge_statistics", "server_optimizer", "statistics")
+_FITTING = ("FitResult", "fit", "linear_probe")
 
 
 def __getattr__(name: str) -> Any:
     # imported on first use, so that `import dcco` stays light (no torch)
     if name in ("load_encoder", "export_encoder", "Encoder"):
-        from dcco import encoders
+        from dcco.run import encoders
 
         return getattr(encoders, name)
     if name in _API:
         from dcco import api
 
         return getattr(api, name)
+    if name in _FITTING:
+        from dcco import fitting
+
+        return getattr(fitting, name)
     if name == "ImageViews":
-        from dcco.image_views import ImageViews
+        from dcco.data.image_views import ImageViews
 
         return ImageViews
     raise AttributeError(f"module 'dcco' has no attribute {name!r}")

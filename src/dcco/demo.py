@@ -15,22 +15,22 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dcco.augment import AugmentConfig
-from dcco.checkpoint import atomic_write_text
 from dcco.config import DataConfig, RunConfig, TrainConfig, load_config
+from dcco.core.optim import OptimConfig
+from dcco.data.augment import AugmentConfig
+from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig, StepCallback, is_current
-from dcco.experiments import (
+from dcco.evaluate.runs import (
     eval_key,
     evaluate_run,
-    load_splits,
     random_encoder_run,
     supervised_run,
     with_method,
 )
 from dcco.models import ModelConfig
-from dcco.optim import OptimConfig
-from dcco.report import (
+from dcco.run.checkpoint import atomic_write_text
+from dcco.run.report import (
     family,
     knn_cell,
     markdown_table,
@@ -38,8 +38,8 @@ from dcco.report import (
     plot_loss_curves,
     write_tables,
 )
-from dcco.rundir import RunDir
-from dcco.train import check_run
+from dcco.run.rounds import check_run
+from dcco.run.rundir import RunDir
 
 METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
 
@@ -88,7 +88,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
 
     Args:
         pretrain: ``pretrain(cfg, run, train, test, resume) -> summary``, e.g.
-            ``dcco.train.run_pretraining`` wrapped with a progress bar by the CLI.
+            ``dcco.run.loop.run_pretraining`` wrapped with a progress bar by the CLI.
         progress: told how each evaluation advances.
 
     Raises:

@@ -9,12 +9,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dcco.algorithm import Algorithm
-from dcco.distributed import AllReduceExecutor, local_segments, split_batch
+from dcco.core.algorithm import Algorithm
+from dcco.core.distributed import AllReduceExecutor, local_segments, split_batch
+from dcco.core.simulator import EXECUTORS
+from dcco.core.statistics_cache import StatisticsCache
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
-from dcco.simulator import EXECUTORS
-from dcco.statistics_cache import StatisticsCache
 
 SIZES = [1, 3, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
@@ -28,7 +28,7 @@ CACHED_ROUNDS = [([0, 1, 2, 3, 4], [1, 3, 5, 2, 4]), ([5, 2, 0], [2, 4, 3]),
 
 
 def views(n, seed=0):
-    from dcco.augment import AugmentConfig, augment_pair
+    from dcco.data.augment import AugmentConfig, augment_pair
 
     gen = torch.Generator().manual_seed(seed)
     imgs = (255 * torch.rand(n, 1, 12, 12, generator=gen)).to(torch.uint8)

@@ -132,9 +132,9 @@ def views():
 def cco_loss_on(net, testloader, seed: int = 0) -> float:
     """The CCO loss (paper eq. 1) of ``net``'s encodings of two seeded views of the test
     images: DCCO's evaluation, where the quickstart scores its classifier."""
+    from dcco.core.losses import cco_loss
+    from dcco.core.stats import encoding_stats
     from dcco.flower.userapp import node_samples
-    from dcco.losses import cco_loss
-    from dcco.stats import encoding_stats
 
     x = node_samples(testloader)
     augment = views()

@@ -2,7 +2,7 @@
 (``tables``, ``tff``), the user's own samples (``samples``), one entry point for all of them (``sources.load_split``), and client
 partitioning (``partition``).
 
-The only layer that reads data files; it imports nothing of ``dcco`` but ``dcco.seeding``.
+The only layer that reads data files; it imports nothing of ``dcco`` but ``dcco.core.seeding``.
 """
 
 from dcco.data.datasets import DataError, DatasetName, ImageDataset, load_dataset

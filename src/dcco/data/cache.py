@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dcco.checkpoint import umask_mode
+from dcco.files import umask_mode
 
 FORMAT = "dcco-data-cache/1"
 ENV = "DCCO_DATA_CACHE"

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dcco.checkpoint import umask_mode
 from dcco.data.cache import cached_arrays
 from dcco.errors import UserError
+from dcco.files import umask_mode
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
 Split = Literal["train", "test"]

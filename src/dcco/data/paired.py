@@ -3,7 +3,7 @@
 ``PairedDataset`` is the interface for data of two modalities (image–text, two camera
 angles, two halves of an image): two sample tensors of their own shapes and dtypes, one label
 per pair. dcco keeps both on the device, gathers a round's pairs by index, and turns each
-modality into its tower's input (``dcco.augment.modality_view``):
+modality into its tower's input (``dcco.data.augment.modality_view``):
 
 - uint8 ``(N, C, H, W)`` images, C = 1 or 3: augmented with the modality's ``[augment]``
   (X) or ``[augment_y]`` (Y) section, or only normalised to [−1, 1] when it is disabled;
@@ -22,7 +22,7 @@ Two paired data sets come with dcco:
   each holding arrays ``x`` (N, ...), ``y`` (N, ...) and ``labels`` (N,) (integers), and
   optionally ``class_names`` (strings).
 
-``pairs`` names pairs that the user's code builds and hands to ``dcco.train.Pretraining`` (or
+``pairs`` names pairs that the user's code builds and hands to ``dcco.run.pretraining.Pretraining`` (or
 ``run_pretraining``) itself, with nothing loaded from files.
 """
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dcco.seeding import derive_seed
+from dcco.core.seeding import derive_seed
 
 # Clients whose class counts are drawn in one vectorised multinomial call. Each chunk ends early
 # at the first client that would take more of a class than is left (at most once per class), so

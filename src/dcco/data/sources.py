@@ -1,5 +1,5 @@
 """One split of any data set dcco knows, by name: the one entry point the rest of dcco loads
-data through (``dcco.experiments.load_splits``, the Flower nodes).
+data through (``dcco.data.splits.load_splits``, the Flower nodes).
 
 - images: ``fashion_mnist``, ``cifar10``, ``cifar100`` (``dcco.data.datasets``);
 - images in natural clients: ``client_table`` and ``ham10000`` (``dcco.data.tables``),
@@ -37,7 +37,7 @@ def load_split(name: str, split: Split, data_dir: str | Path | None = None,
         return load_npz_pairs(split, data_dir)
     if name == "pairs":
         raise DataError("data.dataset = 'pairs' trains on a PairedDataset that your code "
-                        "passes to dcco.train.Pretraining; nothing is loaded from files. To "
+                        "passes to dcco.run.pretraining.Pretraining; nothing is loaded from files. To "
                         "train from files (the CLI, Flower) write train.npz and test.npz and "
                         "use data.dataset = 'paired_npz' (docs/multimodal.md)")
     if name == "samples":

@@ -374,7 +374,7 @@ def client_split(client_names: np.ndarray, fraction: float, seed: int) -> np.nda
     """bool (K,): whether each client is in the test split: the first ⌈fraction·K⌉ clients of
     a seeded permutation of the sorted client names (a function of the names and the seed
     alone, so every run of a table tests on the same clients)."""
-    from dcco.seeding import generator
+    from dcco.core.seeding import generator
 
     k = len(client_names)
     order = torch.randperm(k, generator=generator(seed, "client-split")).numpy()

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.augment import flip_view
+from dcco.core.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
+from dcco.core.seeding import derive_seed, generator
+from dcco.data.augment import flip_view
 from dcco.data.datasets import ImageDataset
 from dcco.data.partition import natural_partition
 from dcco.errors import UserError
@@ -26,8 +28,6 @@ from dcco.evaluate.features import (
 from dcco.evaluate.finetune import Classifier, _classifier
 from dcco.evaluate.probe import linear_probe_features
 from dcco.evaluate.settings import EvalConfig, EvalResult
-from dcco.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
-from dcco.seeding import derive_seed, generator
 
 
 def case_features(features: Tensor, case_ids: Tensor) -> tuple[Tensor, Tensor]:

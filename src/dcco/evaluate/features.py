@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from dcco.augment import model_input
+from dcco.core.seeding import generator
+from dcco.data.augment import model_input
 from dcco.errors import UserError
-from dcco.seeding import generator
 
 
 def labelled_subset(labels: Tensor, n: int, num_classes: int, seed: int) -> Tensor:

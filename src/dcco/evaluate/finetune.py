@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.augment import flip_view
+from dcco.core.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
+from dcco.core.seeding import derive_seed, generator
+from dcco.data.augment import flip_view
 from dcco.data.datasets import ImageDataset
 from dcco.evaluate.features import (
     StepCallback,
@@ -20,8 +22,6 @@ from dcco.evaluate.features import (
 )
 from dcco.evaluate.settings import EvalConfig, EvalResult
 from dcco.models import ModelConfig, build_backbone
-from dcco.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
-from dcco.seeding import derive_seed, generator
 
 
 class Classifier(nn.Module):

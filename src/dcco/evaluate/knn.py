@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcco.core.seeding import generator
 from dcco.data.paired import Dataset
 from dcco.evaluate.features import extract_features
 from dcco.evaluate.settings import KNN_FEATURES, EvalConfig, KnnFeatures
-from dcco.seeding import generator
 
 
 def knn_space(bank: Tensor, queries: Tensor, features: KnnFeatures = "standardized"

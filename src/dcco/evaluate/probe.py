@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcco.core.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
+from dcco.core.seeding import generator
 from dcco.data.paired import Dataset
 from dcco.evaluate.features import (
     StepCallback,
@@ -18,8 +20,6 @@ from dcco.evaluate.features import (
     extract_features,
 )
 from dcco.evaluate.settings import EvalConfig, EvalResult
-from dcco.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
-from dcco.seeding import generator
 
 
 def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, steps: int,

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcco.core.seeding import generator
 from dcco.data.paired import PairedDataset
 from dcco.errors import UserError
 from dcco.evaluate.features import StepCallback, _batched, _default_dtype
 from dcco.evaluate.settings import EvalResult
-from dcco.seeding import generator
 
 RETRIEVAL_KS = (1, 5)
 Similarity = str

@@ -2,7 +2,7 @@
 
 ``client_app`` and ``server_app`` are the two Flower components (``pyproject.toml``,
 ``[tool.flwr.app.components]``); they decode messages (``codec``), call the library's client
-and server functions (``nodes``, ``federation``, ``dcco.client``, ``dcco.server``) and encode
+and server functions (``nodes``, ``federation``, ``dcco.core.client``, ``dcco.core.server``) and encode
 the replies. ``secagg`` runs both exchanges through Flower's SecAgg+; ``inprocess`` runs the
 apps in one process for tests. This package imports Flower; the rest of dcco never does.
 See ``docs/flower.md``.
@@ -40,7 +40,7 @@ def __getattr__(name: str) -> Any:
 
         return RoundsSkipped
     if name == "ImageViews":
-        from dcco.image_views import ImageViews
+        from dcco.data.image_views import ImageViews
 
         return ImageViews
     raise AttributeError(f"module 'dcco.flower' has no attribute {name!r}")

@@ -10,12 +10,12 @@ from typing import Any
 from flwr.app import RecordDict
 from torch import Tensor
 
-from dcco.client import ClientUpdate
+from dcco.core.client import ClientUpdate
+from dcco.core.server import ReplyError, validate_statistics, validate_update
+from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
 from dcco.flower.codec import Instruction
-from dcco.server import ReplyError, validate_statistics, validate_update
-from dcco.stats import EncodingStats, Moments, StatsSpec
-from dcco.train import Pretraining
+from dcco.run.pretraining import Pretraining
 
 
 class AppWire:

@@ -27,7 +27,7 @@ Every ArrayRecord holds one flat array per dtype and its layout (``array_record`
 moves each array as an object with its own round trips, so a model's tensors travel as one.
 
 Decoding never trusts a reply: a missing record raises ``KeyError``, an array that is not a
-numeric NumPy array ``TypeError``/``ValueError``; ``dcco.server.accept_valid`` counts both as
+numeric NumPy array ``TypeError``/``ValueError``; ``dcco.core.server.accept_valid`` counts both as
 malformed replies.
 """
 
@@ -44,10 +44,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
-from dcco.client import ClientUpdate
+from dcco.core.client import ClientUpdate
+from dcco.core.server import ReplyError
+from dcco.core.stats import EncodingStats, Moments
 from dcco.flower.placement import NodeIdentity
-from dcco.server import ReplyError
-from dcco.stats import EncodingStats, Moments
 
 Phase = Literal["stats", "update"]
 CONFIG = "dcco"
@@ -228,7 +228,7 @@ def encode_stats_reply(stats: EncodingStats) -> RecordDict:
 
 
 def decode_stats_reply(content: RecordDict) -> dict[str, object]:
-    """A stats reply as the dict ``dcco.server.validate_statistics`` checks."""
+    """A stats reply as the dict ``dcco.core.server.validate_statistics`` checks."""
     reply: dict[str, object] = tensors_of(content.array_records[STATS])
     reply["count"] = content.metric_records[STATS + ".meta"]["count"]
     return reply
@@ -244,7 +244,7 @@ def encode_each_stats_reply(each: Sequence[EncodingStats]) -> RecordDict:
 
 def decode_each_stats_reply(content: RecordDict, clients: int) -> list[dict[str, object]]:
     """``encode_each_stats_reply``'s reply as one dict per client that
-    ``dcco.server.validate_statistics`` checks; it must hold exactly ``clients`` of them.
+    ``dcco.core.server.validate_statistics`` checks; it must hold exactly ``clients`` of them.
 
     Raises:
         ReplyError: (kind ``count``) counts that are not a list of ``clients`` entries, or

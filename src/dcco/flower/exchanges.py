@@ -6,7 +6,7 @@ their combination, differential privacy's noise). These executors carry out its 
 over Flower messages:
 
 - ``PlainExchanges``: a ``train`` message to each node an exchange; every reply is checked
-  (``dcco.server``) and a bad one left out and counted; the update exchange goes to the nodes
+  (``dcco.core.server``) and a bad one left out and counted; the update exchange goes to the nodes
   whose statistics were valid, and an update must be of as many samples as its node's
   statistics; a phase with fewer than ``min_survivors`` valid replies skips the round
   (``RoundSkipped``);
@@ -30,14 +30,14 @@ import torch
 from flwr.app import Message, MessageType, RecordDict
 from torch import Tensor
 
-from dcco.algorithm import Absent, Algorithm, RoundSkipped, Updates
-from dcco.client import ClientUpdate
+from dcco.core.algorithm import Absent, Algorithm, RoundSkipped, Updates
+from dcco.core.client import ClientUpdate
+from dcco.core.server import ReplyError, ReplyTally, accept_valid, pooled_update, skip_reason
+from dcco.core.statistics_cache import StatisticsCache
+from dcco.core.stats import EncodingStats, Moments, StatsSpec, merge
 from dcco.flower import secagg, timing
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
-from dcco.server import ReplyError, ReplyTally, accept_valid, pooled_update, skip_reason
-from dcco.statistics_cache import StatisticsCache
-from dcco.stats import EncodingStats, Moments, StatsSpec, merge
 
 Send = Callable[..., Iterable[Message]]
 """``send(messages, timeout=seconds)``: push messages and return their replies that came

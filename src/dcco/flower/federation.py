@@ -10,12 +10,12 @@ A round of ``dcco`` (paper §3.3) is two exchanges of plain ``train`` messages:
    replies) to those nodes and gets back each node's update and count;
 
 then it applies the sample-weighted average of the valid updates with Adam or LARS
-(``dcco.optim``). ``cco_fedavg`` and ``contrastive_fedavg`` have only the update exchange.
-Faults follow ``dcco.server``: a reply that is an error, late or malformed is dropped and
+(``dcco.core.optim``). ``cco_fedavg`` and ``contrastive_fedavg`` have only the update exchange.
+Faults follow ``dcco.core.server``: a reply that is an error, late or malformed is dropped and
 counted; phase 2 goes to the valid phase-1 repliers only; a phase with fewer than
 ``flower.min_survivors`` valid replies skips the round (no model change) and is logged.
 
-The training state (model, optimiser, rounds done) is a ``dcco.train.Pretraining``, the
+The training state (model, optimiser, rounds done) is a ``dcco.run.pretraining.Pretraining``, the
 simulator's, so checkpoints and run directories are the simulator's too. The messages'
 layout is ``dcco.flower.appwire``'s, their bytes are counted by ``dcco.flower.metering``, and
 a whole run (its directory, loop and metrics) is ``dcco.flower.run``'s.
@@ -34,7 +34,10 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from dcco.algorithm import RoundResult, RoundSkipped
+from dcco.core.algorithm import RoundResult, RoundSkipped
+from dcco.core.seeding import generator
+from dcco.core.server import ReplyTally
+from dcco.core.stats import Moments
 from dcco.flower import codec, secagg
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.appwire import AppWire
@@ -42,10 +45,8 @@ from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid
 from dcco.flower.placement import NodeIdentity, assign
 from dcco.methods.base import Segments
-from dcco.seeding import generator
-from dcco.server import ReplyTally
-from dcco.stats import Moments
-from dcco.train import Pretraining, RoundPlan, sample_clients
+from dcco.run.pretraining import Pretraining
+from dcco.run.rounds import RoundPlan, sample_clients
 
 LOG = logging.getLogger("flwr.dcco")
 CALIBRATION_SAMPLES = 64
@@ -90,7 +91,7 @@ class Federation:
     """The server's view of the nodes and one round's exchanges.
 
     Args:
-        grid: Flower's grid (or ``dcco.flower.inprocess.InProcessGrid``).
+        grid: Flower's grid (or ``dcco.flower.testing.inprocess.InProcessGrid``).
         pt: the training state; its partition fixes the clients and their number.
         fcfg: the adapter's settings.
     """

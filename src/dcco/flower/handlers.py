@@ -33,7 +33,7 @@ from dcco.flower.nodes import (
     node_update,
 )
 from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
-from dcco.train import algorithm_of
+from dcco.run.rounds import algorithm_of
 
 KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"
 _IMPORTED = time.time()

@@ -21,19 +21,19 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from dcco.algorithm import Algorithm
-from dcco.augment import training_views
-from dcco.client import ClientUpdate, client_statistics, trainable_parameters
 from dcco.config import RunConfig
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
+from dcco.core.precision import prepare_model
+from dcco.core.seeding import derive_seed
+from dcco.core.server import pooled_update
+from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
+from dcco.data.augment import training_views
 from dcco.data.partition import Partition
 from dcco.data.sources import load_split
 from dcco.methods.base import Method
 from dcco.models import DualEncoder
-from dcco.precision import prepare_model
-from dcco.seeding import derive_seed
-from dcco.server import pooled_update
-from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
-from dcco.train import algorithm_of, build_partition, resolve_device
+from dcco.run.rounds import algorithm_of, build_partition, resolve_device
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def build_model(cfg: RunConfig, shapes: tuple[tuple[int, ...], ...]) -> DualEnco
     # a node's clients come one message at a time, each of its own size (and over a
     # deployment, each in a fresh process), so compiling would cost more than it saves
     speed = replace(cfg.speed, compile="off")
-    model.unit_encodings = cfg.privacy.enabled  # a client's statistics bounded (dcco.privacy)
+    model.unit_encodings = cfg.privacy.enabled  # a client's statistics bounded (dcco.core.privacy)
     return prepare_model(model, speed, resolve_device(cfg.train.device))
 
 
@@ -92,7 +92,7 @@ def client_views(cfg: RunConfig, data: NodeData, client: int,
     """Both inputs of one client's samples in round ``round_index``: two augmented views
     (N_k, C, H, W), or its pairs' X and Y.
 
-    The same inputs as the simulator's (``dcco.train.Pretraining.views``): augmentation is a
+    The same inputs as the simulator's (``dcco.run.pretraining.Pretraining.views``): augmentation is a
     hash of (seed, round, sample id, view), whichever batch a sample is in.
     """
     ids = data.partition.client(client).to(data.images.device)

@@ -1,7 +1,7 @@
 """Push messages and pull their replies on a short poll: Flower's ``send_and_receive``
 without its 3 s sleep between pulls.
 
-Imports Flower only (no torch), so that Flower's own floor (``dcco.flower.floor``) is timed
+Imports Flower only (no torch), so that Flower's own floor (``dcco.flower.testing.floor``) is timed
 with the same exchange as dcco's rounds.
 """
 
@@ -43,7 +43,7 @@ def push_and_pull(grid: Grid, messages: Iterable[Message],
 def send_and_receive(grid: Grid, messages: Iterable[Message],
                      timeout: float | None = None) -> list[Message]:
     """The replies to ``messages`` by ``push_and_pull``; a grid that answers at once
-    (``dcco.flower.inprocess``: ``replies_at_once``) is asked directly."""
+    (``dcco.flower.testing.inprocess``: ``replies_at_once``) is asked directly."""
     if getattr(grid, "replies_at_once", False):
         return list(grid.send_and_receive(list(messages), timeout=timeout))
     return push_and_pull(grid, messages, timeout)

@@ -14,18 +14,13 @@ from typing import Any
 from flwr.serverapp import Grid
 
 from dcco.config import RunConfig
+from dcco.core.server import ReplyTally
 from dcco.data.datasets import ImageDataset
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.federation import Federation, RoundAggregate
-from dcco.rundir import RunDir, RunDirError, config_differences
-from dcco.server import ReplyTally
-from dcco.train import (
-    MetricsWindow,
-    Pretraining,
-    RoundMetrics,
-    pretraining_loop,
-    resume_from_checkpoint,
-)
+from dcco.run.loop import MetricsWindow, pretraining_loop, resume_from_checkpoint
+from dcco.run.pretraining import Pretraining, RoundMetrics
+from dcco.run.rundir import RunDir, RunDirError, config_differences
 
 LOG = logging.getLogger("flwr.dcco")
 

@@ -58,12 +58,12 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 from torch import Tensor, nn
 
-from dcco.client import ClientUpdate, client_statistics, client_update
+from dcco.core.client import ClientUpdate, client_statistics, client_update
+from dcco.core.server import ReplyTally
+from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.methods.base import Method
-from dcco.server import ReplyTally
-from dcco.stats import CCO_STATS, EncodingStats, Moments, StatsSpec
 
 FIT_CONFIG, FIT_PARAMETERS = "fitins.config", "fitins.parameters"
 STD_FLOOR = 1e-2

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from dcco.api import dual_view
+from dcco.core.seeding import derive_seed
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig
 from dcco.methods.base import Method
-from dcco.seeding import derive_seed
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def calibration(sa: SecAgg, weights: dict[str, Tensor], method: Method, local_lr
     """Round ``r``'s public ranges: one client-style step of the round's model on the
     server's samples (views seeded by ``(seed, r)``)."""
     from dcco.flower.userapp import load_weights  # the nodes' own loading
-    from dcco.train import user_views
+    from dcco.run.rounds import user_views
 
     load_weights(sa.model, weights)
     dtype = next(sa.model.parameters()).dtype

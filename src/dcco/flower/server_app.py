@@ -9,7 +9,7 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from dcco.experiments import load_splits
+from dcco.data.splits import load_splits
 from dcco.flower.appconfig import parse_run_config
 from dcco.flower.run import run_federated
 

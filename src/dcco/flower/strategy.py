@@ -14,9 +14,9 @@ A round is DCCO's: the strategy samples nodes, and on the same nodes runs two ex
    delta per trained parameter, ``arrays``) and its count and loss (``metrics``).
 
 The server averages the valid updates by sample count and steps its optimiser (LARS or Adam,
-``dcco.optim``) with the negated average as the gradient. Every reply is checked as
+``dcco.core.optim``) with the negated average as the gradient. Every reply is checked as
 ``dcco.api`` checks it; a malformed or failed one is left out and counted, a node lost after
-phase 1 counts in S_A but not in the update (``dcco.server``'s rule), and a phase with fewer
+phase 1 counts in S_A but not in the update (``dcco.core.server``'s rule), and a phase with fewer
 than ``min_survivors`` valid replies skips the round (no model change; its reason in the
 round's metrics). Methods without statistics (``cco_fedavg``, ``contrastive_fedavg``) run the
 update exchange alone, with the model. With ``secagg=SecAgg(...)`` both exchanges go through
@@ -39,16 +39,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import Tensor
 
-from dcco.algorithm import Algorithm, RoundSkipped
-from dcco.collapse import CollapseWatch, collapse_figures, watch_start
-from dcco.flower import codec, polling, secure_round
-from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
-from dcco.flower.secure_round import SecAgg
-from dcco.flower.strategy_checkpoint import resume_strategy, save_strategy
-from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
-from dcco.methods.base import LossConfig
-from dcco.methods.registry import build_method
-from dcco.optim import (
+from dcco.core.algorithm import Algorithm, RoundSkipped
+from dcco.core.collapse import CollapseWatch, collapse_figures, watch_start
+from dcco.core.optim import (
     USER_RECIPE,
     OptimConfig,
     apply_pseudo_gradient,
@@ -56,10 +49,17 @@ from dcco.optim import (
     scheduled_lr,
     set_lr,
 )
-from dcco.seeding import derive_seed
-from dcco.server import ReplyTally
-from dcco.statistics_cache import StatisticsCache
-from dcco.stats import Moments
+from dcco.core.seeding import derive_seed
+from dcco.core.server import ReplyTally
+from dcco.core.statistics_cache import StatisticsCache
+from dcco.core.stats import Moments
+from dcco.flower import codec, polling, secure_round
+from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
+from dcco.flower.secure_round import SecAgg
+from dcco.flower.strategy_checkpoint import resume_strategy, save_strategy
+from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
+from dcco.methods.base import LossConfig
+from dcco.methods.registry import build_method
 
 LOG = logging.getLogger("flwr.dcco")
 class DCCO(Strategy):
@@ -88,7 +88,7 @@ class DCCO(Strategy):
         method: ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method
             of dcco (``cco_fedavg``, ``contrastive_fedavg``; one exchange).
         optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
-            (``dcco.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
+            (``dcco.core.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
             ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
             parameters' share. The default, Adam 1e-3 with 10 warm-up rounds, trains the
             models CCO collapses under larger steps (docs/own_code.md, "Collapse").
@@ -107,7 +107,7 @@ class DCCO(Strategy):
         absent_statistics: ``drop``: a round's S_A is its own nodes' (the exact round);
             ``cached``: the strategy keeps every node's last statistics and merges those of
             the nodes absent from a round into its S_A (FedSC's partial participation,
-            ``dcco.statistics_cache``: not a centralized step; a statistics method with
+            ``dcco.core.statistics_cache``: not a centralized step; a statistics method with
             plain messages; kept for the run of ``start``, and in ``checkpoint``).
         checkpoint: a file the strategy rewrites atomically after every round: the model,
             the server optimiser's state, the round, the node sampling's state, FedSC's cache
@@ -301,7 +301,7 @@ class DCCO(Strategy):
         phase, ``skipped`` = 1 for a skipped round, and for a statistics method the collapse
         figures of its S_A, ``dead_dims``, ``corr_diag`` and ``eff_rank``, with
         ``collapse-warning`` = 1 at the round the collapse warning was logged
-        (``dcco.collapse``). ``train_config`` goes to the nodes with every training message
+        (``dcco.core.collapse``). ``train_config`` goes to the nodes with every training message
         (a ``lr`` in it is refused: DCCO's nodes step at ``local_lr``, the server's optimiser
         at ``lr``). After each round, ``configure_evaluate`` sends the model and
         ``evaluate_config`` to the sampled nodes' ``@app.evaluate``, whose metrics fill
@@ -421,7 +421,7 @@ class DCCO(Strategy):
                 LOG.warning("DCCO round %d, %s: %s", r, phase, problem)
 
     def _watched(self, r: int, metrics: MetricRecord, shared: Moments | None) -> MetricRecord:
-        """The round's metrics with the collapse figures of its S_A (``dcco.collapse``; none
+        """The round's metrics with the collapse figures of its S_A (``dcco.core.collapse``; none
         for a method without statistics), and the collapse warning logged the first time
         they show collapse after the warm-up (``CollapseWatch``)."""
         if shared is None:

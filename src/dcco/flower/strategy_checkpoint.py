@@ -15,8 +15,8 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result
 
-from dcco.checkpoint import atomic_write_bytes
-from dcco.statistics_cache import StatisticsCache
+from dcco.core.statistics_cache import StatisticsCache
+from dcco.run.checkpoint import atomic_write_bytes
 
 if TYPE_CHECKING:
     from dcco.flower.strategy import DCCO

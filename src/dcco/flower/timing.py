@@ -1,5 +1,5 @@
 """Where a deployed round's seconds go: timestamps from every process, for the breakdown of
-``python -m dcco.flower.loopback --timing``.
+``python -m dcco.flower.testing.loopback --timing``.
 
 With ``DCCO_TIMING`` naming a file, each ClientApp process appends one JSON line per message
 it handles (its process start, when the dcco app module began and finished importing, when

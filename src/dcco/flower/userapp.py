@@ -26,13 +26,13 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from dcco.api import local_update, statistics
+from dcco.core.seeding import derive_seed
+from dcco.core.stats import Moments
 from dcco.flower import codec, secagg
 from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
 from dcco.methods.base import LossConfig, Method
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
-from dcco.seeding import derive_seed
-from dcco.stats import Moments
 
 KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
 KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"
@@ -222,7 +222,7 @@ def _input_of(item: object) -> Tensor:
 
 def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
     """``ImageViews()`` for image samples (N, C, H, W); for any other samples, refused."""
-    from dcco.image_views import ImageViews, looks_like_images
+    from dcco.data.image_views import ImageViews, looks_like_images
 
     if looks_like_images(samples):
         return ImageViews()
@@ -258,7 +258,7 @@ def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
 def _views(samples: Tensor, augment: Callable[[Tensor], Tensor], seed: int, node: int,
            dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The round's two views of this node's samples: the same in both phases of a round."""
-    from dcco.train import user_views
+    from dcco.run.rounds import user_views
 
     return user_views(augment, samples, derive_seed(seed, "node", node), 0, dtype)
 

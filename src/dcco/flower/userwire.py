@@ -13,11 +13,11 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import Tensor
 
-from dcco.client import ClientUpdate
+from dcco.core.client import ClientUpdate
+from dcco.core.server import ReplyError, validate_statistics, validate_update
+from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
 from dcco.flower.codec import Instruction
-from dcco.server import ReplyError, validate_statistics, validate_update
-from dcco.stats import EncodingStats, Moments, StatsSpec
 
 if TYPE_CHECKING:
     from dcco.flower.strategy import DCCO

@@ -1,7 +1,7 @@
 """What every method provides: the statistics its clients share, the loss a client optimises,
 and that loss's batched form over a round.
 
-A method is a small object around the math (fedjax style). ``dcco.algorithm.Algorithm`` puts a
+A method is a small object around the math (fedjax style). ``dcco.core.algorithm.Algorithm`` puts a
 method together with the round's settings (local steps, staleness) and owns the sequence of a
 round; the execution backend decides how clients run. The method says:
 
@@ -27,9 +27,9 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor
 
-from dcco.devices import to_device
-from dcco.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
-from dcco.stats import Moments, StatsSpec, anchored, encoding_stats, others_mix, refreshed
+from dcco.core.devices import to_device
+from dcco.core.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
+from dcco.core.stats import Moments, StatsSpec, anchored, encoding_stats, others_mix, refreshed
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class LossConfig:
     """VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022: 25, 25,
     1)."""
     spectral_form: str = "pooled"
-    """The spectral contrastive loss's negative-pair term (``dcco.losses.spectral_loss``):
+    """The spectral contrastive loss's negative-pair term (``dcco.core.losses.spectral_loss``):
     "pooled", FedSC's ‖(A + B)/2‖²_F, or "cross", HaoChen's tr(A B)."""
     target_decay: float = 0.99
     """BYOL's τ_base: the target network's moving-average rate, raised to 1 on a cosine over

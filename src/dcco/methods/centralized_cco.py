@@ -7,9 +7,9 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from dcco.losses import cco_loss
+from dcco.core.losses import cco_loss
+from dcco.core.stats import Moments, encoding_stats
 from dcco.methods.base import LossConfig, MethodBase, Segments
-from dcco.stats import Moments, encoding_stats
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from dcco.losses import nt_xent, nt_xent_per_anchor
+from dcco.core.losses import nt_xent, nt_xent_per_anchor
+from dcco.core.stats import Moments
 from dcco.methods.base import LossConfig, MethodBase, Segments
-from dcco.stats import Moments
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from dcco.losses import cco_loss
+from dcco.core.losses import cco_loss
+from dcco.core.stats import CCO_STATS, Moments, StatsSpec
 from dcco.methods.base import AnchoredMethod, LossConfig
-from dcco.stats import CCO_STATS, Moments, StatsSpec
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from dcco.losses import vicreg_loss
+from dcco.core.losses import vicreg_loss
+from dcco.core.stats import VICREG_STATS, Moments, StatsSpec
 from dcco.methods.base import AnchoredMethod, LossConfig
-from dcco.stats import VICREG_STATS, Moments, StatsSpec
 
 
 @dataclass(frozen=True)

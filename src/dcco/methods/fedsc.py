@@ -2,7 +2,7 @@
 its FedAvg baseline.
 
 The spectral contrastive loss (HaoChen et al. 2021) is a function of uncentred second moments
-(``dcco.losses.spectral_loss``: ⟨F·G⟩ and ⟨F Fᵀ⟩, ⟨G Gᵀ⟩), which are additive over clients
+(``dcco.core.losses.spectral_loss``: ⟨F·G⟩ and ⟨F Fᵀ⟩, ⟨G Gᵀ⟩), which are additive over clients
 (``stats.SPECTRAL_STATS``). So ``fedsc``'s round is DCCO's: clients send their sums, the
 server returns the aggregate S_A, each client steps on L(S_k + stopgrad(S_A − S_k))
 (``AnchoredMethod``), and one round of fresh statistics is one centralized step on the
@@ -23,9 +23,9 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from dcco.losses import spectral_loss
+from dcco.core.losses import spectral_loss
+from dcco.core.stats import SPECTRAL_STATS, Moments, StatsSpec, encoding_stats
 from dcco.methods.base import AnchoredMethod, LossConfig, MethodBase
-from dcco.stats import SPECTRAL_STATS, Moments, StatsSpec, encoding_stats
 
 
 @dataclass(frozen=True)

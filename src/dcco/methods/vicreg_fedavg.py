@@ -8,9 +8,9 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from dcco.losses import vicreg_loss
+from dcco.core.losses import vicreg_loss
+from dcco.core.stats import VICREG_STATS, Moments, encoding_stats
 from dcco.methods.base import LossConfig, MethodBase
-from dcco.stats import VICREG_STATS, Moments, encoding_stats
 
 
 @dataclass(frozen=True)

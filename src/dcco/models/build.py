@@ -8,12 +8,12 @@ import math
 import torch
 from torch import nn
 
+from dcco.core.seeding import generator
 from dcco.models.config import ModelConfig
 from dcco.models.dual import DualEncoder, Head
 from dcco.models.fixup import FixupResNet20
 from dcco.models.layers import Projector
 from dcco.models.resnet import MLP, ResNet, ResNet14, ResNet50, _Block
-from dcco.seeding import generator
 
 InputShape = int | tuple[int, ...]
 """A tower's input: the shape of one sample (C, H, W) for images or (D, ...) for features,

@@ -81,13 +81,13 @@ class DualEncoder(nn.Module):
 
     autocast_dtype: torch.dtype | None = None
     """Training forwards run the backbones under autocast to this dtype (bf16 precision,
-    ``dcco.precision``); the projectors, and ``encode``/``features``, stay in the weights'
+    ``dcco.core.precision``); the projectors, and ``encode``/``features``, stay in the weights'
     dtype."""
     channels_last: bool = False
     """Training forwards feed the backbones NHWC (channels-last) inputs."""
     unit_encodings: bool = False
     """Training forwards return F and G scaled to unit L2 norm per sample: what bounds a
-    client's statistics under differential privacy (``dcco.privacy``)."""
+    client's statistics under differential privacy (``dcco.core.privacy``)."""
     encoding_bound: float | None = None
     """Training forwards scale each sample's F and G down to at most this L2 norm (FedSC's
     clipping at √μ, ``ModelConfig.clip_encodings``); None: no clipping. Unit encodings, when

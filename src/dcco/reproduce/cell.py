@@ -9,16 +9,10 @@ from dataclasses import asdict
 from dcco.data.paired import Dataset
 from dcco.errors import UserError
 from dcco.evaluate import StepCallback
-from dcco.experiments import (
-    eval_config_for,
-    eval_key,
-    evaluate_model,
-    pretrained_model,
-    record_split,
-)
+from dcco.evaluate.runs import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.reproduce.grid import SUPERVISED, Grid
 from dcco.reproduce.plan import Cell
-from dcco.rundir import RunDir
+from dcco.run.rundir import RunDir, record_split
 
 Stop = Callable[[], "str | None"]
 """Asked between rounds and before each evaluation whether to stop now: a reason (e.g. "time
@@ -33,7 +27,7 @@ def run_cell(cell: Cell, evaluations: tuple[str, ...], splits: tuple[Dataset, Da
     evaluation advances.
 
     ``pretrain(cfg, run, train, test, resume, stop)`` runs the pretraining
-    (``dcco.train.run_pretraining``'s arguments). When ``stop`` gives a reason, pretraining
+    (``dcco.run.loop.run_pretraining``'s arguments). When ``stop`` gives a reason, pretraining
     ends at a checkpoint (``pretraining_loop``) and no further evaluation starts; the cell is
     left unfinished, and the next call resumes it.
 
@@ -61,7 +55,8 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
               splits: tuple[Dataset, Dataset], pretrain: Callable[..., dict],
               say: Callable[[str], None], progress: StepCallback | None, stop: Stop) -> str:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
-    from dcco.train import Diverged, resolve_device
+    from dcco.run.pretraining import Diverged
+    from dcco.run.rounds import resolve_device
 
     train, test = splits
     device = resolve_device(cell.cfg.train.device)

@@ -21,7 +21,7 @@ def accuracy_series(grid: Grid, cells: list[Cell], evaluation: str, method: str,
 def plot_trend(grid: Grid, cells: list[Cell], path: Path) -> Path:
     """Accuracy against samples per client, one line per method (error bars: std over seeds);
     one row of panels per evaluation, non-IID on the left and IID on the right."""
-    from dcco.report import _pyplot
+    from dcco.run.report import _pyplot
 
     plt = _pyplot()
     rows = len(grid.evaluations)

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcco.config import RunConfig
-from dcco.experiments import eval_key
+from dcco.evaluate.runs import eval_key
 from dcco.reproduce.cell import cell_accuracy, pretrained
 from dcco.reproduce.grid import SUPERVISED
 from dcco.reproduce.plan import Cell
-from dcco.rundir import RunDir, RunDirBusy, code_version
+from dcco.run.rundir import RunDir, RunDirBusy, code_version
 
 TIME_BUDGET = "time budget"
 """The reason a cell records when the budget ends."""
@@ -363,8 +363,8 @@ def peak_memory(cfg: RunConfig, rounds: int = 3) -> tuple[int, int]:
 def _peak_memory_here(cfg: RunConfig, rounds: int) -> tuple[int, int]:
     import torch
 
-    from dcco.experiments import load_splits
-    from dcco.train import Pretraining
+    from dcco.data.splits import load_splits
+    from dcco.run.pretraining import Pretraining
 
     free, _ = torch.cuda.mem_get_info()
     pt = Pretraining(cfg, load_splits(cfg)[0])

@@ -83,7 +83,7 @@ def results_markdown(grid: Grid, cells: list[Cell], command: str, plot: str | No
 
 def write_section(path: Path, text: str, tag: str = "reproduce") -> None:
     """Replace (or append) the block between <!-- tag:begin --> and <!-- tag:end --> in path."""
-    from dcco.checkpoint import atomic_write_text
+    from dcco.run.checkpoint import atomic_write_text
 
     begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
     old = path.read_text() if path.is_file() else ""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from dcco.reproduce.cell import cell_accuracy, divergence
 from dcco.reproduce.grid import Grid
 from dcco.reproduce.plan import Cell
-from dcco.rundir import RunDir
+from dcco.run.rundir import RunDir
 
 
 @dataclass(frozen=True)

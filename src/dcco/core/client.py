@@ -1,0 +1,236 @@
+"""One client's work, as a device runs it: statistics of its encodings and its local steps.
+
+The simulator's ``reference`` backend and the Flower client app call these same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from dcco.core.optim import trust_ratio
+from dcco.core.privacy import clip_update
+from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, encoding_stats
+from dcco.methods.base import Method
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What a client returns after its local step.
+
+    Attributes:
+        delta: θ_k − θ for every trainable parameter, by name (one SGD step: −lr·∇L_k).
+        num_samples: N_k, the FedAvg weight.
+        loss: the client's loss before the step.
+    """
+
+    delta: dict[str, Tensor]
+    num_samples: int
+    loss: float
+
+
+@dataclass(frozen=True)
+class LocalSGD:
+    """What a client's local steps add to plain SGD, as ``torch.optim.SGD`` with
+    ``clip_grad_norm_`` before each step (FedSC's clients: momentum 0.9, weight decay 5e-4,
+    clip 3). The momentum buffer starts empty every round, as FedSC's clients build a new
+    optimiser for every round.
+
+    Attributes:
+        momentum: μ, the heavy-ball coefficient: b ← μ b + d (b = d at the first step).
+        weight_decay: λ, added to the gradient as λ θ (coupled, after the clipping).
+        grad_clip: the largest L2 norm of each step's gradient over all parameters together
+            (scaled by min(1, c / (‖g‖ + 1e-6)), as ``clip_grad_norm_``), or None.
+    """
+
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"train.local_momentum must be in [0, 1), got {self.momentum}")
+        if not self.weight_decay >= 0.0:
+            raise ValueError(f"train.local_weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and not self.grad_clip > 0.0:
+            raise ValueError(f"train.local_grad_clip must be > 0 or none, got {self.grad_clip}")
+
+    @property
+    def one_step_is_sgd(self) -> bool:
+        """Whether one step is the plain SGD step (momentum alone changes nothing then)."""
+        return self.weight_decay == 0.0 and self.grad_clip is None
+
+    def directions(self, grads: list[Tensor | None], params: list[Tensor],
+                   buffers: list[Tensor | None]) -> list[Tensor | None]:
+        """One step's directions from its gradients at ``params``: clipped, decayed, then
+        through the momentum ``buffers`` (updated in place; None at the round's start)."""
+        if self.grad_clip is not None:
+            norms = [torch.linalg.vector_norm(g) for g in grads if g is not None]
+            total = torch.linalg.vector_norm(torch.stack(norms)) if norms else None
+            if total is not None:
+                scale = torch.clamp(self.grad_clip / (total + 1e-6), max=1.0)
+                grads = [None if g is None else g * scale for g in grads]
+        out: list[Tensor | None] = []
+        for i, (g, p) in enumerate(zip(grads, params, strict=True)):
+            if g is not None and self.weight_decay:
+                g = g + self.weight_decay * p
+            if g is not None and self.momentum:
+                g = g if buffers[i] is None else self.momentum * buffers[i] + g
+                buffers[i] = g
+            out.append(g)
+        return out
+
+
+PLAIN_SGD = LocalSGD()
+
+
+def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The (name, parameter) pairs a round updates, in a fixed order."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor,
+                      spec: StatsSpec = CCO_STATS) -> EncodingStats:
+    """Phase 1 of a DCCO round: the count and sums of the client's encodings.
+
+    Args:
+        model: the dual encoder broadcast by the server; ``model(x1, x2)`` returns (F, G).
+        x1, x2: the two views of the client's N_k samples, (N_k, C, H, W).
+        spec: which sums the method shares (default: the CCO loss's).
+    """
+    f, g = model(x1, x2)
+    return encoding_stats(f, g, spec)
+
+
+def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tensor]:
+    """The sample positions of each of a client's E local steps: consecutive slices of size
+    ``batch`` (all samples when None or larger), wrapping around, so every sample is used
+    equally often and the schedule needs no randomness (the round's views are random)."""
+    size = num_samples if batch is None else min(batch, num_samples)
+    return [torch.arange(e * size, (e + 1) * size) % num_samples for e in range(steps)]
+
+
+def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
+                  shared: Moments | None, local_lr: float, local_steps: int = 1,
+                  local_batch: int | None = None, clip: float | None = None,
+                  own_statistics: bool = False, layerwise: bool = False,
+                  mix: bool = False, alpha: float | None = None,
+                  sgd: LocalSGD = PLAIN_SGD) -> ClientUpdate:
+    """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
+
+    One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
+    the model itself is left unchanged, and computing θ' − θ after an in-place step would add
+    rounding error of the size of θ. With E > 1 steps, or minibatches of ``local_batch``
+    samples (``local_batches``), the delta accumulates the steps, each gradient taken at
+    θ + Δ (``torch.func.functional_call``), with ``shared`` held fixed through the round: the
+    paper's "partial gradients and stale statistics".
+
+    Args:
+        shared: the server's aggregated moments S_A (DCCO), or None.
+        local_lr: the client learning rate (paper: 1.0).
+        local_steps: E.
+        local_batch: samples per local step; None: all of them.
+        clip: the delta's largest L2 norm (all parameters together; differential privacy,
+            ``dcco.core.privacy.clip_update``), or None.
+        own_statistics: with several steps, each step's loss follows the client's own
+            statistics, L(S_A + (N_k/N)(S_k − S_k⁰)) · N/N_k (``AnchoredMethod.refreshed_loss``,
+            S_k⁰ from a no-grad forward of the step's samples at the round's model), instead
+            of the anchored L(S_k + sg(S_A − S_k)), whose value never moves. The same first
+            step; methods without statistics ignore it.
+        layerwise: with several steps, each parameter tensor steps by local_lr × r_e × its
+            gradient, r_e = ‖θ₀‖/‖g_e‖ (θ₀ the tensor at the round's start; 1 where either
+            norm is 0, so a zero tensor takes SGD steps), so every tensor moves by local_lr
+            of its norm per step, as LARS does on the server (``local_lr`` is then a relative
+            step). The delta comes back in the first step's SGD units, Δ/r_0, so
+            ``pseudo_gradient = "mean_gradient"`` reads a mean gradient. One step is the SGD
+            step exactly (the same code). As local_lr → 0 with every step on all the samples
+            (r_e → r_0) both tend to the same limit; with minibatches the steps are weighted
+            by 1/‖g_e‖, so the limits differ.
+        alpha: with ``own_statistics``, FedSC's weight of the client's own statistics in
+            place of N_k/N: each step on L(α S_k + (1 − α) S_ext)/α (``stats.others_mix``);
+            None: N_k/N, the exact weight. Any other α is not the centralized step.
+        sgd: momentum, weight decay and gradient clipping of the local steps (``LocalSGD``;
+            FedSC's recipe); one step with neither decay nor clipping is the SGD step.
+        mix: ``shared`` is a stale aggregate A, and the loss is taken at the mix
+            (N_k/N)·S_k + (1 − N_k/N)·A (``AnchoredMethod.refreshed_loss`` with S_k⁰ = A),
+            N = A's count: the client's own statistics fresh, the others' stale
+            (``train.stale_statistics = "own"``).
+
+    Returns:
+        The delta, the client's sample count (its FedAvg weight) and its loss before the
+        first step.
+    """
+    named = trainable_parameters(model)
+    n = int(x1.shape[0])
+    layerwise = layerwise and local_steps > 1  # one step: the SGD step, bit for bit
+    if mix and (shared is None or shared.count is None or method.stats is None):
+        raise ValueError("the own-statistics mix needs a statistics method and the "
+                         "aggregate's sample count N")
+    if local_steps == 1 and (local_batch is None or local_batch >= n) and (
+            alpha is None or not own_statistics) and sgd.one_step_is_sgd:
+        f, g = model(x1, x2)
+        w = min(1.0, n / float(shared.count)) if mix else 1.0
+        # the mix's loss / w: its gradient ∇L(mix)·∂S_k, on the anchored loss's scale
+        loss = (method.refreshed_loss(f, g, shared, shared, w) if mix
+                else method.client_loss(f, g, shared))
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        delta = {
+            name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
+            for (name, p), gr in zip(named, grads)
+        }
+        if clip is not None:
+            delta = clip_update(delta, clip)
+        return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()) * w)
+    delta = {name: torch.zeros_like(p) for name, p in named}
+    first_loss = None
+    refresh = (own_statistics or mix) and shared is not None and method.stats is not None
+    if refresh and shared.count is None:
+        raise ValueError("own_statistics needs the aggregate's sample count N")
+    weight = min(1.0, n / float(shared.count)) if refresh else 1.0  # N_k / N
+    ratios: dict[str, Tensor | float] | None = None
+    buffers: list[Tensor | None] = [None] * len(named)
+    # a forward that changes no running statistics and draws no dropout gives the same S_k⁰
+    deterministic = refresh and not mix and next(model.buffers(), None) is None and not any(
+        isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+    last_start: tuple[tuple[int, ...], Moments] | None = None
+    for idx in local_batches(n, local_steps, local_batch):
+        current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
+        f, g = functional_call(model, current, (x1[idx], x2[idx]))
+        if refresh:
+            if mix:  # the client's share moves from A (its fresh statistics, then its steps)
+                start = shared
+            else:  # at the round's model: the same for consecutive steps on the same samples
+                key = tuple(idx.tolist())
+                if not (deterministic and last_start is not None and last_start[0] == key):
+                    with torch.no_grad():
+                        last_start = key, encoding_stats(*model(x1[idx], x2[idx]),
+                                                         method.stats).moments()
+                start = last_start[1]
+            loss = (method.others_loss(f, g, shared, start, weight, alpha)
+                    if alpha is not None and not mix
+                    else method.refreshed_loss(f, g, shared, start, weight))
+        else:
+            loss = method.client_loss(f, g, shared)
+        if first_loss is None:  # the round's loss at its start: L(S_A) (unscaled)
+            scaled = alpha if (alpha is not None and refresh and not mix) else weight
+            first_loss = float(loss.detach()) * scaled
+        grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
+        if sgd != PLAIN_SGD:
+            grads = sgd.directions(list(grads), [v.detach() for v in current.values()],
+                                   buffers)
+        step = {name: (trust_ratio(p.detach().norm(), gr.norm()) if layerwise and gr is not None
+                       else 1.0)
+                for (name, p), gr in zip(named, grads)}  # ‖θ₀‖/‖g_e‖
+        ratios = step if ratios is None else ratios
+        for (name, _), gr in zip(named, grads):
+            if gr is not None:
+                delta[name] = delta[name] - (local_lr * step[name]) * gr
+    if layerwise:  # in the first step's SGD units
+        delta = {name: d / ratios[name] for name, d in delta.items()}
+    if clip is not None:
+        delta = clip_update(delta, clip)
+    return ClientUpdate(delta=delta, num_samples=n, loss=float(first_loss))

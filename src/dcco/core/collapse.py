@@ -1,0 +1,175 @@
+"""Collapse, read from the statistics a round already merges.
+
+A CCO-family encoder can stop learning while its loss still moves a little. Three ways are
+common (docs/results.md, "Collapse", measures them):
+
+- **dead dimensions**: encoding dimensions stop varying across samples (a model without
+  normalisation whose outputs went constant);
+- **one direction**: every sample encodes to (nearly) one line, all dimensions the same
+  feature: C has rank about 1 (a plain CNN under LARS 1.5);
+- **unrelated views**: the two views' encodings share little, C_ii near 0 and a loss near d,
+  one per dimension (the paper's network under Adam 5e-3, for its first ~1,500 rounds).
+
+Three figures of S_A tell them apart from training, with no message beyond the round's own
+(they are functions of S_A, which every client already receives), and without the loss's ε:
+each dimension is standardised by its own spread, so the figures do not move when the
+encodings' scale does:
+
+- ``dead_dims``: the fraction of the encodings' dimensions (F's and G's together) whose
+  variance over the round's samples is at most ``DEAD_FLOOR`` times the largest;
+- ``corr_diag``: the mean of C's diagonal, each dimension's correlation between the two views
+  (1: the views agree; 0: they are unrelated; a dead dimension counts 0);
+- ``eff_rank``: C's effective rank (Roy & Vetterli 2007), exp of the entropy of its
+  normalised singular values: from 1 (one direction) to d (all alike); 0 when C is 0.
+
+For statistics with ⟨F Fᵀ⟩ instead of ⟨F Gᵀ⟩ (``stats.VICREG_STATS``, ``SPECTRAL_STATS``),
+C's diagonal comes from ⟨F_i G_i⟩ and the rank is that of F's correlation matrix; without
+means (the spectral loss's uncentred moments) the moments are taken about 0.
+
+``CollapseWatch`` judges them reading after reading and gives one warning line.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dcco.core.stats import STATS_DTYPE, Moments, encoding_stats
+
+FIGURES = ("dead_dims", "corr_diag", "eff_rank")
+"""The collapse figures, in the order records and progress lines show them."""
+DEAD_FLOOR = 1e-6
+"""A dimension is dead when its variance is at most this fraction of the largest: its
+spread is under a thousandth of the liveliest dimension's."""
+
+
+def effective_rank(matrix: Tensor) -> Tensor:
+    """exp(−Σ_k p_k log p_k) with p = σ / Σσ the normalised singular values σ of ``matrix``
+    (Roy & Vetterli 2007): from 1 (one direction) to min(shape) (all alike); 0 for a zero
+    matrix. The singular values come from the eigenvalues of MᵀM (a symmetric
+    decomposition, about twice as fast as an SVD). A 0-d float64 tensor on its device."""
+    m = matrix.to(STATS_DTYPE)
+    sigma = torch.linalg.eigvalsh(m.T @ m).clamp_min(0).sqrt()
+    total = sigma.sum()
+    p = sigma / total.clamp_min(torch.finfo(STATS_DTYPE).tiny)
+    entropy = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p)).sum()
+    return torch.where(total > 0, entropy.exp(), torch.zeros_like(total))
+
+
+def collapse_figures(m: Moments, floor: float = DEAD_FLOOR) -> dict[str, Tensor]:
+    """``dead_dims``, ``corr_diag`` and ``eff_rank`` (module docstring) of batch averages.
+
+    Args:
+        m: the averages of a statistics method (``stats.CCO_STATS``, ``VICREG_STATS`` or
+            ``SPECTRAL_STATS``), e.g. S_A.
+        floor: a dimension whose variance is at most ``floor`` times the largest variance of
+            the encodings counts as dead.
+
+    Returns:
+        0-d float64 tensors on the averages' device (not read back: reading waits for it).
+    """
+    mean_f = m.mean_f if "mean_f" in m else None
+    mean_g = m.mean_g if "mean_g" in m else None
+    if "mean_fg" in m:
+        ff, gg, fg_diag = m.mean_ff, m.mean_gg, torch.diagonal(m.mean_fg)
+    else:
+        ff, gg, fg_diag = (torch.diagonal(m.mean_fft), torch.diagonal(m.mean_ggt),
+                           m.mean_fg_diag)
+    var_f = ff - (mean_f * mean_f if mean_f is not None else 0)
+    var_g = gg - (mean_g * mean_g if mean_g is not None else 0)
+    cov_diag = fg_diag - (mean_f * mean_g if mean_f is not None else 0)
+    threshold = floor * torch.maximum(var_f.max(), var_g.max())
+    alive_f, alive_g = var_f > threshold, var_g > threshold
+    inv_f = torch.where(alive_f, var_f.clamp_min(1e-300).rsqrt(), torch.zeros_like(var_f))
+    inv_g = torch.where(alive_g, var_g.clamp_min(1e-300).rsqrt(), torch.zeros_like(var_g))
+    dead = 1 - torch.cat([alive_f, alive_g]).to(STATS_DTYPE).mean()
+    corr_diag = (cov_diag * inv_f * inv_g).mean()
+    if "mean_fg" in m:
+        cov = m.mean_fg - (torch.outer(mean_f, mean_g) if mean_f is not None else 0)
+        c = cov * torch.outer(inv_f, inv_g)
+    else:
+        cov = m.mean_fft - (torch.outer(mean_f, mean_f) if mean_f is not None else 0)
+        c = cov * torch.outer(inv_f, inv_f)
+    return {"dead_dims": dead, "corr_diag": corr_diag, "eff_rank": effective_rank(c)}
+
+
+def encoding_figures(f: Tensor, g: Tensor, floor: float = DEAD_FLOOR) -> dict[str, Tensor]:
+    """The same figures of two views' encodings F, G (N, d): what a method that shares no
+    statistics is read by (its CCO averages are computed here, in float64)."""
+    return collapse_figures(encoding_stats(f.detach(), g.detach()).moments(), floor)
+
+
+DEAD_LIMIT = 0.5
+"""Dead dimensions: at least this fraction of them under the floor."""
+RANK_LIMIT = 1.5
+"""One direction: C's effective rank below this."""
+CORR_LIMIT = 0.15
+"""The plateau: the views' mean correlation C_ii below this, at ``CORR_READINGS`` readings in a
+row (healthy runs read 0.17 to 0.5 and rising by round 20; the paper's network under Adam 5e-3
+reads 0.10 to 0.13 on its plateau: docs/results.md, "Collapse")."""
+CORR_READINGS = 3
+
+
+def watch_start(warmup_rounds: int) -> int:
+    """The first round a ``CollapseWatch`` judges: after twice the server's warm-up, and
+    never before round 20 (an encoder early in training may read low)."""
+    return max(20, 2 * warmup_rounds)
+
+
+class CollapseWarning(UserWarning):
+    """A run's encodings have collapsed (``CollapseWatch``)."""
+
+
+class CollapseWatch:
+    """Judges a run's collapse figures, reading after reading, and says so once.
+
+    Nothing is judged before round ``after`` (the warm-up: an encoder at initialisation, or
+    early in training, may read low). Then the first reading that shows one of these gives
+    a one-line message naming it, its likely cause and what to try; later readings give
+    none:
+
+    - dead dimensions, ``dead_dims`` ≥ ``DEAD_LIMIT``;
+    - one direction, ``eff_rank`` < ``RANK_LIMIT`` (for d ≥ 4);
+    - the plateau, ``corr_diag`` < ``CORR_LIMIT`` at ``CORR_READINGS`` readings in a row: the
+      two views' encodings unrelated, a CCO loss near d.
+
+    Args:
+        after: the first round judged (``watch_start``).
+    """
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.message: str | None = None
+        self._low_corr = 0
+
+    def check(self, round_done: int, figures: dict[str, float], d: int) -> str | None:
+        """The warning for this reading of encodings of width ``d``, once; None
+        otherwise."""
+        if self.message is not None or round_done < self.after or not figures:
+            return None
+        dead, corr, rank = (figures[k] for k in FIGURES)
+        self._low_corr = self._low_corr + 1 if corr < CORR_LIMIT else 0
+        if dead >= DEAD_LIMIT:
+            what = (f"{dead:.0%} of the encodings' dimensions no longer vary over a round's "
+                    f"samples")
+            cause = ("dead units: a model without normalisation, or server steps too large "
+                     "for it")
+        elif d >= 4 and rank < RANK_LIMIT:
+            what = f"the encodings lie on about one line (C's effective rank {rank:.2f})"
+            cause = "server steps too large for the model"
+        elif self._low_corr >= CORR_READINGS:
+            what = (f"the two views' encodings stay unrelated (mean C_ii {corr:.2f} at "
+                    f"{CORR_READINGS} readings in a row; the loss sits near d = {d})")
+            cause = ("server steps too large for this network (Adam moves every weight by "
+                     "about its rate, however small the weight; wide layers suffer most)")
+        else:
+            return None
+        self.message = (f"collapse at round {round_done}: {what}. Likely cause: {cause}. "
+                        f"Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCO "
+                        f"default to Adam 1e-3), a longer warm-up (optim.warmup_steps), and "
+                        f"normalisation layers in the model (docs/own_code.md, \"Collapse\")")
+        return self.message
+
+
+__all__ = ["FIGURES", "CollapseWarning", "CollapseWatch", "collapse_figures", "effective_rank",
+           "encoding_figures", "watch_start"]

@@ -1,0 +1,288 @@
+"""Training and probing your own encoder: ``dcco.fit`` runs whole trainings of it over your
+clients in dcco's batched simulator (a ``dcco pretrain`` run directory), and
+``dcco.linear_probe`` scores any encoder with dcco's linear evaluation. Both are re-exported
+from ``dcco`` (docs/own_code.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dcco.api import dual_encoder
+from dcco.config import ConfigError, RunConfig, load_config
+from dcco.core.optim import USER_RECIPE
+from dcco.data.datasets import DataError
+from dcco.data.samples import Samples, samples_of_clients
+from dcco.methods.registry import METHODS
+from dcco.models import DualEncoder
+from dcco.run.rundir import RunDir
+
+Model = nn.Module
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+@torch.no_grad()
+def encoder_features(encoder: nn.Module, x: Tensor,
+                     transform: Callable[[Tensor], Tensor] | None = None,
+                     batch: int = 512) -> Tensor:
+    """Your encoder's features of ``x`` (N, ...), in eval mode and without gradients, batch
+    by batch, each batch through ``transform`` first (e.g. uint8 images to floats); the
+    module's train/eval mode is restored. Returns float32 (N, d) on the CPU."""
+    was = encoder.training
+    first = next(encoder.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    encoder.eval()
+    try:
+        out = []
+        for part in x.split(batch):
+            part = part.to(device)
+            if transform is not None:
+                part = transform(part)
+            elif first is not None and part.is_floating_point():
+                part = part.to(first.dtype)
+            out.append(encoder(part).float().cpu())
+    finally:
+        encoder.train(was)
+    return torch.cat(out)
+
+
+def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor],
+                 *, transform: Callable[[Tensor], Tensor] | None = None, steps: int = 1000,
+                 seed: int = 0) -> float:
+    """The test accuracy of a linear classifier on your encoder's frozen features: dcco's
+    linear evaluation (the paper's protocol, appendix B: LARS, batch 512, rate 2.0 with
+    cosine decay, the features standardised on the training set) for any module.
+
+    Args:
+        encoder: maps a batch of inputs to (N, d) features; left as it was.
+        train, test: (inputs, labels), labels int (N,) in [0, classes).
+        transform: applied to each batch of inputs first (e.g. uint8 images to floats, no
+            augmentation); None: floating inputs are cast to the encoder's dtype.
+        steps: the classifier's LARS steps.
+        seed: the classifier's batch order.
+
+    Returns:
+        Accuracy on ``test``, in [0, 1].
+    """
+    from dcco.evaluate.probe import linear_probe_features
+    from dcco.evaluate.settings import EvalConfig
+
+    (x_train, y_train), (x_test, y_test) = train, test
+    y_train, y_test = torch.as_tensor(y_train).long(), torch.as_tensor(y_test).long()
+    classes = int(max(y_train.max(), y_test.max())) + 1
+    result = linear_probe_features(encoder_features(encoder, x_train, transform), y_train,
+                                   encoder_features(encoder, x_test, transform), y_test,
+                                   classes, EvalConfig(probe_steps=steps), seed)
+    return result.accuracy
+
+
+# ------------------------------------------------------------------------------ the simulator
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What ``fit`` returns.
+
+    Attributes:
+        model: the trained ``DualEncoder`` (your encoder is ``model.backbone``; it is the very
+            module you passed, trained in place).
+        run_dir: the run directory (``config.toml``, ``metrics.jsonl``, checkpoints,
+            ``summary.json``), which ``dcco.load_encoder(run_dir, model=your_encoder)`` reads.
+        summary: the run's summary (rounds, final loss, the collapse figures, ...).
+        collapse, collapse_warning: see the properties.
+    """
+
+    model: DualEncoder
+    run_dir: Path
+    summary: dict[str, Any]
+
+    @property
+    def collapse(self) -> dict[str, float] | None:
+        """The last collapse figures (``dead_dims``, ``corr_diag``, ``eff_rank`` and their
+        ``round``; ``dcco.core.collapse``), or None if none were read."""
+        return self.summary.get("collapse")
+
+    @property
+    def collapse_warning(self) -> str | None:
+        """The run's collapse warning (shown once when it was given), or None."""
+        return self.summary.get("collapse_warning")
+
+
+def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rounds: int,
+        augment: Callable[[Tensor], Tensor] | None = None, method: str = "dcco",
+        clients_per_round: int = 32, projector: Iterable[int] | None = (128, 128, 128),
+        run_dir: str | Path | None = None, seed: int = 0, progress: bool | None = None,
+        settings: Iterable[str] | Mapping[str, Any] = ()) -> FitResult:
+    """Train your encoder with ``method`` over your clients in dcco's batched simulator.
+
+    Every round samples ``clients_per_round`` clients, makes two views of their samples
+    with ``augment`` and runs the method's round over them in one forward and backward: for
+    DCCO the exact round (one centralized step on the pooled batch, as
+    ``settings=['train.backend="reference"']``, which runs the clients one by one, gives).
+    The run directory is ``dcco pretrain``'s: metrics, atomic checkpoints, a summary; an
+    interrupted ``fit`` with the same ``run_dir`` and arguments continues from its last
+    checkpoint, to the same weights.
+
+    Args:
+        encoder: your module, from a batch of views to (N, d) features (trained in place).
+        clients: client id → that client's samples (a tensor (n_k, ...) each: images, float
+            vectors, token ids, anything ``encoder`` and ``augment`` take), or
+            ``dcco.data.Samples``.
+        rounds: server rounds.
+        augment: one view of a batch of stored samples (``dcco.run.pretraining.Pretraining``'s
+            ``augment``), called twice a round, for samples of any kind (dcco's own
+            augmentation then stays off: ``augment.enabled = false``); None: dcco's BYOL
+            augmentation, which needs uint8 (N, C, H, W) images with C = 1 or 3.
+        method: any federated method (``dcco``, ``dvicreg``, ``cco_fedavg``,
+            ``contrastive_fedavg``, ...).
+        clients_per_round: K.
+        projector: the projector's widths, or None for none.
+        run_dir: where the run is written; None: ``runs/fit-<method>-<time>``.
+        seed: the run's seed (client sampling, augmentation, the projector's initialisation).
+        progress: a progress bar (None: on a terminal).
+        settings: further settings of the run config, as ``section.key=value`` strings
+            (``'optim.lr=0.5'``) or a mapping (``{"optim.lr": 0.5, "train.log_every": 1}``);
+            every key and its default: docs/config.md (``dcco config --list``).
+
+    Raises:
+        ConfigError, DataError: bad settings or data, named, before any file or folder is
+            written.
+    """
+    from datetime import datetime
+
+    from dcco.run.loop import run_with_progress
+    from dcco.run.rounds import check_run
+
+    data = clients if isinstance(clients, Samples) else samples_of_clients(clients)
+    if augment is None and not (data.x.dtype == torch.uint8 and data.x.ndim == 4
+                                and data.x.shape[1] in (1, 3)):
+        raise DataError(f"dcco's augmentation takes uint8 (N, C, H, W) images with 1 or 3 "
+                        f"channels; these samples are {data.x.dtype} "
+                        f"{tuple(data.x.shape[1:])}: pass augment=your_function")
+    settings = setting_strings(settings)
+    for item in settings:
+        key = item.partition("=")[0].strip()
+        if key in FIT_ARGUMENTS:
+            raise ConfigError(f"settings: {key} is fit's argument {FIT_ARGUMENTS[key]}=; "
+                              f"give it there")
+    dims = None if projector is None else [int(d) for d in projector]
+    cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
+                     own_augment=augment is not None)
+    check_run(cfg, data, towers=False)
+    model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed)
+    record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
+              "projector": dims, "augment": "yours" if augment is not None else "dcco",
+              "data": _fingerprint(data)}
+    if run_dir is None:  # a fresh folder, never an older run's
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path("runs") / f"fit-{method}-{stamp}"
+        for k in range(2, 1000):
+            if not path.exists():
+                break
+            path = Path("runs") / f"fit-{method}-{stamp}-{k}"
+    else:
+        path = Path(run_dir)
+    resume = (path / "config.toml").is_file()
+    if resume:
+        from dcco.run.rundir import config_differences
+
+        run = RunDir.open(path)
+        if differ := config_differences(run.config(), cfg):
+            raise ConfigError(f"{path} holds a run with other settings ({differ}); give "
+                              f"another run_dir, or the same arguments to continue it")
+        stored = run.summary().get("user_model", {})
+        for key, what in (("class", "encoder class"), ("data", "clients' samples"),
+                          ("augment", "augmentation (yours or dcco's)")):
+            if key in stored and stored[key] != record[key]:
+                raise ConfigError(f"{path} holds a run of another {what} ({stored[key]!r}, "
+                                  f"now {record[key]!r}); give another run_dir, or the same "
+                                  f"arguments to continue it")
+    else:
+        run = RunDir.create(path, cfg)
+    run.update_summary(user_model=record)
+    summary = run_with_progress(cfg, run, data, None, resume, progress is not False,
+                                model=model, augment=augment)
+    return FitResult(model, run.path, summary)
+
+
+def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:
+    """``fit``'s settings as ``section.key=value`` strings: a mapping's values written as
+    TOML (``{"optim.lr": 0.5}`` → ``optim.lr=0.5``), strings as they are."""
+    from dcco.config import to_toml_value
+
+    if isinstance(settings, str):
+        raise TypeError("settings takes a list of 'section.key=value' strings or a mapping, "
+                        f"not one string ({settings!r})")
+    if isinstance(settings, Mapping):
+        none = '"none"'  # how an optional setting is left unset
+        return [f"{k}={none if v is None else to_toml_value(v)}" for k, v in settings.items()]
+    return [str(item) for item in settings]
+
+
+def fit_config(method: str, rounds: int, clients_per_round: int, projector: list[int] | None,
+               seed: int, settings: list[str], own_augment: bool = False) -> RunConfig:
+    """The run config of a ``fit``: ``FIT_RECIPE``'s server optimiser, the samples' natural
+    clients, dcco's augmentation off with ``own_augment`` (the user's), then ``settings``."""
+    base = [
+        'data.dataset="samples"', 'data.partition="natural"', f'train.method="{method}"',
+        f"train.rounds={rounds}", f"train.clients_per_round={clients_per_round}",
+        f"train.seed={seed}", "train.knn_every=0", *FIT_RECIPE, 'augment.blur_p=[0.0, 0.0]',
+        *(["augment.enabled=false"] if own_augment else []),
+    ]
+    if projector is not None:
+        base.append(f"model.projector={projector}")
+    cfg = load_config(None, base + settings)
+    if not METHODS[cfg.train.method].federated:
+        raise ConfigError(f"fit trains over clients; {cfg.train.method} is centralized")
+    return cfg
+
+
+def _model_input(data: Samples, augment: Callable[[Tensor], Tensor] | None,
+                 cfg: RunConfig) -> Tensor:
+    """One model input (no batch dimension), to measure the encoder's output width."""
+    from dcco.data.augment import model_input
+    from dcco.run.rounds import user_views
+
+    first = data.x[:1]
+    if augment is not None:
+        return user_views(augment, first, cfg.train.seed, 0, torch.float32)[0][0]
+    return model_input(first)[0]
+
+
+FIT_RECIPE = (f'optim.name="{USER_RECIPE.name}"', f"optim.lr={USER_RECIPE.lr}",
+              f"optim.weight_decay={USER_RECIPE.weight_decay}",
+              f"optim.warmup_steps={USER_RECIPE.warmup_steps}")
+"""``fit``'s server optimiser (``dcco.core.optim.USER_RECIPE``), before ``settings``."""
+
+FIT_ARGUMENTS = {"train.method": "method", "train.rounds": "rounds",
+                 "train.clients_per_round": "clients_per_round", "train.seed": "seed",
+                 "model.projector": "projector", "data.dataset": "clients",
+                 "data.partition": "clients"}
+"""Config keys that ``fit``'s own arguments set (refused in its ``settings``)."""
+
+
+def _fingerprint(data: Samples) -> str:
+    """A digest of the samples and their clients, to refuse resuming a run on other data."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(str((tuple(data.x.shape), str(data.x.dtype), data.client_names)).encode())
+    h.update(data.clients.numpy().tobytes())
+    h.update(data.x.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _qualname(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+__all__ = ["FIT_ARGUMENTS", "FIT_RECIPE", "FitResult", "encoder_features", "fit",
+           "fit_config", "linear_probe", "setting_strings"]

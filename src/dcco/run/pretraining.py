@@ -1,0 +1,371 @@
+"""The state of one pretraining run (``Pretraining``: model, server optimiser, rounds done,
+the last S_A) and its step: plan a round, augment its views, run it, apply the server
+optimiser. Every random choice of round r is a pure function of (seed, r), so a run restored
+from a checkpoint continues bit-identically."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dcco.config import ConfigError, RunConfig
+from dcco.core.algorithm import Algorithm, RoundResult
+from dcco.core.client import trainable_parameters
+from dcco.core.collapse import (
+    collapse_figures,
+    encoding_figures,
+)
+from dcco.core.devices import to_device
+from dcco.core.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
+from dcco.core.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
+from dcco.core.precision import prepare_model
+from dcco.core.privacy import RoundNoise
+from dcco.core.seeding import derive_seed, generator
+from dcco.core.simulator import executor_for, keeps_graphs_for, run_round
+from dcco.core.statistics_cache import MAX_CACHE_BYTES, StatisticsCache, cache_bytes
+from dcco.core.stats import Moments
+from dcco.data.augment import training_views
+from dcco.data.paired import Dataset
+from dcco.data.partition import (
+    Partition,
+)
+from dcco.methods.predictive import target_decay
+from dcco.methods.registry import build_method
+from dcco.models import DualEncoder
+from dcco.models.dual import buffers_kept
+from dcco.run.rounds import (
+    Privacy,
+    RoundPlan,
+    algorithm_of,
+    build_partition,
+    check_partition,
+    input_record,
+    keeps_graphs,
+    max_batch_of,
+    plan_round,
+    resolve_device,
+    user_views,
+)
+
+PROBE_SAMPLES = 256
+"""Samples of the collapse probe of a method that shares no statistics (``Pretraining.
+probe_figures``)."""
+
+
+@dataclass(frozen=True)
+class RoundMetrics:
+    """What one round reports."""
+
+    round: int
+    """1-based index of the round just finished."""
+    loss: float | Tensor
+    """The round's loss: a number, or a scalar still on the device (read when logged)."""
+    lr: float
+    num_clients: int
+    num_samples: int
+    seconds: float
+    exchanges: int = 1
+    """Server–client exchanges the round took."""
+    skipped: str | None = None
+    """Why the round was skipped (too few valid replies over Flower), or None."""
+    details: Any = None
+    """What the backend has to say besides (Flower: the round's reply counters)."""
+
+
+class Diverged(FloatingPointError):
+    """Training diverged: the loss (or the model) of round ``round`` is not finite."""
+
+    def __init__(self, round_index: int, message: str) -> None:
+        super().__init__(message)
+        self.round = round_index
+
+
+class Pretraining:
+    """The state of one pretraining run: model, server optimiser and the rounds done so far.
+
+    Args:
+        cfg: the run config.
+        train_set: the unlabelled pretraining images, or pairs (labels are used only to
+            partition).
+        partition: the clients; by default ``build_partition(cfg, train_set)``.
+        model: the dual encoder to train (e.g. with the user's own tower for a modality that
+            is not images, docs/multimodal.md); by default ``cfg.build_model``.
+        augment: the user's own augmentation instead of ``cfg.augment``: a function from a
+            batch of stored samples (on the device) to one view of each, called twice a
+            round for the two views, each sample's view its own (no mixing across samples).
+            It may draw from torch's global random state: the round seeds it from the
+            run's seed and the round (``user_views``) and restores it after, so runs are
+            reproducible and resume exactly. Its views are cast to the run's dtype when floating.
+    """
+
+    def __init__(self, cfg: RunConfig, train_set: Dataset,
+                 partition: Partition | None = None, model: DualEncoder | None = None,
+                 augment: Callable[[Tensor], Tensor] | None = None) -> None:
+        self.cfg = cfg
+        self.augment = augment
+        self.device = resolve_device(cfg.train.device)
+        self.chunk = max_batch_of(cfg.train.max_batch, self.device)
+        self.keep_graphs = keeps_graphs(cfg.train.max_batch, self.device)
+        self.speed = cfg.speed
+        self.dtype = self.speed.param_dtype
+        self.algorithm = algorithm_of(cfg)
+        self.method = self.algorithm.method
+        self.shared: Moments | None = None
+        """S_A of the last round applied (None before one, or for a method that shares no
+        statistics): what the collapse figures are read from (``dcco.core.collapse``)."""
+        self.aggregate: Moments | None = None
+        """The last round's aggregated statistics, which the next round uses when
+        ``train.staleness = 1`` (saved in checkpoints)."""
+        self.partition = partition if partition is not None else build_partition(cfg, train_set)
+        check_partition(cfg, self.partition)
+        cfg.check_data(train_set, towers=model is None)
+        self.images = train_set.inputs(0).to(self.device)
+        """The training samples (the first modality's, for pairs)."""
+        self.second = train_set.inputs(1).to(self.device) if train_set.paired else None
+        """The second modality's samples, for pairs; None for images."""
+        self.inputs_record = input_record(train_set)
+        """What the towers read (shapes and kinds), kept with every checkpoint and summary so
+        that ``dcco.load_encoder`` rebuilds them, also mid-run."""
+        self.model: DualEncoder = prepare_model(
+            model if model is not None else cfg.build_model(*train_set.input_shapes),
+            self.speed, self.device)
+        self.model.unit_encodings = cfg.privacy.enabled
+        # the config's, also on a model the caller built (``dcco.fit``'s own encoder)
+        self.model.encoding_bound = cfg.model.clip_encodings
+        self.params = trainable_parameters(self.model)
+        self.optimizer = build_optimizer(self.params, cfg.optim)
+        self.privacy = Privacy.of(cfg, self.partition, self.method) if cfg.privacy.enabled \
+            else None
+        self.rounds_done = 0
+        self.rank, self.world = rank_and_size()
+        """This process's rank and the number of ranks sharing each round (``dcco.core.distributed``)."""
+        if self.world > 1 and not self.method.federated and self.method.name != "centralized_cco":
+            raise ConfigError(
+                f"{self.method.name} over several ranks is not supported: a centralized batch "
+                f"is split over the ranks and run as DCCO, which is exact for CCO alone; run "
+                f"it in one process")
+        if self.world > 1 and cfg.train.client_weighting != "samples":
+            raise ConfigError("train.client_weighting = 'uniform' runs in one process: the "
+                              "ranks of torch.distributed weigh their shares by sample count")
+        self.cache = self._statistics_cache()
+        """The server's cache of every client's last statistics
+        (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
+        self._augment_seed = derive_seed(cfg.train.seed, "augment")
+        self._first_bad: Tensor | None = None
+        self._bad_loss: Tensor | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.rounds_done >= self.cfg.train.rounds
+
+    def lr(self, round_index: int) -> float:
+        o = self.cfg.optim
+        return scheduled_lr(round_index, self.cfg.train.rounds, o.lr, o.warmup_steps, o.schedule)
+
+    def views(self, plan: RoundPlan, round_index: int) -> tuple[Tensor, Tensor]:
+        """The two inputs of the round's samples: two augmented views of each image (N, C, H,
+        W), or each pair's X and Y (``dcco.data.augment.training_views``)."""
+        return self._views(plan.sample_ids, self._augment_seed, round_index)
+
+    def _views(self, sample_ids: Tensor, seed: int, round_index: int) -> tuple[Tensor, Tensor]:
+        ids = to_device(sample_ids, self.device)
+        if self.augment is not None:
+            return user_views(self.augment, self.images[ids], seed, round_index, self.dtype)
+        return training_views(self.images, self.second, ids, seed, round_index,
+                              self.cfg.augment, self.cfg.augment_y, self.dtype)
+
+    def collapse(self, probe: bool = False) -> dict[str, float]:
+        """The collapse figures now (``dcco.core.collapse``), as numbers: of the last round's S_A
+        for a method that shares statistics (free: the round merged them); for one that
+        shares none, with ``probe``, of a fixed batch's two views (``probe_figures``); {}
+        otherwise."""
+        if self.shared is not None:
+            figures = collapse_figures(self.shared)
+        elif probe:
+            figures = self.probe_figures()
+        else:
+            return {}
+        return dict(zip(figures, read_numbers(list(figures.values())), strict=True))
+
+    @torch.no_grad()
+    def probe_figures(self, size: int = PROBE_SAMPLES) -> dict[str, Tensor]:
+        """The collapse figures of ``size`` fixed training samples, two views each (the
+        run's augmentation, from a stream of their own), encoded by the model as a round
+        encodes them, without gradient and with its buffers kept."""
+        pool = self.partition.indices
+        gen = generator(self.cfg.train.seed, "collapse-probe")
+        ids = pool[torch.randperm(pool.shape[0], generator=gen)[:size]]
+        x1, x2 = self._views(ids, derive_seed(self.cfg.train.seed, "collapse-probe"), 0)
+        chunk = self.chunk or x1.shape[0]
+        with buffers_kept(self.model):
+            pairs = [self.model(a, b) for a, b in zip(x1.split(chunk), x2.split(chunk),
+                                                        strict=True)]
+        f, g = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        return encoding_figures(f, g)
+
+    def step(self) -> RoundMetrics:
+        """Run the next round and apply the server update."""
+        start = time.perf_counter()
+        r = self.rounds_done
+        plan = plan_round(self.cfg, self.partition, r)
+        lr = self.lr(r)
+        if self.world > 1:
+            return self.apply(self._shared_round(plan, r), lr, start)
+        x1, x2 = self.views(plan, r)
+        absent = None
+        if self.cache is not None:
+            clients = plan.clients.tolist()
+            absent = functools.partial(self.cache.merge_round, clients)
+        result = run_round(self.model, self.round_algorithm(r), x1, x2,
+                           plan.segments.to(self.device), self.cfg.train.backend,
+                           previous=self.previous(r), noise=self.round_noise(r), absent=absent,
+                           chunk=self.chunk, keep_graphs=self.keep_graphs)
+        return self.apply(result, lr, start)
+
+    def round_algorithm(self, round_index: int) -> Algorithm:
+        """The algorithm of round ``round_index``: the run's, with FedSC's α of that round
+        under ``train.own_weight = "fedsc"``, its local learning rate under
+        ``train.local_lr_schedule = "cosine"``."""
+        t = self.cfg.train
+        if t.own_weight == "exact" and t.local_lr_schedule == "constant":
+            return self.algorithm
+        return algorithm_of(self.cfg, round_index)
+
+    def _shared_round(self, plan: RoundPlan, r: int) -> RoundResult:
+        """This rank's share of round ``r``, its sums all-reduced (``dcco.core.distributed``): the
+        round's clients split over the ranks, or a centralized batch split and run as DCCO
+        over them (exact: the anchored loss of the pooled statistics)."""
+        clients = None
+        if self.method.federated:
+            part, segments = local_segments(plan.segments, self.rank, self.world)
+            algorithm = self.round_algorithm(r)
+            clients = plan.segments.num_clients
+        else:
+            part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
+            algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
+        x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
+        inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
+                             segments.to(self.device), self.chunk,
+                             keeps_graphs_for(algorithm, segments, self.keep_graphs))
+        executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples,
+                                     clients)
+        absent = None  # every rank merges the same statistics into its copy of the cache
+        if self.cache is not None:
+            absent = functools.partial(self.cache.merge_round, plan.clients.tolist())
+        return algorithm.run_round(executor, self.previous(r), self.round_noise(r), absent)
+
+    def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
+        """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
+        aggregate for the next round.
+
+        A loss that is a number (Flower's) is checked at once: a non-finite one is refused
+        before the model changes. A loss still on the device (the simulator's) is not read
+        here, which would wait for the GPU every round: the first round with a non-finite
+        loss is kept on the device, and ``check_finite`` raises for it at the next metrics
+        record or checkpoint, so a diverged model never reaches a checkpoint."""
+        r = self.rounds_done
+        if isinstance(result.loss, Tensor):
+            self._watch_loss(result.loss.detach(), r + 1)
+        elif not math.isfinite(result.loss):
+            raise FloatingPointError(
+                f"round {r + 1}: the loss is {result.loss}; training diverged (try a lower "
+                f"optim.lr); the model was left as it was before this round"
+            )
+        set_lr(self.optimizer, lr)
+        grads = [result.pseudo_gradient[name] for name, _ in self.params]
+        apply_pseudo_gradient(self.optimizer, [p for _, p in self.params], grads)
+        if self.model.target is not None:  # BYOL: the server moves its target network
+            self.model.update_target(target_decay(self.cfg.loss.target_decay, r,
+                                                  self.cfg.train.rounds))
+        self.aggregate = result.aggregate
+        self.shared = result.shared
+        self.rounds_done += 1
+        return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
+                            result.num_samples, time.perf_counter() - start, result.exchanges)
+
+    def previous(self, round_index: int) -> Moments | None:
+        """Round ``round_index``'s stale statistics: the last aggregate once the algorithm's
+        stale rounds have started (``Algorithm.previous_for``), else None."""
+        return self.algorithm.previous_for(round_index, self.aggregate)
+
+    def round_noise(self, round_index: int) -> RoundNoise | None:
+        """Differential privacy's noise for round ``round_index`` (None without it)."""
+        if self.privacy is None:
+            return None
+        p = self.privacy
+        return RoundNoise(self.cfg.train.seed, round_index, p.noise_multiplier * p.stats_bound,
+                          p.noise_multiplier * p.update_bound)
+
+    def _watch_loss(self, loss: Tensor, round_done: int) -> None:
+        """Remember, on the loss's device, the first round whose loss is not finite."""
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        first = ~torch.isfinite(loss) & (self._first_bad == 0)
+        self._first_bad = torch.where(first, round_done, self._first_bad)
+        self._bad_loss = torch.where(first, loss, self._bad_loss)
+
+    def check_finite(self) -> None:
+        """Raise ``FloatingPointError`` if a round since the start of this process had a
+        non-finite loss (``apply``); reads the device once."""
+        if self._first_bad is None or int(self._first_bad) == 0:
+            return
+        bad, loss = int(self._first_bad), float(self._bad_loss)
+        raise Diverged(
+            bad, f"round {bad}: the loss is {loss}; training diverged (try a lower optim.lr). "
+            f"Rounds {bad}-{self.rounds_done} were applied before the check, so this model is "
+            f"discarded: no checkpoint was written after round {bad - 1}")
+
+    def _statistics_cache(self) -> StatisticsCache | None:
+        """A new cache for ``train.absent_statistics = "cached"``, refused where it cannot
+        run or would not fit; None otherwise."""
+        t = self.cfg.train
+        if t.absent_statistics != "cached":
+            return None
+        d = self.model.projection_dim  # both towers project to it
+        values = self.method.stats.num_values(d, d)
+        size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, values)
+        if size > MAX_CACHE_BYTES:
+            raise ConfigError(
+                f"train.absent_statistics = 'cached' would keep up to {size / 2**30:.1f} GiB "
+                f"of client statistics ({self.partition.num_clients} clients, "
+                f"{values} values each), over the "
+                f"{MAX_CACHE_BYTES / 2**30:.0f} GiB limit; it is meant for a few clients "
+                f"(FedSC: 10 to 20), or use 'drop'")
+        return StatisticsCache()
+
+    def round_state(self) -> dict[str, Tensor]:
+        """What a checkpoint must keep besides model and optimiser: the last aggregate, and
+        the cache of clients' statistics."""
+        cache = self.cache.state() if self.cache is not None else {}
+        if self.aggregate is None:
+            return cache
+        return {f"aggregate.{k}": v for k, v in self.aggregate.items()} | {
+            "aggregate.count": self.aggregate.count} | cache
+
+    def load_round_state(self, state: dict[str, Tensor]) -> None:
+        """Restore ``round_state``: the aggregate of the last round before the checkpoint."""
+        values = {k[len("aggregate."):]: v.to(self.device) for k, v in state.items()
+                  if k.startswith("aggregate.")}
+        count = values.pop("count", None)
+        self.aggregate = Moments(values, count=count) if values else None
+        if self.cache is not None:
+            self.cache = StatisticsCache.from_state(state)
+
+
+def read_numbers(values: list[float | Tensor]) -> list[float]:
+    """Numbers from numbers and device scalars, with one transfer for all the tensors."""
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    if not tensors:
+        return list(values)
+    read = iter(torch.stack([t.to(torch.float64) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, Tensor) else v for v in values]
+
+

@@ -1,0 +1,103 @@
+"""The package's shape (docs/architecture.md): dependencies flow one way, from the core up to
+the command line, never back; the top level stays short; no module outgrows one job."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dcco"
+
+LAYERS = (
+    ("errors", "files", "core", "core.seeding", "core.devices"),
+    ("core.stats", "core.losses", "core.collapse"),
+    ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",
+     "core.privacy", "core.precision", "core.statistics_cache"),
+    ("core.algorithm", "core.simulator", "core.distributed"),
+    ("config",),
+    ("run", "evaluate.runs", "reproduce", "flower", "api", "fitting"),
+    ("cli", "demo", "__main__", "__init__"),
+)
+"""The layers, lowest first: a module may import its own layer and those below, never one
+above (the longest matching name decides a module's layer: ``evaluate.runs`` evaluates run
+directories and sits with the run, above the rest of ``evaluate``)."""
+
+
+def _layer(module: str) -> int:
+    best = (-1, -1)
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best[1]:
+                best = (rank, len(name))
+    assert best[0] >= 0, f"dcco.{module} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        out[name.removesuffix(".__init__") if name != "__init__" else "__init__"] = path
+    return out
+
+
+def _imports(path: Path, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every dcco import, function-level ones included, those under
+    ``if TYPE_CHECKING:`` (names for annotations) left out; ``from dcco.core import stats``
+    is an import of ``core.stats``."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree)
+               if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+               for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "dcco" or node.module.startswith("dcco."):
+                base = node.module.removeprefix("dcco").removeprefix(".")
+                for a in node.names:
+                    sub = f"{base}.{a.name}" if base else a.name
+                    if sub in modules:
+                        found.append((node.lineno, sub))
+                    elif base:
+                        found.append((node.lineno, base))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.removeprefix("dcco."))
+                      for a in node.names if a.name.startswith("dcco.")]
+    return found
+
+
+def test_layers__no_module_imports_a_layer_above_its_own():
+    upward, modules = [], _modules()
+    for module, path in modules.items():
+        own = _layer(module)
+        for line, target in _imports(path, set(modules)):
+            if _layer(target) > own:
+                upward.append(f"dcco.{module} (line {line}) imports dcco.{target}")
+    assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_layers__the_test_sees_an_upward_import():
+    """The check above is not vacuous: a core module importing the loop is caught."""
+    assert _layer("core.stats") < _layer("run.loop")
+    assert _layer("evaluate.knn") < _layer("evaluate.runs") == _layer("run.rundir")
+    assert _layer("cli.grid") == _layer("cli") > _layer("fitting")
+
+
+def test_layers__a_short_top_level_and_no_module_over_600_lines():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
+
+
+def test_layers__the_flower_apps_import_no_testing_tool():
+    """``dcco.flower.testing`` (the in-process grid, the loopback deployment, Flower's
+    floor) is for tests and benchmarks: nothing else in the package imports it."""
+    modules = _modules()
+    users = [f"dcco.{m}" for m, path in modules.items()
+             if not m.startswith("flower.testing")
+             and any(t.startswith("flower.testing") for _, t in _imports(path, set(modules)))]
+    assert not users, users
