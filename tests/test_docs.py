@@ -31,15 +31,15 @@ def test_readme__expected_demo_figures_match_docs_results():
     assert quoted == table, "README's expected demo figures differ from docs/results.md"
 
 
-def test_readme__linear_evaluation_example_runs(tiny_config, tiny_fmnist, tmp_path):
-    """The README's example of a trained encoder in the user's own code, on tiny data."""
+def test_guide__linear_evaluation_example_runs(tiny_config, tiny_fmnist, tmp_path):
+    """docs/guide.md's example of a trained encoder in the user's own code, on tiny data."""
     from dcco.cli import main
 
     run = tmp_path / "run"
     assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
                  "--no-progress"]) == 0
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### A trained encoder in your own code")[1]
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    section = guide.split("## A trained encoder in your own code")[1]
     code = section.split("```python\n")[1].split("```")[0]
     assert 'dcco.load_encoder("runs/' in code
     code = re.sub(r'dcco\.load_encoder\("[^"]+"\)', f'dcco.load_encoder("{run}")', code)
@@ -73,3 +73,11 @@ def test_config_reference__docs_config_md_is_the_code_s(capsys):
             row = next(line for line in printed.splitlines()
                        if line.startswith(f"| `{name}.{f.name}` |"))
             assert row.split("|")[4].strip(), f"{name}.{f.name} has no doc in the code"
+
+
+def test_readme__stops_early_and_its_links_resolve():
+    """The README is a short tour (at most 250 lines), and every file it links exists."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for target in re.findall(r"\]\(([^)#]+)", readme):
+        assert (ROOT / target).exists(), target

@@ -5,7 +5,7 @@ the checks of the nodes' replies against the server's own model."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
 from torch import Tensor
@@ -15,8 +15,9 @@ from dcco.core.server import ReplyError, validate_statistics, validate_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
 from dcco.flower.codec import Instruction
-from dcco.run.pretraining import Pretraining
 
+if TYPE_CHECKING:  # the run's state, which the app's server holds
+    from dcco.run.pretraining import Pretraining
 
 class AppWire:
     """dcco's app's layout of a round's messages (``dcco.flower.codec``): each node hosts
