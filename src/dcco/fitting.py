@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from dcco.api import dual_encoder
-from dcco.config import ConfigError, RunConfig, load_config
+from dcco.config import ConfigError, RunConfig, from_dict, load_config
 from dcco.core.optim import USER_RECIPE
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
@@ -228,17 +228,20 @@ def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:
 
 def fit_config(method: str, rounds: int, clients_per_round: int, projector: list[int] | None,
                seed: int, settings: list[str], own_augment: bool = False) -> RunConfig:
-    """The run config of a ``fit``: ``FIT_RECIPE``'s server optimiser, the samples' natural
-    clients, dcco's augmentation off with ``own_augment`` (the user's), then ``settings``."""
-    base = [
-        'data.dataset="samples"', 'data.partition="natural"', f'train.method="{method}"',
-        f"train.rounds={rounds}", f"train.clients_per_round={clients_per_round}",
-        f"train.seed={seed}", "train.knn_every=0", *FIT_RECIPE, 'augment.blur_p=[0.0, 0.0]',
-        *(["augment.enabled=false"] if own_augment else []),
-    ]
+    """The run config of a ``fit``: ``dcco.optim.USER_RECIPE``'s server optimiser, the
+    samples' natural clients, dcco's augmentation off with ``own_augment`` (the user's), then
+    ``settings``. ``fit``'s own arguments are set as values, each checked against its key's
+    type, not written out as text to be parsed back."""
+    values: dict[str, dict[str, Any]] = {
+        "data": {"dataset": "samples", "partition": "natural"},
+        "train": {"method": method, "rounds": rounds, "clients_per_round": clients_per_round,
+                  "seed": seed, "knn_every": 0},
+        "augment": {"blur_p": [0.0, 0.0], "enabled": not own_augment},
+    }
     if projector is not None:
-        base.append(f"model.projector={projector}")
-    cfg = load_config(None, base + settings)
+        values["model"] = {"projector": list(projector)}
+    base = from_dict(RunConfig, values, "", base=RunConfig(optim=USER_RECIPE))
+    cfg = load_config(None, settings, base=base)
     if not METHODS[cfg.train.method].federated:
         raise ConfigError(f"fit trains over clients; {cfg.train.method} is centralized")
     return cfg
@@ -284,5 +287,5 @@ def _qualname(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-__all__ = ["FIT_ARGUMENTS", "FIT_RECIPE", "FitResult", "encoder_features", "fit",
+__all__ = ["FIT_ARGUMENTS", "FitResult", "encoder_features", "fit",
            "fit_config", "linear_probe", "setting_strings"]
