@@ -159,7 +159,7 @@ def probe(pt: Pretraining, x1: torch.Tensor, x2: torch.Tensor) -> dict:
     total = float(cco_from_correlation(c, lambd))
     var = torch.cat([m.mean_ff - m.mean_f ** 2, m.mean_gg - m.mean_g ** 2])
     q = torch.quantile(var, torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=var.dtype))
-    figures = {k: float(v) for k, v in collapse_figures(m, eps, eps).items()}
+    figures = {k: float(v) for k, v in collapse_figures(m).items()}
     w = dict(model.named_parameters())[_last_weight(model)].detach().double()
     rows = w.norm(dim=1)
     sigma = torch.linalg.matrix_norm(w, ord=2)
@@ -216,7 +216,7 @@ def run_variant(cfg, rounds: int, every: int, train, test, batch: int, knn_every
                 rec["knn"] = monitor_knn(pt, train, test)
             if shared is not None and "mean_fg" in shared:
                 rec |= {f"sa_{k}": float(v) for k, v in
-                        collapse_figures(shared, cfg.loss.eps, cfg.loss.eps).items()}
+                        collapse_figures(shared).items()}
             records.append(rec)
             lay = rec["layers"]
             print(f"  round {r}: loss {rec['loss']:.4g} (on {rec['on_diag']:.0f}, off "

@@ -197,9 +197,12 @@ def test_fit__batched_equals_reference_and_the_run_directory_reads_back(tmp_path
     first = UserCNN()
     second = UserCNN()
     second.load_state_dict(first.state_dict())
-    a = dcco.fit(first, _clients(), run_dir=tmp_path / "a", settings=SETTINGS, **FIT)
+    # LARS, whose steps carry the backends' float64 rounding through unchanged (Adam's first
+    # steps divide by |g|, and amplify it in near-zero gradients to about 1e-5 here)
+    lars = [*SETTINGS, 'optim.name="lars"', "optim.lr=1.5", "optim.weight_decay=1e-6"]
+    a = dcco.fit(first, _clients(), run_dir=tmp_path / "a", settings=lars, **FIT)
     b = dcco.fit(second, _clients(), run_dir=tmp_path / "b",
-                 settings=[*SETTINGS, 'train.backend="reference"'], **FIT)
+                 settings=[*lars, 'train.backend="reference"'], **FIT)
     assert a.model.backbone is first
     assert a.summary["rounds"] == 6
     flat_a = torch.cat([p.detach().flatten() for p in a.model.parameters()])
