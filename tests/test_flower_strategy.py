@@ -673,6 +673,7 @@ def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
 
     from dcco.flower.userapp import node_samples
 
+    _grid()  # sets Flower's process-wide task identity, which a Message needs
     x = _samples(4)
     labels = torch.arange(len(x))
     pairs = DataLoader(TensorDataset(x, labels), batch_size=2)
@@ -698,8 +699,12 @@ def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
         got = reply(given)
         assert all(torch.equal(got[k], want[k]) for k in want)
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    linear = nn.Linear(5, 3)
+    vectors = Message(RecordDict({"config": strategy._config("stats", 1, {}),
+                                  "arrays": codec.array_record(linear.state_dict())}),
+                      dst_node_id=1, message_type="train")
     with pytest.raises(ValueError, match="identical views teach the encoder nothing"):
-        answer(msg, context, nn.Linear(5, 3), torch.randn(4, 5))
+        answer(vectors, context, linear, torch.randn(4, 5))
 
 
 def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path):
