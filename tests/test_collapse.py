@@ -162,3 +162,29 @@ def test_collapse_watch__a_learning_run_is_not_warned(tmp_path, recwarn):
     assert done.collapse["dead_dims"] == 0.0 and done.collapse["eff_rank"] > 3
     assert done.collapse["corr_diag"] > 0.3
     assert not [w for w in recwarn if "collapse" in str(w.message)]
+
+
+def test_collapse_figures__of_a_method_without_statistics_come_from_a_probe_batch(tmp_path):
+    """Contrastive FedAvg shares no statistics: its figures are read from a fixed batch's two
+    views at the last round (and the k-NN monitor's), and reading them leaves the run as it
+    would be without them (the same weights as a run that reads them at its end only)."""
+    import dcco
+
+    def run(knn_every, name):
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                  torch.nn.Linear(16, 8))
+        return dcco.fit(mlp, _vector_clients(), rounds=4, augment=_noise,
+                        method="contrastive_fedavg", clients_per_round=6, projector=(8, 8),
+                        run_dir=tmp_path / name, progress=False,
+                        settings={"train.knn_every": knn_every, "train.log_every": 1})
+
+    done = run(2, "a")
+    assert done.collapse["round"] == 4 and set(done.collapse) == {"round", "dead_dims",
+                                                                  "corr_diag", "eff_rank"}
+    records = [__import__("json").loads(line)
+               for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records if "eff_rank" in r] == [2, 4]  # the monitor's rounds
+    again = run(0, "b")  # read at its end only
+    for p, q in zip(done.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(p, q)
