@@ -106,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     for scale in args.scales:  # every candidate's config is checked before any starts
         candidate_config(args.grid, scale, args.cell, args.rounds)
     pending, running = list(args.scales), []
+    # candidates side by side on a CPU share its cores: N processes on every core each would
+    # oversubscribe it (rounds 40 x slower at the test grid's size)
+    env = os.environ.copy()
+    if "OMP_NUM_THREADS" not in env:
+        from dcco.reproduce.pool import threads_per_job
+        from dcco.run.rounds import resolve_device
+
+        device = candidate_config(args.grid, args.scales[0], args.cell, args.rounds).train.device
+        env |= threads_per_job(min(args.jobs, len(args.scales)), resolve_device(device).type)
     logs = args.out / "logs"
     logs.mkdir(exist_ok=True)
     started = time.perf_counter()
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                        str(args.out), "--one", scale]
             running.append((scale, subprocess.Popen(command, stdout=log,
                                                     stderr=subprocess.STDOUT,
-                                                    env=os.environ.copy()), log))
+                                                    env=env), log))
         for item in list(running):
             scale, process, log = item
             if process.poll() is not None:

@@ -3,8 +3,8 @@ SuperNodes killed in phase 1 and between the phases of a round (each message's C
 through the node's worker, the default in a deployment).
 
 Slow (minutes: Flower notices a lost node only by its missed heartbeats and each wait scales
-with the machine's speed); in their own file so that pytest-xdist (``--dist loadfile``) runs
-them beside ``tests/test_flower_loopback.py``, not after it.
+with the machine's speed); pytest-xdist (``--dist worksteal``) runs each on a worker of its own
+when one is free, beside ``tests/test_flower_loopback.py``.
 """
 
 from __future__ import annotations

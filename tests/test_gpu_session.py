@@ -82,10 +82,10 @@ def test_gpu_session__the_lease_plan_in_two_minutes_detached_on_the_cpu(tmp_path
         [sys.executable, "benchmarks/gpu_session.py", "run", "--minutes", "2", "--device",
          "cpu", "--detach", "--grid", str(grid), "--scale", "gpu", "--grid-out", str(cells),
          "--ladder-scale", "tiny", "--precision-rounds", "4", "--pilot-scales", "gpu",
-         "gpu-lars", "--pilot-rounds", "4", "--out", str(out)],
+         "gpu-lars", "--pilot-rounds", "4", "--pilot-minutes", "0.75", "--out", str(out)],
         cwd=repo, capture_output=True, text=True, check=True, timeout=120, env=env)
     assert "in a new process session, from a copy of the tree" in started.stdout
-    (repo / "src" / "dcco" / "checkpoint.py").unlink()  # the next call's copy: gone
+    (repo / "src" / "dcco" / "run" / "checkpoint.py").unlink()  # the next call's copy: gone
     shutil.rmtree(repo / "benchmarks")
     # the session runs on after the command returned; its budget and each phase's grace
     # bound it, however busy the machine
@@ -198,17 +198,19 @@ def test_phase_shares__decided_once_on_a_gpu__asked_for_always():
     gpu_session = _session_module()
     committed = gpu_session.gpu_record("round_cost")
     assert committed is not None and committed.name.startswith("round_cost_nvidia")
-    # the CPU (the dry run) always runs both with their default shares
+    # the CPU (the dry run) always runs all three with their default shares
     assert gpu_session.phase_shares(9, False, None, None) == {
-        "ladder": (3.0, None), "precision": (1.5, None)}
+        "ladder": (3.0, None), "pilot": (2.25, None), "precision": (1.5, None)}
     assert gpu_session.phase_shares(2, False, None, None)["ladder"] == (2 / 3, None)
     # on a GPU, the committed records give their minutes to the cells
     on_gpu = gpu_session.phase_shares(9, True, None, None)
     assert on_gpu["ladder"] == (0.0, committed)
     assert on_gpu["precision"][0] == 0.0 and on_gpu["precision"][1] is not None
+    pilot = gpu_session.gpu_record("recipe_pilot")  # none committed yet: the pilot runs
+    assert on_gpu["pilot"] == ((0.0, pilot) if pilot else (2.25, None))
     # unless asked for
-    assert gpu_session.phase_shares(9, True, 2.0, 1.0) == {
-        "ladder": (2.0, None), "precision": (1.0, None)}
+    assert gpu_session.phase_shares(9, True, 2.0, 1.0, 0.5) == {
+        "ladder": (2.0, None), "pilot": (0.5, None), "precision": (1.0, None)}
 
 
 def _archive(path: Path, session: dict, cells: dict[str, bytes]) -> Path:

@@ -78,14 +78,17 @@ def test_tensorboard__metrics_and_evaluations_read_back_with_tensorboards_reader
 
 def test_tensorboard__off_by_default_and_missing_package_named(tiny_config, tmp_path,
                                                                monkeypatch, capsys):
+    import importlib.util
+
     from dcco.cli import main
-    from dcco.run import scalars
 
     run = tmp_path / "plain"
     assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(run),
                  "--no-progress"]) == 0
     assert not (run / "tensorboard").exists()
-    monkeypatch.setattr(scalars.importlib.util, "find_spec", lambda name: None)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
     assert main(["pretrain", str(tiny_config(rounds=2)), "--run-dir", str(tmp_path / "tb"),
                  "--tensorboard"]) == 2
     assert "pip install 'dcco[tensorboard]'" in capsys.readouterr().err

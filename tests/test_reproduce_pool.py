@@ -218,10 +218,13 @@ def _rounds_per_second(grid_path: Path) -> float:
     try:
         pt = Pretraining(cell.cfg, load_splits(grid.base)[0])
         pt.step()
-        start = time.perf_counter()
-        for _ in range(10):
-            pt.step()
-        return 10 / (time.perf_counter() - start)
+        best = 0.0
+        for _ in range(3):  # the fastest of three: a busy moment only slows a reading
+            start = time.perf_counter()
+            for _ in range(5):
+                pt.step()
+            best = max(best, 5 / (time.perf_counter() - start))
+        return best
     finally:
         torch.set_num_threads(threads)
 
@@ -239,7 +242,9 @@ def test_reproduce_jobs__budget_stops_a_cell_and_the_next_command_resumes_it(tmp
     startup = time.perf_counter() - start
     budget = 2 * startup + 5
     rate = _rounds_per_second(_grid(tmp_path, tiny_fmnist, 10))
-    rounds = 2 * int(rate * (budget + 4) / 2)  # cannot finish within the budget
+    # cannot finish within the budget, even at 1.6 x the fastest speed measured (CI saw a
+    # cell process run 1.9 x faster than a mean of 10 rounds here, on a busy machine)
+    rounds = 2 * int(1.6 * rate * (budget + 4) / 2)
     grid = _grid(tmp_path, tiny_fmnist, rounds)
     out = tmp_path / "out"
     args = ["reproduce", str(grid), "--scale", "tiny", "--out", str(out), "--jobs", "2",

@@ -285,7 +285,9 @@ class Pretraining:
             self.model.update_target(target_decay(self.cfg.loss.target_decay, r,
                                                   self.cfg.train.rounds))
         self.aggregate = result.aggregate
-        self.shared = result.shared
+        # a centralized method's ranks share statistics (``_shared_round``), one process
+        # shares none: its collapse figures come from the probe batch either way
+        self.shared = result.shared if self.method.stats is not None else None
         self.rounds_done += 1
         return RoundMetrics(self.rounds_done, result.loss, lr, result.num_clients,
                             result.num_samples, time.perf_counter() - start, result.exchanges)
