@@ -64,7 +64,8 @@ def test_tensorboard__metrics_and_evaluations_read_back_with_tensorboards_reader
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"loss", "lr", "rounds_per_sec", "clients", "samples", "exchanges", "knn_percent",
-            "bytes_per_client/up", "bytes_per_client/down", "eval/linear@40"} <= tags
+            "bytes_per_client/up", "bytes_per_client/down", "eval/linear@40",
+            "dead_dims", "corr_diag", "eff_rank"} <= tags  # the collapse figures too
     logged = [r for r in RunDir(run).metrics() if "loss" in r]
     assert [e.step for e in events.Scalars("loss")] == [r["round"] for r in logged]
     assert [e.value for e in events.Scalars("loss")] == [

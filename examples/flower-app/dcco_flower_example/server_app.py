@@ -25,9 +25,9 @@ def main(grid: Grid, context: Context) -> None:
     model = SmallCNN()
     secagg = (SecAgg(model=SmallCNN(), samples=server_photos(), augment=augment,
                      max_samples=int(cfg["secagg-max-photos"])) if cfg["secagg"] else None)
-    strategy = DCCO(fraction_train=float(cfg["fraction-train"]), min_train_nodes=2,
-                    min_available_nodes=2, optimizer="lars", lr=float(cfg["lr"]),
-                    secagg=secagg)
+    strategy = DCCO(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0,
+                    min_train_nodes=2, min_available_nodes=2, optimizer="lars",
+                    lr=float(cfg["lr"]), secagg=secagg)  # the ClientApp has no @app.evaluate
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=int(cfg["num-server-rounds"]))
     if cfg["compare-fedavg"]:
@@ -54,7 +54,8 @@ def compare_with_fedavg(grid: Grid, cfg) -> None:
                                   fraction_evaluate=0.0, min_train_nodes=2,
                                   min_evaluate_nodes=0, min_available_nodes=2)
             else:
-                strategy = DCCO(fraction_train=float(cfg["fraction-train"]), min_train_nodes=2,
+                strategy = DCCO(fraction_train=float(cfg["fraction-train"]),
+                                fraction_evaluate=0.0, min_train_nodes=2,
                                 min_available_nodes=2, optimizer="lars", lr=float(cfg["lr"]))
             strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
                            evaluate_fn=lambda r, arrays, s=stamps: s.append(time.perf_counter()))
