@@ -28,8 +28,8 @@ def _fmt(v, digits: int = 3) -> str:
 
 def rounds_table(name: str, records: list[dict], rounds: list[int]) -> list[str]:
     rows = [f"**{name}**", "",
-            "| round | loss | on-diagonal | off-diagonal | C_ii | eff. rank of C | features' "
-            "eff. rank | last layer's σ₁ step a round | k-NN |",
+            ("| round | loss | on-diagonal | off-diagonal | C_ii | eff. rank of C | features' "
+             "eff. rank | last layer's σ₁ step a round | k-NN |"),
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by_round = {r["round"]: r for r in records}
     for r in rounds:

@@ -26,15 +26,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RUNNER = """
+RUNNER = f"""
 import sys, runpy
 import dcco
 settings = [s for s in sys.argv[2].split(";") if s.strip()]
 fit = dcco.fit
 dcco.fit = lambda *a, **k: fit(*a, **k, settings=settings)
 sys.argv = [sys.argv[0], sys.argv[1]]
-runpy.run_path(%r, run_name="__main__")
-""" % str(ROOT / "examples" / "own_model.py")
+runpy.run_path({str(ROOT / "examples" / "own_model.py")!r}, run_name="__main__")
+"""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,9 +14,9 @@ import json
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
+import tomllib
 import torch
 from flwr.app import Context, RecordDict
 
