@@ -103,18 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         return run_one(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    for scale in args.scales:  # every candidate's config is checked before any starts
-        candidate_config(args.grid, scale, args.cell, args.rounds)
-    pending, running = list(args.scales), []
-    # candidates side by side on a CPU share its cores: N processes on every core each would
-    # oversubscribe it (rounds 40 x slower at the test grid's size)
-    env = os.environ.copy()
-    if "OMP_NUM_THREADS" not in env:
-        from dcco.reproduce.pool import threads_per_job
-        from dcco.run.rounds import resolve_device
+    from dcco.reproduce.pool import threads_per_job
+    from dcco.run.rounds import resolve_device
 
-        device = candidate_config(args.grid, args.scales[0], args.cell, args.rounds).train.device
-        env |= threads_per_job(min(args.jobs, len(args.scales)), resolve_device(device).type)
+    # every candidate's config is checked before any starts
+    configs = [candidate_config(args.grid, scale, args.cell, args.rounds) for scale in args.scales]
+    pending, running = list(args.scales), []
+    # candidates side by side on a CPU share its cores, as ``dcco reproduce --jobs`` cells do
+    # (N processes on every core each: rounds 40 x slower at the test grid's size)
+    env = os.environ | threads_per_job(min(args.jobs, len(args.scales)),
+                                       resolve_device(configs[0].train.device).type)
     logs = args.out / "logs"
     logs.mkdir(exist_ok=True)
     started = time.perf_counter()

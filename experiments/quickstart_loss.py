@@ -4,7 +4,8 @@ a round, 200 images a node): the final model's CCO loss on the nodes' seeded tes
 against the untrained model's, and the last round's collapse figures, for each round count
 asked for.
 
-    OMP_NUM_THREADS=1 python experiments/quickstart_loss.py --rounds 6 10
+    OMP_NUM_THREADS=1 python experiments/quickstart_loss.py --rounds 6 10 \
+        --record experiments/results/collapse/quickstart_loss.json
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ROOT / "examples" / "flower-quickstart"
 
 
-def run(rounds: int, images: int) -> dict:
-    """One run of the app: its collapse figures at the last round and the loss ratio."""
+def run(rounds: int, images: int, out: Path | None = None) -> dict:
+    """One run of the app (writing into ``out``, a fresh folder if None): the CCO losses of
+    the untrained and the trained model, their ratio, the last round's collapse figures and
+    the app's own record of its rounds (``record``: rounds.json)."""
     sys.path.insert(0, str(PROJECT))
     try:
         from quickstart_dcco import client_app, server_app, task
     finally:
         sys.path.remove(str(PROJECT))
-    out = Path(tempfile.mkdtemp(prefix="quickstart-loss-"))
+    out = out if out is not None else Path(tempfile.mkdtemp(prefix="quickstart-loss-"))
     config = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
         "config"] | {"num-server-rounds": rounds, "fraction-train": 1.0,
                      "fraction-evaluate": 1.0, "images": images, "out": str(out)}
@@ -44,7 +47,8 @@ def run(rounds: int, images: int) -> dict:
     server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                   run_config=config))
     seconds = time.perf_counter() - start
-    last = json.loads((out / "rounds.json").read_text())["train"][str(rounds)]
+    record = json.loads((out / "rounds.json").read_text())
+    last = record["train"][str(rounds)]
     torch.manual_seed(0)  # the server app's initial model
     initial, trained = task.Net(), task.Net()
     trained.load_state_dict(torch.load(out / "final_model.pt"))
@@ -54,20 +58,34 @@ def run(rounds: int, images: int) -> dict:
         before += task.cco_loss_on(initial, test)
         after += task.cco_loss_on(trained, test)
     return {"rounds": rounds, "untrained": before, "trained": after, "ratio": after / before,
-            "dead_dims": last["dead_dims"], "eff_rank": last["eff_rank"], "seconds": seconds}
+            "dead_dims": last["dead_dims"], "eff_rank": last["eff_rank"], "seconds": seconds,
+            "record": record}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, nargs="+", default=[6, 10])
     ap.add_argument("--images", type=int, default=800, help="in all, over the 4 nodes")
+    ap.add_argument("--record", type=Path, default=None, help="the results as JSON")
     args = ap.parse_args(argv)
+    runs = []
     for rounds in args.rounds:
         r = run(rounds, args.images)
+        runs.append({k: v for k, v in r.items() if k != "record"})
         print(f"{rounds} rounds: CCO loss {r['trained']:.1f} trained against "
               f"{r['untrained']:.1f} untrained ({r['ratio']:.3f} x); dead "
               f"{r['dead_dims']:.0%}, C's effective rank {r['eff_rank']:.1f} "
               f"({r['seconds']:.0f} s)", flush=True)
+    if args.record is not None:
+        from dcco.files import atomic_write_text
+        from dcco.run.rundir import code_version
+
+        record = {"command": "python experiments/quickstart_loss.py " + " ".join(
+                      sys.argv[1:] if argv is None else argv),
+                  "threads": torch.get_num_threads(), "torch": torch.__version__,
+                  "code": code_version(), "images": args.images, "runs": runs}
+        atomic_write_text(args.record, json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.record}")
     return 0
 
 
