@@ -32,7 +32,6 @@ import torch
 
 from dcco.config import load_config
 from dcco.core.server import aggregate_updates
-from dcco.data.splits import load_splits
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
 from dcco.flower.client_app import app as client_app
@@ -40,6 +39,7 @@ from dcco.flower.federation import Federation
 from dcco.flower.nodes import node_data, node_update
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.run.pretraining import Pretraining
+from dcco.run.splits import load_splits
 
 
 def timed(step, pt: Pretraining) -> float:

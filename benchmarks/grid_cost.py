@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from dcco.config import ConfigError
-from dcco.data.splits import load_splits
 from dcco.reproduce import SUPERVISED, load_grid, plan_cells, select_cells
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import cpu_name
+from dcco.run.splits import load_splits
 
 
 def _sync(device: torch.device) -> None:

@@ -43,20 +43,21 @@ def cell_config(grid: Path, scale: str, cell: str, rounds: int, knn_every: int,
     cfg = replace(c.cfg, train=replace(c.cfg.train, rounds=rounds, knn_every=knn_every,
                                        checkpoint_every=rounds,
                                        log_every=max(1, min(10, rounds // 50))))
-    return load_config(None, [], base=cfg, resolve_auto=False)
+    return load_config(None, [], base=cfg)
 
 
 def run_one(args: argparse.Namespace) -> None:
     """The child process: one pretraining run into ``--run-dir``."""
     from dataclasses import replace
 
-    from dcco.data.splits import load_splits
     from dcco.run.loop import run_pretraining
     from dcco.run.rundir import RunDir
+    from dcco.run.setup import resolved
+    from dcco.run.splits import load_splits
 
     cfg = cell_config(args.grid, args.scale, args.cell, args.rounds, args.knn_every, args.set)
-    cfg = replace(cfg, train=replace(cfg.train, precision=args.precision,
-                                     compile=args.compile)).resolved()
+    cfg = resolved(replace(cfg, train=replace(cfg.train, precision=args.precision,
+                                              compile=args.compile)))
     train, test = load_splits(cfg)
     run = RunDir.create(args.run_dir, cfg)
     summary = run_pretraining(cfg, run, train, test)

@@ -65,10 +65,10 @@ def candidate_config(grid: Path, scale: str, cell: str, rounds: int):
 
 def run_one(args: argparse.Namespace) -> int:
     """One candidate, in this process: pretrain into ``--out/<scale>``, write its record."""
-    from dcco.data.splits import load_splits
     from dcco.run.loop import run_pretraining
-    from dcco.run.rounds import check_run
     from dcco.run.rundir import RunDir
+    from dcco.run.setup import check_run
+    from dcco.run.splits import load_splits
 
     cfg = candidate_config(args.grid, args.one, args.cell, args.rounds)
     train, test = load_splits(cfg)

@@ -45,14 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from dcco.data.splits import load_splits
     from dcco.reproduce import load_grid, plan_cells, select_cells
     from dcco.run.pretraining import Pretraining
+    from dcco.run.setup import resolved
+    from dcco.run.splits import load_splits
 
     grid = load_grid(args.grid, args.scale, args.set)
     (cell,) = select_cells([c for c in plan_cells(grid, Path(tempfile.gettempdir()))
                             if c.na is None], [args.cell])
-    cfg = cell.cfg.resolved()
+    cfg = resolved(cell.cfg)
     pt = Pretraining(cfg, load_splits(cfg)[0])
     on_gpu = pt.device.type == "cuda"
 

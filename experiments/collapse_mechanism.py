@@ -51,11 +51,11 @@ from dcco.core.losses import cco_from_correlation, cross_correlation
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import encoding_stats
 from dcco.data.augment import training_views
-from dcco.data.splits import load_splits
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.loop import monitor_knn
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import code_version
+from dcco.run.splits import load_splits
 
 PROBE_ROUND = 2**20
 """The augmentation round of the fixed probe views (no training round reaches it)."""

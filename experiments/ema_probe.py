@@ -39,10 +39,10 @@ def main() -> None:
 
     from grid_cells import cell_config
 
-    from dcco.data.splits import load_splits
     from dcco.evaluate import labelled_subset, linear_probe
     from dcco.evaluate.runs import eval_config_for
     from dcco.run.pretraining import Pretraining
+    from dcco.run.splits import load_splits
 
     cfg = cell_config(GRID, args.scale, args.cell, args.data_dir)
     if args.rounds is not None:

@@ -25,11 +25,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    from dcco.data.splits import load_splits
     from dcco.evaluate import labelled_subset
     from dcco.evaluate.features import extract_features
     from dcco.evaluate.probe import linear_probe_features
     from dcco.evaluate.runs import eval_config_for, pretrained_model
+    from dcco.run.splits import load_splits
 
     record = {"command": "python experiments/probe_noise.py " + " ".join(sys.argv[1:]),
               "code": code_version(), "runs": {}}

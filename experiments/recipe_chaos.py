@@ -44,8 +44,8 @@ def child(cell: str, overrides: list[str], rounds: int, every: int, data_dir: st
     from grid_cells import cell_config
 
     from dcco.config import load_config, to_toml
-    from dcco.data.splits import load_splits
     from dcco.run.pretraining import Pretraining
+    from dcco.run.splits import load_splits
 
     cfg = cell_config(GRID, "small", cell, data_dir)
     if overrides:

@@ -108,11 +108,12 @@ def check_config(path: Path, work: Path, margin: float) -> list[dict]:
 
     from dcco.config import load_config
     from dcco.data.datasets import DataError
-    from dcco.data.splits import load_splits
     from dcco.evaluate.runs import evaluate_model, pretrained_model
     from dcco.run.loop import run_pretraining
     from dcco.run.rounds import resolve_device
     from dcco.run.rundir import RunDir
+    from dcco.run.setup import build_model
+    from dcco.run.splits import load_splits
 
     base = load_config(path)
     label = _label(path)
@@ -124,7 +125,7 @@ def check_config(path: Path, work: Path, margin: float) -> list[dict]:
                  "verdict": f"not run here: {base.data.dataset} is not on this machine",
                  "reason": str(e)} for m in methods]
     device = resolve_device(base.train.device)
-    untrained = base.build_model(*train.input_shapes).to(device)
+    untrained = build_model(base, *train.input_shapes).to(device)
     floor = evaluate_model(untrained, "linear", base.eval, base.train.seed, train, test,
                            device).accuracy
     floor_knn = evaluate_model(untrained, "knn", replace(base.eval, labels=base.eval.knn_bank

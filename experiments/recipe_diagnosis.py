@@ -40,10 +40,10 @@ import torch.nn.functional as F
 
 from dcco.config import load_config
 from dcco.data.augment import model_input
-from dcco.data.splits import load_splits
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import code_version
+from dcco.run.splits import load_splits
 
 
 def _kind(name: str, param: torch.Tensor) -> str:

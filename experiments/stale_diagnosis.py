@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from grid_cells import cell_config
 
-from dcco.data.splits import load_splits
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import code_version, cpu_name
+from dcco.run.splits import load_splits
 
 GRID = Path(__file__).resolve().parent / "stale_fmnist.toml"
 

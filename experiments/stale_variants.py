@@ -55,11 +55,11 @@ from grid_cells import cell_config
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import client_update
 from dcco.core.simulator import run_round
-from dcco.data.splits import load_splits
 from dcco.evaluate.runs import evaluate_model
 from dcco.run.pretraining import Pretraining
 from dcco.run.rounds import plan_round
 from dcco.run.rundir import code_version, cpu_name
+from dcco.run.splits import load_splits
 
 GRID = Path(__file__).resolve().parent / "stale_fmnist.toml"
 SETTINGS = {"non-iid-1": "non-iid-4-dcco-s0", "non-iid-4": "non-iid-4-dcco-s0"}

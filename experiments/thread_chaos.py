@@ -28,8 +28,8 @@ def losses(rounds: int, data_dir: str) -> list[float]:
     """This process's losses (its thread count is whatever OMP_NUM_THREADS says)."""
     from grid_cells import cell_config
 
-    from dcco.data.splits import load_splits
     from dcco.run.pretraining import Pretraining
+    from dcco.run.splits import load_splits
 
     cfg = cell_config(GRID, *CELL, data_dir)
     train, _ = load_splits(cfg)

@@ -68,11 +68,11 @@ def untrained() -> dict[str, list[dict]]:
     kept in ``UNTRAINED`` the first time)."""
     from dataclasses import asdict
 
-    from dcco.data.splits import load_splits
     from dcco.evaluate.runs import eval_config_for, evaluate_model
     from dcco.reproduce import load_grid, plan_cells, select_cells
     from dcco.run.rounds import resolve_device
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     grid = load_grid(ROOT / "two_view_fmnist.toml", "small")
     out: dict[str, list[dict]] = {"standardized": [], "cosine": []}

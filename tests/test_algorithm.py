@@ -427,8 +427,8 @@ def test_stale_after__a_fresh_warm_up_then_one_exchange_and_the_fresh_run_in_its
     send their statistics with their updates, round 3 on takes the last aggregate (one); with
     ``stale_after`` at the run's length the run is the fresh one, weight for weight."""
     from dcco.config import load_config
-    from dcco.data.splits import load_splits
     from dcco.run.pretraining import Pretraining
+    from dcco.run.splits import load_splits
 
     def run(*overrides: str) -> tuple[Pretraining, list[int]]:
         cfg = load_config(tiny_config(rounds=4), list(overrides))
@@ -457,11 +457,11 @@ def test_stale_statistics__resume_is_bit_identical_with_the_saved_aggregate(tiny
     from safetensors.torch import load_file
 
     from dcco.config import load_config
-    from dcco.data.splits import load_splits
     from dcco.run.checkpoint import save_checkpoint
     from dcco.run.loop import run_pretraining
     from dcco.run.pretraining import Pretraining
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     cfg = load_config(tiny_config(rounds=4, checkpoint_every=2), ["train.staleness=1"])
     train, _ = load_splits(cfg)

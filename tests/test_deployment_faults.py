@@ -28,6 +28,7 @@ from dcco.core.optim import build_optimizer
 from dcco.flower.testing.loopback import Loopback, seconds_per_round
 from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint
+from dcco.run.setup import projector
 
 NODES = 3
 
@@ -184,8 +185,8 @@ def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_ph
     # the checkpoint, written where the run stopped, holds a trained model: not the initial
     # one of the same config and seed
     cfg = load_config(run / "config.toml")
-    initial = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
-    trained = build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+    initial = build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed)
+    trained = build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed)
     opt = build_optimizer(trainable_parameters(trained), cfg.optim)
     assert load_checkpoint(run / "checkpoint.safetensors", trained, opt) == last["round"]
     moved = [not torch.equal(a, b) for (_, a), (_, b) in
@@ -200,4 +201,4 @@ def _lines(path: Path) -> list[str]:
 
 def _net(run_dir: Path):
     cfg = load_config(run_dir / "config.toml")
-    return build_dual_encoder(cfg.model, 1, cfg.projector, seed=cfg.train.seed)
+    return build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed)

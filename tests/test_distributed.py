@@ -22,6 +22,7 @@ from dcco.core.statistics_cache import StatisticsCache
 from dcco.methods import Segments
 from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import checkpoint_state, load_checkpoint
+from dcco.run.setup import projector
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = ROOT / "tests" / "helpers" / "dist_round.py"
@@ -129,7 +130,7 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
     cfg = load_config(tmp_path / "one" / "config.toml")
     nets = []
     for name in ("one", "two"):
-        net = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0).double()
+        net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0).double()
         assert load_checkpoint(tmp_path / name / "checkpoint.safetensors", net) == 5
         nets.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
     assert float((nets[0] - nets[1]).abs().max()) <= tolerance * float(nets[0].abs().max())
@@ -190,7 +191,7 @@ def test_a_killed_rank__stops_the_run_with_an_error_and_the_checkpoint_resumes(t
     assert proc.returncode != 0
     assert _pids_with(mark) == []
     cfg = load_config(run / "config.toml")
-    net = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0)
+    net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0)
     saved = load_checkpoint(run / "checkpoint.safetensors", net)
     assert 2 <= saved < 150
 

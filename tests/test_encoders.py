@@ -9,11 +9,11 @@ import torch
 
 import dcco
 from dcco.cli import main
-from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import extract_features
 from dcco.evaluate.runs import pretrained_model
 from dcco.run.rundir import RunDir
+from dcco.run.splits import load_splits
 
 
 @pytest.fixture

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from dcco.cli import main
-from dcco.config import load_config, local_sgd
+from dcco.config import load_config
 from dcco.core.client import LocalSGD
+from dcco.run.rounds import algorithm_of
+from dcco.run.setup import projector
 
 PRESET = Path(__file__).parents[1] / "configs" / "fedsc_cifar10.toml"
 
@@ -41,11 +43,11 @@ def test_fedsc_cifar10_preset__fedscs_setting_as_written():
     assert (d.dataset, d.alpha, d.samples_per_client, d.num_clients) == ("cifar10", 0.0, 5000, 10)
     assert (m.arch, m.norm, m.stage_widths, m.clip_encodings) == (
         "resnet20_fixup", "none", (128, 256, 512), 2.0)
-    assert cfg.projector == (1024, 512)
+    assert projector(cfg) == (1024, 512)
     assert (t.method, t.rounds, t.clients_per_round, t.local_lr) == ("fedsc", 200, 10, 0.03)
     assert (t.local_steps, t.local_batch, t.local_statistics, t.own_weight) == (
         50, 512, "own", "fedsc")
-    assert local_sgd(t) == LocalSGD(0.9, 5e-4, 3.0) and t.local_lr_schedule == "cosine"
+    assert algorithm_of(cfg).local_sgd == LocalSGD(0.9, 5e-4, 3.0) and t.local_lr_schedule == "cosine"
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.schedule) == ("sgd", 1.0, "constant")
     assert cfg.augment.crop_scale == (0.2, 1.0) and cfg.augment.blur_p == (0.0, 0.0)
 

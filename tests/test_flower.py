@@ -33,7 +33,6 @@ from dcco.core.optim import apply_pseudo_gradient, set_lr
 from dcco.core.server import aggregate_updates
 from dcco.core.simulator import run_round
 from dcco.core.stats import merge
-from dcco.data.splits import load_splits
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig, parse_run_config, run_config_entries
 from dcco.flower.client_app import app as client_app
@@ -47,6 +46,8 @@ from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint
 from dcco.run.pretraining import Pretraining
 from dcco.run.rounds import plan_round
+from dcco.run.setup import projector
+from dcco.run.splits import load_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 3
@@ -794,7 +795,7 @@ def test_flower_resume__continues_from_the_checkpoint_bit_identically(
     assert rounds == [2, 4]  # logged every 2 rounds: nothing twice, nothing missing
     models = []
     for name in ("whole", "cut"):
-        model = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0).double()
+        model = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0).double()
         assert load_checkpoint(tmp_path / name / "checkpoint.safetensors", model) == 4
         models.append(model.state_dict())
     if secure:
@@ -986,7 +987,7 @@ def test_a_stop_file_stops_the_run_at_its_next_logged_round_and_resume_finishes_
     assert not stop.exists()
     records = [json.loads(line) for line in stop.with_name("metrics.jsonl").open()]
     assert records[-1] == {"round": 2, "stopped": summary["stopped"]}
-    model = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0).double()
+    model = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0).double()
     assert load_checkpoint(stop.with_name("checkpoint.safetensors"), model) == 2
 
     monkeypatch.setattr(Federation, "step", real_step)

@@ -4,17 +4,19 @@ the command line, never back; the top level stays short; no module outgrows one 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dcco"
 
 LAYERS = (
-    ("errors", "files", "core", "core.seeding", "core.devices"),
+    ("errors", "files", "config"),
+    ("core", "core.seeding", "core.devices"),
     ("core.stats", "core.losses", "core.collapse"),
     ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",
      "core.privacy", "core.precision", "core.statistics_cache"),
     ("core.algorithm", "core.simulator", "core.distributed"),
-    ("config",),
     ("run", "evaluate.runs", "reproduce", "flower", "api", "fitting"),
     ("cli", "demo", "__main__", "__init__"),
 )
@@ -76,6 +78,25 @@ def test_layers__no_module_imports_a_layer_above_its_own():
             if _layer(target) > own:
                 upward.append(f"dcco.{module} (line {line}) imports dcco.{target}")
     assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_layers__the_config_is_a_leaf():
+    """``dcco.config`` is plain data: it imports nothing of dcco but ``dcco.errors`` (the
+    checks that need a method or a model are ``dcco.run.setup``'s), and loading it loads no
+    torch, so reading and checking a config is quick anywhere (a Flower server's run config,
+    ``dcco config``)."""
+    modules = _modules()
+    reached = {t for m, path in modules.items() if m.startswith("config")
+               for _, t in _imports(path, set(modules))}
+    assert {t for t in reached if not t.startswith("config")} <= {"errors"}, reached
+    probe = ("import sys, dcco.config; "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('dcco')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    loaded = ast.literal_eval(out.strip())
+    assert "torch" not in loaded, loaded
+    assert all(m in ("dcco", "dcco.errors") or m.startswith("dcco.config") for m in loaded), \
+        loaded
 
 
 def test_layers__the_test_sees_an_upward_import():

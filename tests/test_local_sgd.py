@@ -11,7 +11,7 @@ import torch
 from test_rounds import _model
 from test_rounds import _round_views as _views
 
-from dcco.config import RunConfig, TrainConfig
+from dcco.config import ConfigError, RunConfig, TrainConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import (
     LocalSGD,
@@ -24,6 +24,7 @@ from dcco.core.simulator import run_round
 from dcco.core.stats import merge
 from dcco.methods import Segments, build_method
 from dcco.run.rounds import algorithm_of
+from dcco.run.setup import validate
 
 SIZES = [3, 6, 2, 5]
 
@@ -120,8 +121,8 @@ def test_local_sgd__bad_settings_name_the_key(key, value, match):
 
 
 def test_local_sgd__refused_for_centralized_methods():
-    with pytest.raises(ValueError, match="centralized"):
-        RunConfig(train=TrainConfig(method="cco", local_momentum=0.9))
+    with pytest.raises(ConfigError, match="centralized_cco is centralized: it takes no local"):
+        validate(RunConfig(train=TrainConfig(method="centralized_cco", local_momentum=0.9)))
 
 
 def test_uniform_weighting__the_clients_plain_mean_exact_only_over_clients_of_one_size():

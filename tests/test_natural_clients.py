@@ -15,11 +15,11 @@ from helpers.client_tables import ham_histogram, make_ham10000, make_tff
 from dcco.cli import main
 from dcco.config import load_config
 from dcco.core.simulator import run_round
-from dcco.data.splits import load_splits
 from dcco.methods import Segments, build_method
 from dcco.methods.registry import METHODS
 from dcco.run.pretraining import Pretraining
 from dcco.run.rounds import build_partition, plan_round
+from dcco.run.splits import load_splits
 
 CONFIG = """
 [data]

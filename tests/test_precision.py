@@ -36,6 +36,7 @@ from dcco.data.augment import (
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint, save_checkpoint
+from dcco.run.setup import projector, resolved, speed_of, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = [2, 3, 5, 2, 4]
@@ -74,23 +75,23 @@ METHODS = ["dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco"]
 
 
 def test_precision_and_compile__auto_resolves_on_this_machine_and_stored_configs_are_concrete():
-    cfg = load_config(None, ["train.device=\"cpu\""])
+    cfg = resolved(load_config(None, ["train.device=\"cpu\""]))
     assert (cfg.train.precision, cfg.train.compile) == ("float32", "off")
     assert "precision = \"float32\"" in to_toml(cfg)
     # unresolved configs (built in code) resolve at use
     assert RunConfig().train.precision == "auto"
-    assert replace(RunConfig(), train=replace(RunConfig().train, device="cpu")).speed == Speed()
+    assert speed_of(replace(RunConfig(), train=replace(RunConfig().train, device="cpu"))) == Speed()
 
 
 def test_precision__bad_values_name_the_key():
     with pytest.raises(ConfigError, match="train.precision = 'half' is not allowed"):
-        load_config(None, ["train.precision=\"half\""])
+        validate(load_config(None, ["train.precision=\"half\""]))
     with pytest.raises(ConfigError, match="train.compile = 'yes' is not allowed"):
-        load_config(None, ["train.compile=\"yes\""])
+        validate(load_config(None, ["train.compile=\"yes\""]))
     with pytest.raises(ConfigError, match="train.compile = 'cudagraphs' needs a CUDA device"):
-        load_config(None, ["train.device=\"cpu\"", "train.compile=\"cudagraphs\""])
+        validate(load_config(None, ["train.device=\"cpu\"", "train.compile=\"cudagraphs\""]))
     with pytest.raises(ConfigError, match="train.channels_last must be true or false"):
-        load_config(None, ["train.channels_last=1"])
+        validate(load_config(None, ["train.channels_last=1"]))
 
 
 def test_legacy_train_dtype__reads_as_precision_and_a_conflict_is_refused(tmp_path):
@@ -98,7 +99,7 @@ def test_legacy_train_dtype__reads_as_precision_and_a_conflict_is_refused(tmp_pa
     old.write_text("[train]\nrounds = 5\ndtype = \"float64\"\n")
     assert load_config(old).train.precision == "float64"
     with pytest.raises(ConfigError, match="train.dtype .the old name of train.precision"):
-        load_config(old, ["train.precision=\"bf16\""])
+        validate(load_config(old, ["train.precision=\"bf16\""]))
 
 
 # -------------------------------------------------------------------- names and numerics
@@ -209,7 +210,7 @@ def test_deferred_finiteness__names_the_round_and_no_checkpoint_holds_the_diverg
                        match=r"round 3: the loss is nan.*no checkpoint was written after round 2"):
         pretraining_loop(pt, run, step, train)
     assert pt.rounds_done == 4  # round 4 ran; its checkpoint was refused
-    model = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0)
+    model = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0)
     assert load_checkpoint(run.checkpoint_path, model) == 2
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -333,6 +334,6 @@ def test_auto_compile__is_off_for_rounds_run_client_by_client_and_cudagraphs_ref
     assert resolve("auto", "auto", "cpu", batched=False) == ("float32", "off")
     assert resolve("bf16", "on", "cuda", batched=False) == ("bf16", "on")  # asked for by name
     with pytest.raises(ConfigError, match="'cudagraphs' needs rounds of one batch"):
-        load_config(None, ['train.backend="reference"', 'train.compile="cudagraphs"'])
-    cfg = load_config(None, ['train.local_steps=2', 'train.device="cpu"'])
+        validate(load_config(None, ['train.backend="reference"', 'train.compile="cudagraphs"']))
+    cfg = resolved(load_config(None, ['train.local_steps=2', 'train.device="cpu"']))
     assert cfg.train.compile == "off"

@@ -19,6 +19,7 @@ from dcco.data.augment import AugmentConfig, augment_pair
 from dcco.methods import Segments, build_method
 from dcco.methods.predictive import target_decay
 from dcco.models import Head, ModelConfig, build_dual_encoder, has_batch_norm
+from dcco.run.setup import head, validate
 
 SIZES = [1, 3, 2, 5, 1]
 
@@ -168,12 +169,12 @@ def test_target_decay__rises_from_the_base_to_one_on_a_cosine():
 def test_byol_run__moves_its_target_and_resumes_bit_identically(tiny_config, tmp_path):
     from safetensors.torch import load_file
 
-    from dcco.data.splits import load_splits
     from dcco.run.checkpoint import save_checkpoint
     from dcco.run.encoders import load_encoder
     from dcco.run.loop import run_pretraining
     from dcco.run.pretraining import Pretraining
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     cfg = load_config(tiny_config(method="byol_fedavg", rounds=4, checkpoint_every=2))
     train, _ = load_splits(cfg)
@@ -211,15 +212,15 @@ def test_byol_run__moves_its_target_and_resumes_bit_identically(tiny_config, tmp
 def test_config__predictor_only_for_byol_and_simsiam_and_only_on_a_shared_network(tiny_config):
     path = tiny_config(method="simsiam_fedavg")
     cfg = load_config(path)
-    assert cfg.head == Head((4, 16), "stopgrad")  # d/4 bottleneck, as SimSiam's
-    assert load_config(tiny_config(method="centralized_byol")).head == Head((16, 16), "ema")
-    assert load_config(path, ["model.predictor=[8, 16]"]).head.predictor == (8, 16)
+    assert head(cfg) == Head((4, 16), "stopgrad")  # d/4 bottleneck, as SimSiam's
+    assert head(load_config(tiny_config(method="centralized_byol"))) == Head((16, 16), "ema")
+    assert head(load_config(path, ["model.predictor=[8, 16]"])).predictor == (8, 16)
     with pytest.raises(ConfigError, match="model.predictor"):
-        load_config(tiny_config(method="dcco"), ["model.predictor=[8, 16]"])
+        validate(load_config(tiny_config(method="dcco"), ["model.predictor=[8, 16]"]))
     with pytest.raises(ConfigError, match="model.predictor must end in the projection width 16"):
-        load_config(path, ["model.predictor=[8, 12]"])
+        validate(load_config(path, ["model.predictor=[8, 12]"]))
     with pytest.raises(ConfigError, match="model.shared"):
-        load_config(path, ["model.shared=false"])
+        validate(load_config(path, ["model.shared=false"]))
 
 
 # ------------------------------------------------------------------------ batch norm
@@ -228,9 +229,9 @@ def test_config__predictor_only_for_byol_and_simsiam_and_only_on_a_shared_networ
 def test_batch_norm__is_refused_for_federated_clients_of_one_sample(tiny_config):
     path = tiny_config(method="byol_fedavg")
     with pytest.raises(ConfigError, match="model.norm = 'bn'.*2 samples"):
-        load_config(path, ["model.norm=\"bn\"", "data.samples_per_client=1"])
+        validate(load_config(path, ["model.norm=\"bn\"", "data.samples_per_client=1"]))
     with pytest.raises(ConfigError, match="train.local_batch"):
-        load_config(path, ["model.norm=\"bn\"", "train.local_steps=2", "train.local_batch=1"])
+        validate(load_config(path, ["model.norm=\"bn\"", "train.local_steps=2", "train.local_batch=1"]))
     assert load_config(path, ["model.norm=\"bn\""]).model.norm == "bn"  # 2 samples: allowed
     # a centralized batch is never that small, and one sample per client is fine there
     load_config(tiny_config(method="centralized_byol"),

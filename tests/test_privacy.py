@@ -26,6 +26,7 @@ from dcco.core.stats import CCO_STATS, SPECTRAL_STATS, VICREG_STATS, EncodingSta
 from dcco.data.augment import AugmentConfig, augment_pair
 from dcco.methods import Segments, build_method
 from dcco.models import ModelConfig, build_dual_encoder
+from dcco.run.setup import projector, validate
 
 SIZES = [4, 4, 4, 4, 4]
 
@@ -168,11 +169,11 @@ def test_accountant__is_the_librarys_rdp_for_the_implemented_sampling():
 
 def test_privacy_config__errors_name_the_key():
     with pytest.raises(ConfigError, match="privacy.update_clip must be a finite number > 0"):
-        load_config(None, ["privacy.update_clip=0"])
+        validate(load_config(None, ["privacy.update_clip=0"]))
     with pytest.raises(ConfigError, match="not both"):
-        load_config(None, ["privacy.noise_multiplier=1.0", "privacy.target_epsilon=4.0"])
+        validate(load_config(None, ["privacy.noise_multiplier=1.0", "privacy.target_epsilon=4.0"]))
     with pytest.raises(ConfigError, match="centralized_cco is centralized"):
-        load_config(None, ['train.method="centralized_cco"', "privacy.noise_multiplier=1.0"])
+        validate(load_config(None, ['train.method="centralized_cco"', "privacy.noise_multiplier=1.0"]))
 
 
 def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_path):
@@ -205,8 +206,8 @@ def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_pa
     resumed = Pretraining(cfg, train)
     resume_from_checkpoint(resumed, cut)
     pretraining_loop(resumed, cut, resumed.step, train)
-    a = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0)
-    b = build_dual_encoder(cfg.model, 1, cfg.projector, seed=0)
+    a = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0)
+    b = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0)
     assert load_checkpoint(whole.checkpoint_path, a) == load_checkpoint(cut.checkpoint_path,
                                                                         b) == 6
     for (k, x), (_, y) in zip(trainable_parameters(a), trainable_parameters(b)):

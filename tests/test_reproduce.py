@@ -11,6 +11,7 @@ import pytest
 from dcco.cli import main
 from dcco.config import ConfigError
 from dcco.reproduce import load_grid, plan_cells, run_machines, run_versions
+from dcco.run.setup import projector
 
 GRID = """
 [grid]
@@ -182,7 +183,7 @@ def test_cifar100_paper_preset__runs_on_tiny_cifar_files(tmp_path):
     assert (cfg.train.rounds, cfg.train.clients_per_round, cfg.train.local_lr) == (100_000, 128,
                                                                                    1.0)
     assert (cfg.optim.name, cfg.optim.lr, cfg.loss.lambd) == ("adam", 5e-3, 20.0)
-    assert cfg.projector == (1024, 1024, 1024) and cfg.augment.blur_p == (0.0, 0.0)
+    assert projector(cfg) == (1024, 1024, 1024) and cfg.augment.blur_p == (0.0, 0.0)
     run = tmp_path / "run"
     assert main(["pretrain", str(preset), "--run-dir", str(run), "--no-progress",
                  "--set", f'data.data_dir="{tmp_path}"', "--set", "train.rounds=1",
@@ -318,10 +319,10 @@ def test_table1_grid__gpu_scale_runs_with_paper_label_counts_per_class(tiny_fmni
     per class) and supervised on each label set run, and the results block renders."""
     from dataclasses import replace
 
-    from dcco.data.splits import load_splits
     from dcco.reproduce import results_markdown, run_cell
     from dcco.run.loop import run_pretraining
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     shipped = Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml"
     grid = load_grid(shipped, "gpu")

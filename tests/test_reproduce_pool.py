@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 
 from dcco.cli import main
-from dcco.data.splits import load_splits
 from dcco.reproduce import cell_accuracy, load_grid, plan_cells, run_cell
 from dcco.reproduce.pool import (
     TIME_BUDGET,
@@ -30,6 +29,7 @@ from dcco.reproduce.pool import (
 from dcco.run.loop import run_pretraining
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import RunDir, code_version
+from dcco.run.splits import load_splits
 
 GRID = """
 [grid]

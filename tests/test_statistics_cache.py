@@ -11,10 +11,11 @@ import torch
 from dcco.config import ConfigError, load_config
 from dcco.core.statistics_cache import StatisticsCache, cache_bytes
 from dcco.core.stats import SPECTRAL_STATS, encoding_stats, merge
-from dcco.data.splits import load_splits
 from dcco.run.loop import run_pretraining
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import RunDir
+from dcco.run.setup import validate
+from dcco.run.splits import load_splits
 
 
 def _stats(seed: int, n: int):
@@ -103,7 +104,7 @@ def test_cached_rounds__refused_without_statistics_with_privacy_staleness_or_too
                          (["privacy.noise_multiplier=1.0", "privacy.target_epsilon=\"none\""],
                           "differential privacy")):
         with pytest.raises(ConfigError, match=match):
-            load_config(path, [cached, *extra])
+            validate(load_config(path, [cached, *extra]))
     assert cache_bytes(15000, 300, 32, 32768) == 9600 * 32769 * 8
     cfg = load_config(path, [cached])
     train, _ = load_splits(cfg)

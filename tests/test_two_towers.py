@@ -24,7 +24,6 @@ from dcco.core.simulator import run_round
 from dcco.data import DataError, PairedDataset, load_split
 from dcco.data.augment import AugmentConfig, modality_view, training_views
 from dcco.data.paired import halves, load_npz_pairs
-from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig, comparable, retrieval, retrieval_ranks
 from dcco.evaluate.runs import evaluate_model
@@ -34,6 +33,8 @@ from dcco.run.checkpoint import load_checkpoint, save_checkpoint
 from dcco.run.encoders import load_encoder
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import RunDir
+from dcco.run.setup import build_model
+from dcco.run.splits import load_splits
 
 SIZES = [1, 3, 1, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
@@ -333,7 +334,7 @@ def test_user_pairs__images_and_features_through_the_cli_export_and_load(tiny_co
     assert main(["export", str(run), "--out", str(out)]) == 0
     test = load_npz_pairs("test", folder)
     cfg = RunDir.open(run).config()
-    model = cfg.build_model(*test.input_shapes)
+    model = build_model(cfg, *test.input_shapes)
 
     load_checkpoint(run / "checkpoint.safetensors", model)
     model.eval()

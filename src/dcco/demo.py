@@ -18,7 +18,6 @@ from pathlib import Path
 from dcco.config import DataConfig, RunConfig, TrainConfig, load_config
 from dcco.core.optim import OptimConfig
 from dcco.data.augment import AugmentConfig
-from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import EvalConfig, StepCallback, is_current
 from dcco.evaluate.runs import (
@@ -38,8 +37,9 @@ from dcco.run.report import (
     plot_loss_curves,
     write_tables,
 )
-from dcco.run.rounds import check_run
 from dcco.run.rundir import RunDir
+from dcco.run.setup import check_run, resolved
+from dcco.run.splits import load_splits
 
 METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
 
@@ -96,7 +96,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
             problem.
     """
     check_demo_folder(out)
-    base = load_config(None, overrides, base=DEMO_CONFIG)
+    base = resolved(load_config(None, overrides, base=DEMO_CONFIG))
     if data_dir is not None:
         base = replace(base, data=replace(base.data, data_dir=str(data_dir)))
     train, test = load_splits(base)

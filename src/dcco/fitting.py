@@ -21,6 +21,7 @@ from dcco.data.samples import Samples, samples_of_clients
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.run.rundir import RunDir
+from dcco.run.setup import resolved
 
 Model = nn.Module
 
@@ -158,7 +159,7 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     from datetime import datetime
 
     from dcco.run.loop import run_with_progress
-    from dcco.run.rounds import check_run
+    from dcco.run.setup import check_run
 
     data = clients if isinstance(clients, Samples) else samples_of_clients(clients)
     if augment is None and not (data.x.dtype == torch.uint8 and data.x.ndim == 4
@@ -241,7 +242,7 @@ def fit_config(method: str, rounds: int, clients_per_round: int, projector: list
     if projector is not None:
         values["model"] = {"projector": list(projector)}
     base = from_dict(RunConfig, values, "", base=RunConfig(optim=USER_RECIPE))
-    cfg = load_config(None, settings, base=base)
+    cfg = resolved(load_config(None, settings, base=base))
     if not METHODS[cfg.train.method].federated:
         raise ConfigError(f"fit trains over clients; {cfg.train.method} is centralized")
     return cfg

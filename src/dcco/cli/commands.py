@@ -31,9 +31,9 @@ def _pretrain_distributed(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from dcco.core import distributed
-    from dcco.data.splits import load_splits
     from dcco.run.loop import run_pretraining
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     distributed.init_from_env(_device_type_of(args))
     rank, _ = distributed.rank_and_size()
@@ -91,9 +91,9 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
     """``dcco pretrain`` in this process; ``on_run(run)`` is called once the run directory
     exists, before the first round."""
     from dcco.config import load_config
-    from dcco.data.splits import load_splits
-    from dcco.run.rounds import check_run
     from dcco.run.rundir import RunDir, record_split
+    from dcco.run.setup import check_run, resolved
+    from dcco.run.splits import load_splits
 
     if args.resume is not None:
         if args.config is not None or args.overrides or args.data_dir is not None \
@@ -107,8 +107,8 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
     else:
         if args.config is None:
             raise UserError("pretrain needs a CONFIG file (or --resume RUN_DIR)")
-        cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir,
-                                                      args.tensorboard))
+        cfg = resolved(load_config(args.config, _with_data_dir(args.overrides, args.data_dir,
+                                                               args.tensorboard)))
         train, test = load_splits(cfg)  # data errors before any run directory exists
         check_run(cfg, train)
         path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
@@ -140,9 +140,9 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from dcco.config import load_config
-    from dcco.data.splits import load_splits
     from dcco.evaluate.runs import evaluate_run
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     run = RunDir.open(args.run_dir)
     splits = None
@@ -169,9 +169,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_supervised(args: argparse.Namespace) -> int:
     from dcco.config import load_config
-    from dcco.data.splits import load_splits
     from dcco.evaluate.runs import supervised_run
     from dcco.run.rundir import RunDir
+    from dcco.run.splits import load_splits
 
     cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir))
     splits = load_splits(cfg)

@@ -70,12 +70,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _check_cells(grid, todo: list) -> None:
-    """Every refusal of the cells to run (``dcco.run.rounds.check_run``), before any of their
+    """Every refusal of the cells to run (``dcco.run.setup.check_run``), before any of their
     folders is created; a refused cell is named."""
     from dcco.config import ConfigError
-    from dcco.data.splits import load_splits
     from dcco.reproduce import SUPERVISED
-    from dcco.run.rounds import check_run
+    from dcco.run.setup import check_run
+    from dcco.run.splits import load_splits
 
     pretraining = [c for c in todo if c.method != SUPERVISED]
     if not pretraining:
@@ -98,10 +98,10 @@ def _budget(args: argparse.Namespace):
 
 def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> None:
     """The cells one after another in this process, within the budget."""
-    from dcco.data.splits import load_splits
     from dcco.reproduce import run_cell
     from dcco.reproduce.pool import reason_not_to_start
     from dcco.run.rundir import RunDirBusy
+    from dcco.run.splits import load_splits
 
     budget = _budget(args)
     splits = load_splits(grid.base)

@@ -1,37 +1,59 @@
 """The run configuration: frozen dataclasses nested into one ``RunConfig``, loaded from TOML.
 
 Every section is the narrow config of one module (``data``, ``model``, ``augment``, ``loss``,
-``train``, ``optim``, ``eval``), with the paper's values as defaults. Loading checks every key
-against the field names and types: an unknown key or a bad value is a ``ConfigError`` that names
-the key and says what is allowed. Optional fields take the string ``"none"``.
+``train``, ``optim``, ``eval``, ``privacy``, ``table``), with the paper's values as defaults.
+Loading checks every key against the field names and types: an unknown key or a bad value is a
+``ConfigError`` that names the key and says what is allowed. Optional fields take the string
+``"none"``.
+
+The config is a leaf: it imports nothing of dcco but ``dcco.errors``, and no torch
+(``tests/test_layers.py``). The checks that need a method, a model or the machine are the
+run's (``dcco.run.setup.validate``).
 """
 
 from __future__ import annotations
 
+from dcco.config.augment import AugmentConfig
+from dcco.config.eval import EvalConfig
+from dcco.config.loss import LossConfig
+from dcco.config.model import ModelConfig
+from dcco.config.optim import USER_RECIPE, OptimConfig
+from dcco.config.privacy import PrivacyConfig
 from dcco.config.runconfig import RunConfig
 from dcco.config.sections import (
     CLIENT_DATASETS,
+    METHOD_NAMES,
+    PAIRED_DATASETS,
     TENSORBOARD_HINT,
     ConfigError,
     DataConfig,
     DatasetName,
     TrainConfig,
-    local_sgd,
     tensorboard_available,
 )
+from dcco.config.table import TableConfig
 from dcco.config.toml import from_dict, load_config, read_toml, to_toml, to_toml_value
 
 __all__ = [
     "CLIENT_DATASETS",
+    "METHOD_NAMES",
+    "PAIRED_DATASETS",
     "TENSORBOARD_HINT",
+    "USER_RECIPE",
+    "AugmentConfig",
     "ConfigError",
     "DataConfig",
     "DatasetName",
+    "EvalConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PrivacyConfig",
     "RunConfig",
+    "TableConfig",
     "TrainConfig",
     "from_dict",
     "load_config",
-    "local_sgd",
     "read_toml",
     "tensorboard_available",
     "to_toml",

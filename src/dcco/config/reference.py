@@ -20,9 +20,9 @@ Generated from the config dataclasses by `dcco config --list --markdown` (do not
 hand: `tests/test_docs.py` fails when this file and the code disagree). A config file is
 TOML with these sections; `--set section.key=value` overrides one key with a TOML value, and
 `dcco.fit(settings={"section.key": value})` takes the same keys. Optional keys (a type with
-`None`) take `"none"` in TOML. Each key's full doc is in the code (`src/dcco/config.py`,
-`models/config.py`, `augment.py`, `methods/base.py`, `optim.py`, `evaluate/settings.py`,
-`privacy.py`, `data/tables.py`)."""
+`None`) take `"none"` in TOML. Each key's full doc is in the code, one module a section
+(`src/dcco/config/`: `sections.py` for `[data]` and `[train]`, then `model.py`, `augment.py`,
+`loss.py`, `optim.py`, `eval.py`, `privacy.py`, `table.py`)."""
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -6,19 +6,10 @@ their modules (``ModelConfig``, ``AugmentConfig``, ``LossConfig``, ``OptimConfig
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
-from dcco.core.client import LocalSGD
-from dcco.core.precision import Compile, Precision
 from dcco.errors import UserError
-from dcco.methods.registry import METHODS
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 
 class ConfigError(UserError):
@@ -30,6 +21,19 @@ DatasetName = Literal["fashion_mnist", "cifar10", "cifar100", "fashion_mnist_hal
                       "fed_emnist", "samples"]
 CLIENT_DATASETS = ("client_table", "ham10000", "fed_cifar100", "fed_emnist", "samples")
 """Data sets whose images come in natural clients (a client id per image)."""
+PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz", "pairs")
+"""Data sets of pairs of two modalities (``dcco.data.paired``); the others hold images."""
+
+METHOD_NAMES = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco", "dvicreg",
+                "vicreg_fedavg", "centralized_byol", "byol_fedavg", "centralized_simsiam",
+                "simsiam_fedavg", "clip_fedavg", "fedsc", "spectral_fedavg")
+"""The names ``train.method`` takes: those of ``dcco.methods.registry.METHODS``, which checks
+that the two agree when it is imported (the config imports no method)."""
+
+Precision = Literal["auto", "float32", "bf16", "float64"]
+"""``train.precision`` (``dcco.core.precision``)."""
+Compile = Literal["auto", "off", "on", "cudagraphs"]
+"""``train.compile`` (``dcco.core.precision``)."""
 
 
 TENSORBOARD_HINT = "pip install 'dcco[tensorboard]' (or pip install tensorboard)"
@@ -207,10 +211,10 @@ class TrainConfig:
     needs ``pip install 'dcco[tensorboard]'``."""
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
+        if self.method not in METHOD_NAMES:
             raise ValueError(
                 f"train.method {self.method!r} is not a method; choose one of "
-                f"{', '.join(sorted(METHODS))}"
+                f"{', '.join(sorted(METHOD_NAMES))}"
             )
         for name in ("rounds", "clients_per_round", "log_every", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -224,6 +228,15 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if not self.local_lr > 0:
             raise ValueError(f"train.local_lr must be > 0, got {self.local_lr}")
+        if not 0.0 <= self.local_momentum < 1.0:
+            raise ValueError(f"train.local_momentum must be in [0, 1), got "
+                             f"{self.local_momentum}")
+        if not self.local_weight_decay >= 0.0:
+            raise ValueError(f"train.local_weight_decay must be >= 0, got "
+                             f"{self.local_weight_decay}")
+        if self.local_grad_clip is not None and not self.local_grad_clip > 0.0:
+            raise ValueError(f"train.local_grad_clip must be > 0 or none, got "
+                             f"{self.local_grad_clip}")
         if self.seed < 0:
             raise ValueError(f"train.seed must be >= 0, got {self.seed}")
         if self.tensorboard and not tensorboard_available():
@@ -232,10 +245,9 @@ class TrainConfig:
             raise ValueError(
                 f"train.device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
             )
-
-
-def local_sgd(t: TrainConfig) -> LocalSGD:
-    """The local steps' momentum, weight decay and clipping of ``[train]``."""
-    return LocalSGD(t.local_momentum, t.local_weight_decay, t.local_grad_clip)
-
-
+        if self.own_weight != "exact" and self.local_statistics != "own":
+            raise ValueError("train.own_weight weighs a client's own statistics in its local "
+                             "steps; it needs train.local_statistics = 'own'")
+        if self.absent_statistics == "cached" and self.staleness:
+            raise ValueError("train.absent_statistics = 'cached' takes fresh statistics each "
+                             "round; it needs train.staleness = 0")

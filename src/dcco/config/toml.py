@@ -14,8 +14,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-
-
 from dcco.config.runconfig import RunConfig
 from dcco.config.sections import ConfigError
 
@@ -37,7 +35,7 @@ def _upgrade(raw: dict[str, Any]) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: RunConfig | None = None, resolve_auto: bool = True) -> RunConfig:
+                base: RunConfig | None = None) -> RunConfig:
     """Read a TOML run config, apply ``section.key=value`` overrides, and validate it all.
 
     Args:
@@ -45,8 +43,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         overrides: e.g. ``["train.rounds=10", "model.widths=[16, 32, 64]"]``; the value is read
             as TOML, or taken as a plain string when it is not valid TOML.
         base: the config that the file and overrides modify (default: ``RunConfig()``).
-        resolve_auto: make ``train.precision`` and ``train.compile`` concrete for this
-            machine (``RunConfig.resolved``), as every run directory stores them.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -60,7 +56,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         _apply_override(raw, item)
     _upgrade(raw)
     cfg = from_dict(RunConfig, raw, "", base=base or RunConfig())
-    return cfg.resolved() if resolve_auto else cfg
+    return cfg
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:

@@ -9,16 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dcco.config.loss import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
 from dcco.core.stats import STATS_DTYPE, Moments
 
-LAMBDA = 20.0
-"""λ, the trade-off between the invariance and redundancy terms (paper appendix B)."""
-BN_EPS = 1e-5
-"""Added to each variance before the square root, as ``torch.nn.BatchNorm1d`` does."""
-TEMPERATURE = 0.1
-"""NT-Xent temperature (paper appendix B, following SimCLR)."""
-VICREG_COEFFS = (25.0, 25.0, 1.0)
-"""VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022, §4)."""
 VICREG_EPS = 1e-4
 """Added to each variance before the square root in VICReg's variance term."""
 VICREG_GAMMA = 1.0

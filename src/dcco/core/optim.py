@@ -9,80 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """Server (or centralized) optimiser.
-
-    Defaults are the paper's CIFAR-100 federated pretraining: Adam with cosine decay, initial
-    learning rate 5e-3 (appendix B). LARS is the paper's choice for DERM and linear probes.
-    """
-
-    name: Literal["adam", "lars", "sgd"] = "adam"
-    """"adam" (AdamW), "lars", or "sgd": plain SGD without momentum, FedAvg's server at
-    lr 1 (θ ← θ + lr · the average update)."""
-    lr: float = 5e-3
-    """The peak learning rate (after warm-up)."""
-    schedule: Literal["cosine", "constant"] = "cosine"
-    """After warm-up: "cosine" decay to zero over the run, or "constant"."""
-    warmup_steps: int = 0
-    """Rounds (steps) of linear warm-up from lr / warmup_steps."""
-    weight_decay: float = 0.0
-    """Weight decay of the ≥2-D parameters (decoupled under Adam, as AdamW)."""
-    momentum: float = 0.9
-    """LARS momentum (paper: 0.9)."""
-    trust_coefficient: float = 1e-3
-    """LARS η in trust ratio η‖w‖/‖g + λw‖ (You et al. 2017)."""
-    vector_lr_scale: float = 1.0
-    """Learning rate of the 1-D parameters (biases, normalisation gains and shifts) relative
-    to ``lr``. LARS leaves them unadapted, so at ``lr`` they move by the raw gradient times
-    the base rate; Barlow Twins' LARS gives them 0.0048 against the weights' 0.2 (0.024)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """Adam's β₁ and β₂."""
-    eps: float = 1e-8
-    """Adam's ε."""
-
-    def __post_init__(self) -> None:
-        if self.name not in ("adam", "lars", "sgd"):
-            raise ValueError(f"optim.name must be 'adam', 'lars' or 'sgd', got {self.name!r}")
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"optim.schedule must be 'cosine' or 'constant', got "
-                             f"{self.schedule!r}")
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
-        if not self.trust_coefficient > 0:
-            raise ValueError(
-                f"optim.trust_coefficient must be > 0, got {self.trust_coefficient}"
-            )
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas must lie in [0, 1), got {self.betas}")
-        if not self.eps > 0:
-            raise ValueError(f"optim.eps must be > 0, got {self.eps}")
-        if not 0 < self.vector_lr_scale <= 1:
-            raise ValueError(f"optim.vector_lr_scale must be in (0, 1], got "
-                             f"{self.vector_lr_scale}")
-
-
-USER_RECIPE = OptimConfig(name="adam", lr=1e-3, warmup_steps=10)
-"""The server optimiser that ``dcco.fit`` and ``dcco.flower.DCCO`` use unless told otherwise:
-Adam at 1e-3 (the paper's other rate) after 10 warm-up rounds, cosine over the run. A user's
-model is not the network a recipe was tuned on: under LARS 1.5 (the Table 1 `small`
-recipe's, tuned for its ResNet14 with weight standardisation) a plain CNN with group norm
-collapses to one direction within 20 rounds, and Adam 5e-3 (the paper's CIFAR rate) leaves
-the paper's own network on a plateau for its first ~1,500 rounds; Adam 1e-3 trains both
-(docs/results.md, "Collapse")."""
+from dcco.config.optim import (
+    USER_RECIPE,  # noqa: F401 (re-exported: its old home)
+    OptimConfig,
+)
 
 
 def trust_ratio(w_norm: Tensor, g_norm: Tensor, coefficient: float = 1.0) -> Tensor:

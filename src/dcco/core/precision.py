@@ -25,13 +25,11 @@ pseudo-gradient's keys and Flower's weights are those of the eager float32 model
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
-Precision = Literal["auto", "float32", "bf16", "float64"]
-Compile = Literal["auto", "off", "on", "cudagraphs"]
+from dcco.config.sections import Compile, Precision
 
 PARAM_DTYPES = {"float32": torch.float32, "bf16": torch.float32, "float64": torch.float64}
 """The dtype of the master weights (and of the augmented views) under each precision."""

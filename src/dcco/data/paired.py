@@ -36,12 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dcco.config.sections import PAIRED_DATASETS
 from dcco.data.datasets import DataError, ImageDataset, Split
 from dcco.data.samples import Samples
 
-PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz", "pairs")
-"""The data sets whose samples are pairs of two modalities (``load_split`` returns a
-``PairedDataset`` for these)."""
 NPZ_KEYS = ("x", "y", "labels")
 
 

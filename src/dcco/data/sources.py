@@ -1,5 +1,5 @@
 """One split of any data set dcco knows, by name: the one entry point the rest of dcco loads
-data through (``dcco.data.splits.load_splits``, the Flower nodes).
+data through (``dcco.run.splits.load_splits``, the Flower nodes).
 
 - images: ``fashion_mnist``, ``cifar10``, ``cifar100`` (``dcco.data.datasets``);
 - images in natural clients: ``client_table`` and ``ham10000`` (``dcco.data.tables``),

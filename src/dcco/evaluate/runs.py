@@ -13,7 +13,6 @@ import torch
 
 from dcco.config import ConfigError, RunConfig
 from dcco.data.paired import Dataset
-from dcco.data.splits import load_splits
 from dcco.errors import UserError
 from dcco.evaluate import (
     EvalConfig,
@@ -35,6 +34,8 @@ from dcco.models import DualEncoder
 from dcco.run.checkpoint import load_checkpoint
 from dcco.run.rounds import resolve_device
 from dcco.run.rundir import RunDir, RunDirError
+from dcco.run.setup import build_model
+from dcco.run.splits import load_splits
 
 Protocol = Literal["linear", "finetune", "linear_y", "retrieval", "knn", "case_linear",
                    "case_finetune"]
@@ -64,7 +65,7 @@ def pretrained_model(cfg: RunConfig, run: RunDir,
                      device: torch.device) -> DualEncoder:
     """The dual encoder stored in a run's checkpoint; ``shapes``: its data's
     ``input_shapes`` (or, for images, their channel count)."""
-    model = cfg.build_model(shapes) if isinstance(shapes, int) else cfg.build_model(*shapes)
+    model = build_model(cfg, shapes) if isinstance(shapes, int) else build_model(cfg, *shapes)
     load_checkpoint(run.checkpoint_path, model)
     return model.to(device)
 
@@ -207,7 +208,7 @@ def random_encoder_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
     train, test = splits or load_splits(cfg)
     device = resolve_device(cfg.train.device)
     ecfg = eval_config_for(cfg, labels)
-    model = cfg.build_model(*train.input_shapes).to(device)
+    model = build_model(cfg, *train.input_shapes).to(device)
     result = evaluate_model(model, "linear", ecfg, cfg.train.seed, train, test, device,
                             progress)
     run.update_summary(method="random_init", dataset=cfg.data.dataset, rounds=0,

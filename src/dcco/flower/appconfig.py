@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from dcco.config import ConfigError, RunConfig, from_dict, load_config
+from dcco.run.setup import resolved
 
 FlowerValue = bool | int | float | str
 """A value of Flower's ``UserConfig``."""
@@ -118,7 +119,7 @@ def parse_run_config(run_config: Mapping[str, FlowerValue]) -> tuple[RunConfig, 
                 f"unknown run-config key '{key}'; keys are 'flower.<setting>' or "
                 f"'<section>.<field>' with a section of {', '.join(sorted(sections))}"
             )
-    cfg = load_config(None, overrides)
+    cfg = resolved(load_config(None, overrides))
     if cfg.model.norm == "bn":
         raise ConfigError("model.norm = 'bn' is not supported over Flower: each client's "
                           "batch-norm running statistics would stay on its device, and the "

@@ -33,6 +33,7 @@ from dcco.data.partition import Partition
 from dcco.data.sources import load_split
 from dcco.methods.base import Method
 from dcco.models import DualEncoder
+from dcco.run import setup
 from dcco.run.rounds import algorithm_of, build_partition, resolve_device
 
 
@@ -79,10 +80,10 @@ def build_model(cfg: RunConfig, shapes: tuple[tuple[int, ...], ...]) -> DualEnco
     Cached per process like ``node_data``: every message loads the full weights it works on
     (``load_weights``), so one module serves every message (and in simulation every node).
     """
-    model = cfg.build_model(*shapes)
+    model = setup.build_model(cfg, *shapes)
     # a node's clients come one message at a time, each of its own size (and over a
     # deployment, each in a fresh process), so compiling would cost more than it saves
-    speed = replace(cfg.speed, compile="off")
+    speed = replace(setup.speed_of(cfg), compile="off")
     model.unit_encodings = cfg.privacy.enabled  # a client's statistics bounded (dcco.core.privacy)
     return prepare_model(model, speed, resolve_device(cfg.train.device))
 
@@ -97,7 +98,7 @@ def client_views(cfg: RunConfig, data: NodeData, client: int,
     """
     ids = data.partition.client(client).to(data.images.device)
     return training_views(data.images, data.second, ids, derive_seed(cfg.train.seed, "augment"),
-                          round_index, cfg.augment, cfg.augment_y, cfg.speed.param_dtype)
+                          round_index, cfg.augment, cfg.augment_y, setup.speed_of(cfg).param_dtype)
 
 
 def node_statistics(cfg: RunConfig, data: NodeData, model: nn.Module, clients: Sequence[int],

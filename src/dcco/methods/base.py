@@ -27,49 +27,9 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from dcco.config.loss import LossConfig  # noqa: F401 (re-exported: its old home)
 from dcco.core.devices import to_device
-from dcco.core.losses import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
 from dcco.core.stats import Moments, StatsSpec, anchored, encoding_stats, others_mix, refreshed
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Loss hyper-parameters, the paper's values by default (appendix B)."""
-
-    lambd: float = LAMBDA
-    """λ of the CCO loss (paper eq. 1)."""
-    eps: float = BN_EPS
-    """ε added inside each variance of the CCO loss, as BatchNorm adds it: C_ij = cov_ij /
-    (√(var_i + ε) √(var_j + ε)). Paper eq. 1 has none; a tiny ε (1e-12) is eq. 1 as written,
-    which collapses the CPU recipe (docs/results.md, "Collapse"). Below a variance of ε a
-    dimension's correlations shrink towards 0."""
-    temperature: float = TEMPERATURE
-    """NT-Xent temperature τ."""
-    vicreg: tuple[float, float, float] = VICREG_COEFFS
-    """VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022: 25, 25,
-    1)."""
-    spectral_form: str = "pooled"
-    """The spectral contrastive loss's negative-pair term (``dcco.core.losses.spectral_loss``):
-    "pooled", FedSC's ‖(A + B)/2‖²_F, or "cross", HaoChen's tr(A B)."""
-    target_decay: float = 0.99
-    """BYOL's τ_base: the target network's moving-average rate, raised to 1 on a cosine over
-    the run (``dcco.methods.predictive.target_decay``). Grill et al. use 0.996 for 1000
-    epochs; 0.99 suits runs of a few hundred rounds."""
-
-    def __post_init__(self) -> None:
-        if not self.lambd >= 0:
-            raise ValueError(f"loss.lambd must be >= 0, got {self.lambd}")
-        if not self.eps > 0:
-            raise ValueError(f"loss.eps must be > 0, got {self.eps}")
-        if not self.temperature > 0:
-            raise ValueError(f"loss.temperature must be > 0, got {self.temperature}")
-        if not all(c >= 0 for c in self.vicreg):
-            raise ValueError(f"loss.vicreg coefficients must be >= 0, got {self.vicreg}")
-        if self.spectral_form not in ("pooled", "cross"):
-            raise ValueError(f"loss.spectral_form must be 'pooled' or 'cross', got "
-                             f"{self.spectral_form!r}")
-        if not 0 <= self.target_decay < 1:
-            raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
 
 
 @dataclass(frozen=True)

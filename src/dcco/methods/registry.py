@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dcco.config.sections import METHOD_NAMES
 from dcco.methods.base import LossConfig, Method
 from dcco.methods.cco_fedavg import CCOFedAvg
 from dcco.methods.centralized_cco import CentralizedCCO
@@ -18,6 +19,9 @@ METHODS: dict[str, type] = {
                               VICRegFedAvg, CentralizedBYOL, BYOLFedAvg, CentralizedSimSiam,
                               SimSiamFedAvg, ClipFedAvg, FedSC, SpectralFedAvg)
 }
+if sorted(METHODS) != sorted(METHOD_NAMES):  # pragma: no cover (a method added in one place)
+    raise ImportError(f"dcco.config.sections.METHOD_NAMES {sorted(METHOD_NAMES)} must name the "
+                      f"registered methods {sorted(METHODS)}")
 
 
 def build_method(name: str, loss: LossConfig | None = None) -> Method:

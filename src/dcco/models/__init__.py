@@ -17,14 +17,7 @@ projector), ``resnet`` (the paper's backbones), ``fixup`` (Fixup ResNet-20), ``d
 encoder) and ``build`` (checks and seeded initialisation).
 """
 
-from dcco.models.build import (
-    InputShape,
-    build_backbone,
-    build_dual_encoder,
-    build_projector,
-    check_inputs,
-)
-from dcco.models.config import (
+from dcco.config.model import (
     MLP_WIDTHS,
     PROJECTOR_MIN_GROUP,
     RESNET14_WIDTHS,
@@ -34,6 +27,13 @@ from dcco.models.config import (
     Arch,
     ModelConfig,
     Norm,
+)
+from dcco.models.build import (
+    InputShape,
+    build_backbone,
+    build_dual_encoder,
+    build_projector,
+    check_inputs,
 )
 from dcco.models.dual import DualEncoder, Head
 from dcco.models.fixup import FixupBlock, FixupResNet20

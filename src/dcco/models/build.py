@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 
+from dcco.config.model import ModelConfig
 from dcco.core.seeding import generator
-from dcco.models.config import ModelConfig
 from dcco.models.dual import DualEncoder, Head
 from dcco.models.fixup import FixupResNet20
 from dcco.models.layers import Projector

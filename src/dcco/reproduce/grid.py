@@ -9,6 +9,7 @@ from typing import Any
 
 from dcco.config import ConfigError, RunConfig, load_config, read_toml
 from dcco.methods.registry import METHODS
+from dcco.run.setup import resolved
 
 SUPERVISED = "supervised"
 PROTOCOLS = ("linear", "finetune", "linear_y", "retrieval", "knn", "case_linear",
@@ -62,8 +63,8 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     if unknown:
         raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
                           f"global_batch, evaluations, supervised_labels")
-    base = load_config(None, _flatten(raw.get("base", {})) + list(scales[scale].get("set", []))
-                       + list(overrides or []))
+    base = resolved(load_config(None, _flatten(raw.get("base", {}))
+                                + list(scales[scale].get("set", [])) + list(overrides or [])))
     try:
         settings = tuple(Setting(**s) for s in raw.get("setting", []))
     except TypeError as e:

@@ -363,8 +363,8 @@ def peak_memory(cfg: RunConfig, rounds: int = 3) -> tuple[int, int]:
 def _peak_memory_here(cfg: RunConfig, rounds: int) -> tuple[int, int]:
     import torch
 
-    from dcco.data.splits import load_splits
     from dcco.run.pretraining import Pretraining
+    from dcco.run.splits import load_splits
 
     free, _ = torch.cuda.mem_get_info()
     pt = Pretraining(cfg, load_splits(cfg)[0])

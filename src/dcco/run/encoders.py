@@ -36,6 +36,7 @@ from dcco.run.checkpoint import (
     save_checkpoint,
 )
 from dcco.run.rundir import RunDir
+from dcco.run.setup import head, projector
 
 FORMAT = "dcco-encoder/1"
 IMAGE_SHAPES = {"fashion_mnist": (1, (28, 28)), "cifar10": (3, (32, 32)),
@@ -129,7 +130,7 @@ def _run_architecture(run: RunDir) -> dict[str, Any]:
                         f"checkpoint); cannot rebuild its {cfg.data.dataset} towers")
     info = {"method": cfg.train.method, "dataset": cfg.data.dataset,
             "run": str(run.path), "rounds": summary.get("rounds"), "seed": cfg.train.seed}
-    return _architecture(cfg.model, cfg.projector, channels, size, info, cfg.head,
+    return _architecture(cfg.model, projector(cfg), channels, size, info, head(cfg),
                          {k: v for k, v in inputs.items() if k.startswith("input_")})
 
 

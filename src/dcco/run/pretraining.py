@@ -45,7 +45,6 @@ from dcco.run.rounds import (
     RoundPlan,
     algorithm_of,
     build_partition,
-    check_partition,
     input_record,
     keeps_graphs,
     max_batch_of,
@@ -53,6 +52,7 @@ from dcco.run.rounds import (
     resolve_device,
     user_views,
 )
+from dcco.run.setup import build_model, check_data, check_partition, speed_of, validate
 
 PROBE_SAMPLES = 256
 """Samples of the collapse probe of a method that shares no statistics (``Pretraining.
@@ -96,7 +96,7 @@ class Pretraining:
             partition).
         partition: the clients; by default ``build_partition(cfg, train_set)``.
         model: the dual encoder to train (e.g. with the user's own tower for a modality that
-            is not images, docs/multimodal.md); by default ``cfg.build_model``.
+            is not images, docs/multimodal.md); by default ``dcco.run.setup.build_model``.
         augment: the user's own augmentation instead of ``cfg.augment``: a function from a
             batch of stored samples (on the device) to one view of each, called twice a
             round for the two views, each sample's view its own (no mixing across samples).
@@ -108,12 +108,12 @@ class Pretraining:
     def __init__(self, cfg: RunConfig, train_set: Dataset,
                  partition: Partition | None = None, model: DualEncoder | None = None,
                  augment: Callable[[Tensor], Tensor] | None = None) -> None:
-        self.cfg = cfg
+        self.cfg = validate(cfg)
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
         self.chunk = max_batch_of(cfg.train.max_batch, self.device)
         self.keep_graphs = keeps_graphs(cfg.train.max_batch, self.device)
-        self.speed = cfg.speed
+        self.speed = speed_of(cfg)
         self.dtype = self.speed.param_dtype
         self.algorithm = algorithm_of(cfg)
         self.method = self.algorithm.method
@@ -125,7 +125,7 @@ class Pretraining:
         ``train.staleness = 1`` (saved in checkpoints)."""
         self.partition = partition if partition is not None else build_partition(cfg, train_set)
         check_partition(cfg, self.partition)
-        cfg.check_data(train_set, towers=model is None)
+        check_data(cfg, train_set, towers=model is None)
         self.images = train_set.inputs(0).to(self.device)
         """The training samples (the first modality's, for pairs)."""
         self.second = train_set.inputs(1).to(self.device) if train_set.paired else None
@@ -134,7 +134,7 @@ class Pretraining:
         """What the towers read (shapes and kinds), kept with every checkpoint and summary so
         that ``dcco.load_encoder`` rebuilds them, also mid-run."""
         self.model: DualEncoder = prepare_model(
-            model if model is not None else cfg.build_model(*train_set.input_shapes),
+            model if model is not None else build_model(cfg, *train_set.input_shapes),
             self.speed, self.device)
         self.model.unit_encodings = cfg.privacy.enabled
         # the config's, also on a model the caller built (``dcco.fit``'s own encoder)

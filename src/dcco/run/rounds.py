@@ -1,6 +1,6 @@
 """Planning a round: which clients (a pure function of the seed and the round), their
 samples, the algorithm of the round, the partition, the user's views, and every check a run
-makes of its config and data before anything is written (``check_run``). The Flower backends
+makes of its data before anything is written (``dcco.run.setup`` checks the config). The Flower backends
 and ``dcco.fit`` use these without the training loop (``dcco.run.loop``)."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dcco.config import ConfigError, RunConfig, local_sgd
+from dcco.config import ConfigError, RunConfig
 from dcco.core.algorithm import Algorithm
+from dcco.core.client import LocalSGD
 from dcco.core.optim import scheduled_lr
 from dcco.core.privacy import Ledger, solve_noise_multiplier, stats_sensitivity
 from dcco.core.seeding import derive_seed, generator
@@ -109,7 +110,8 @@ def algorithm_of(cfg: RunConfig, round_index: int | None = None) -> Algorithm:
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
                      t.local_statistics, t.stale_statistics, t.aggregate_decay,
                      own_alpha=alpha, local_optimizer=t.local_optimizer,
-                     client_weighting=t.client_weighting, local_sgd=local_sgd(t))
+                     client_weighting=t.client_weighting, local_sgd=LocalSGD(t.local_momentum, t.local_weight_decay,
+                                                  t.local_grad_clip))
 
 
 
@@ -161,35 +163,6 @@ def user_views(augment: Callable[[Tensor], Tensor], samples: Tensor, seed: int,
                              f"{samples.shape[0]} rows; got "
                              f"{tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}")
     return tuple(v.to(dtype) if v.is_floating_point() else v for v in views)
-
-
-def check_partition(cfg: RunConfig, partition: Partition) -> None:
-    """``ConfigError`` when a round asks for more clients than the partition has."""
-    if METHODS[cfg.train.method].federated and cfg.train.clients_per_round > \
-            partition.num_clients:
-        raise ConfigError(
-            f"train.clients_per_round = {cfg.train.clients_per_round} but the partition has "
-            f"only {partition.num_clients} clients"
-            + (" large enough for the method" if cfg.data.partition == "natural" else ""))
-
-
-def check_run(cfg: RunConfig, train_set: Dataset, towers: bool = True) -> None:
-    """Everything ``Pretraining`` refuses about a config and its data, checked before a run
-    directory or any other file is created (``load_splits`` has checked the data against the
-    config): the device, the data against the config (``RunConfig.check_data``; ``towers``:
-    false for towers the user builds), the partition's clients against a round's
-    (``check_partition``), and differential privacy's accounting.
-
-    Raises:
-        ConfigError: naming the key to change.
-    """
-    resolve_device(cfg.train.device)
-    cfg.resolved()
-    cfg.check_data(train_set, towers=towers)
-    partition = build_partition(cfg, train_set)
-    check_partition(cfg, partition)
-    if cfg.privacy.enabled:
-        Privacy.of(cfg, partition, build_method(cfg.train.method, cfg.loss))
 
 
 def max_batch_of(max_batch: int | str | None, device: torch.device) -> int | None:

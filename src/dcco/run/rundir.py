@@ -34,6 +34,7 @@ from dcco.config import RunConfig, load_config, to_toml
 from dcco.errors import UserError
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.scalars import ScalarLog
+from dcco.run.setup import resolved
 
 
 class RunDirError(UserError):
@@ -120,8 +121,9 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
 def config_differences(stored: RunConfig, wanted: RunConfig, limit: int = 6) -> str:
     """The keys whose values differ between two configs, as ``key: stored → wanted`` joined
     by "; " (at most ``limit`` of them, then a count), ``NOT_COMPUTED`` left out; empty when
-    the configs agree."""
-    a, b = asdict(stored), asdict(wanted)
+    the configs agree. ``wanted`` is compared as a run directory stores it, its ``auto``
+    settings resolved (``dcco.run.setup.resolved``)."""
+    a, b = asdict(stored), asdict(resolved(wanted))
     changes = [f"{section}.{key}: {a[section][key]!r} here, {b[section][key]!r} asked"
                for section in a for key in a[section]
                if a[section][key] != b[section][key] and f"{section}.{key}" not in NOT_COMPUTED]
@@ -179,7 +181,7 @@ class RunDir:
                 f"--resume {run.path}, or choose another --run-dir"
             )
         run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run.config_path, to_toml(with_absolute_paths(cfg)))
+        atomic_write_text(run.config_path, to_toml(with_absolute_paths(resolved(cfg))))
         version = code_version() | {"command": " ".join(sys.argv)}
         atomic_write_text(run.path / "version.json", json.dumps(version, indent=2) + "\n")
         return run
@@ -296,8 +298,8 @@ class RunDir:
 
 def record_split(run: RunDir, cfg: RunConfig, train, test) -> None:
     """Write ``split.json`` into ``run`` for data in natural clients (nothing otherwise:
-    ``dcco.data.splits.split_record``)."""
-    from dcco.data.splits import split_record
+    ``dcco.run.splits.split_record``)."""
+    from dcco.run.splits import split_record
 
     record = split_record(cfg, train, test)
     if record is not None:

@@ -46,7 +46,7 @@ class ModelConfig:
     widths (any number; None: (512, 512))."""
     projector: tuple[int, ...] | None = None
     """Projector widths; None: the method's paper default ([1024]*3 CCO, [256, 256, 128]
-    NT-Xent), resolved by ``dcco.config.RunConfig.projector``."""
+    NT-Xent), resolved by ``dcco.run.setup.projector``."""
     shared: bool = True
     """One network for both inputs (the paper's self-supervised setting) or two towers."""
     gn_groups: int = 32

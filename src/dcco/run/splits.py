@@ -3,22 +3,19 @@ clients each holds (``split.json``, for data in natural clients)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from dcco.config import RunConfig
 from dcco.data.datasets import DataError
 from dcco.data.paired import Dataset
 from dcco.data.sources import load_split
 from dcco.data.tables import split_record as table_split_record
-
-if TYPE_CHECKING:  # the data layer sits below the config: its name only
-    from dcco.config import RunConfig
+from dcco.run.setup import check_data
 
 
 def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
     """The training and test splits of the configured data set (images or pairs), checked
-    against the config (``RunConfig.check_data``)."""
+    against the config (``dcco.run.setup.check_data``)."""
     train = load_split(cfg.data.dataset, "train", cfg.data.data_dir, table=cfg.table)
-    cfg.check_data(train)
+    check_data(cfg, train)
     test = load_split(cfg.data.dataset, "test", cfg.data.data_dir, table=cfg.table)
     for tower in range(1 + train.paired):
         a, b = train.inputs(tower), test.inputs(tower)
