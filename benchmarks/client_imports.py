@@ -1,5 +1,5 @@
 """What a ClientApp process without a node worker imports, split by top-level package:
-``python -X importtime -c "import dcco.flower.handlers"`` (the ClientApp's handlers; the
+``python -X importtime -c "import dcco.flower.app.handlers"`` (the ClientApp's handlers; the
 ClientApp module itself imports Flower only, and imports them for its first message when
 ``flower.worker`` is off) in --repeats new processes, each
 package's cumulative import time summed over its outermost imports (dcco's own modules: their
@@ -26,7 +26,7 @@ PACKAGES = ("torch", "flwr", "kornia", "numpy")
 def one_run() -> dict[str, float]:
     """Seconds per part of one fresh process's import of the client app."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-c",
-                           "import dcco.flower.handlers"], capture_output=True, text=True,
+                           "import dcco.flower.app.handlers"], capture_output=True, text=True,
                           check=True)
     rows = []  # (self µs, cumulative µs, depth, module)
     for line in done.stderr.splitlines():
@@ -35,7 +35,7 @@ def one_run() -> dict[str, float]:
         own, total, name = line[len("import time:"):].split("|")
         depth = (len(name) - len(name.lstrip())) // 2
         rows.append((int(own), int(total), depth, name.strip()))
-    parts = {"all": max(t for _, t, _, n in rows if n == "dcco.flower.handlers") / 1e6}
+    parts = {"all": max(t for _, t, _, n in rows if n == "dcco.flower.app.handlers") / 1e6}
     for package in PACKAGES:  # outermost imports of the package only: no double counting
         depths = [d for _, _, d, n in rows if n == package]
         parts[package] = sum(t for _, t, d, n in rows if n == package and d == min(depths)) / 1e6

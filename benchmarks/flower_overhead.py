@@ -33,10 +33,10 @@ import torch
 from dcco.config import load_config
 from dcco.core.server import aggregate_updates
 from dcco.flower import secagg
+from dcco.flower.app.client_app import app as client_app
+from dcco.flower.app.federation import Federation
+from dcco.flower.app.nodes import node_data, node_update
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
-from dcco.flower.client_app import app as client_app
-from dcco.flower.federation import Federation
-from dcco.flower.nodes import node_data, node_update
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.run.pretraining import Pretraining
 from dcco.run.splits import load_splits

@@ -26,10 +26,10 @@ import torch
 from dcco.config import load_config
 from dcco.core.algorithm import Algorithm
 from dcco.data.datasets import load_dataset
+from dcco.flower.app.client_app import app as client_app
+from dcco.flower.app.federation import Federation
+from dcco.flower.app.nodes import node_data
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
-from dcco.flower.client_app import app as client_app
-from dcco.flower.federation import Federation
-from dcco.flower.nodes import node_data
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.methods import build_method
 from dcco.models import ModelConfig, build_dual_encoder

@@ -78,7 +78,7 @@ def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured
 def _import_seconds() -> float:
     """How long the ClientApp's imports take on this machine now (Flower starts a process that
     imports it for every message): the unit the fault tests scale their waits by."""
-    code = "import time; t = time.perf_counter(); import dcco.flower.client_app; " \
+    code = "import time; t = time.perf_counter(); import dcco.flower.app.client_app; " \
            "print(time.perf_counter() - t)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600, check=True)

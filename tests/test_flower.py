@@ -34,13 +34,13 @@ from dcco.core.server import aggregate_updates
 from dcco.core.simulator import run_round
 from dcco.core.stats import merge
 from dcco.flower import secagg
+from dcco.flower.app.client_app import app as client_app
+from dcco.flower.app.federation import Federation
+from dcco.flower.app.nodes import client_views, node_data, node_update
+from dcco.flower.app.run import run_federated
 from dcco.flower.appconfig import FlowerConfig, parse_run_config, run_config_entries
-from dcco.flower.client_app import app as client_app
 from dcco.flower.codec import CONFIG, DELTA, STATS, UPDATE, array_record, tensors_of
-from dcco.flower.federation import Federation
-from dcco.flower.nodes import client_views, node_data, node_update
 from dcco.flower.placement import node_partition
-from dcco.flower.run import run_federated
 from dcco.flower.testing.inprocess import InProcessGrid, Tamper
 from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint
@@ -489,7 +489,7 @@ def test_secagg_matches_the_plain_aggregate_within_the_quantisation_bound(
     """Both phases through Flower's SecAgg+ (real masking, secret sharing and unmasking in the
     ClientApp's secaggplus_mod): within ``secagg.error_bound`` of the plain aggregate; also
     with node workers (the mod masks in the ClientApp, the worker computes the reply)."""
-    from dcco.flower import worker
+    from dcco.flower.app import worker
 
     monkeypatch.setenv("DCCO_WORKER_DIR", str(tmp_path / "workers"))
     fcfg = FlowerConfig(min_nodes=NODES, secagg=True, worker=workers)
@@ -730,7 +730,7 @@ def test_server_view__one_nodes_encodings_leak_in_plain_statistics_not_under_sec
 
 
 def test_open_run__errors_name_the_apps_keys_not_the_clis_flags(tiny_config, tmp_path):
-    from dcco.flower.run import open_run
+    from dcco.flower.app.run import open_run
     from dcco.run.rundir import RunDirError
 
     cfg = load_config(tiny_config(rounds=2))
@@ -1011,7 +1011,7 @@ def test_node_workers__rounds_through_them_equal_the_reference_backend(make_fede
     when told to."""
     from flwr.app import RecordDict
 
-    from dcco.flower import worker
+    from dcco.flower.app import worker
 
     monkeypatch.setenv("DCCO_WORKER_DIR", str(tmp_path / "workers"))  # not another run's
     cfg, pt, fed = make_federation("dcco", FlowerConfig(min_nodes=NODES, worker=True))
@@ -1041,7 +1041,7 @@ def test_node_workers__auto_is_on_under_a_supernode_only(tmp_path):
     import subprocess
     import sys
 
-    from dcco.flower import worker
+    from dcco.flower.app import worker
 
     assert FlowerConfig().worker == "auto"
     assert not worker.enabled({}) and not worker.enabled({"flower.worker": "auto"})
@@ -1067,7 +1067,7 @@ def test_node_workers__auto_is_on_under_a_supernode_only(tmp_path):
 
 
 def test_node_workers__a_socket_folder_too_long_is_named(tmp_path, monkeypatch):
-    from dcco.flower import worker
+    from dcco.flower.app import worker
 
     monkeypatch.setenv("DCCO_WORKER_DIR", str(tmp_path / ("w" * 80)))
     with pytest.raises(worker.WorkerError, match="too long for a Unix socket.*DCCO_WORKER_DIR"):
@@ -1107,7 +1107,7 @@ def test_the_floor_app_and_the_client_app_import_flower_without_torch(tmp_path):
     values = [a.numpy() for a in first.values()] + [a.numpy() for a in second.values()]
     assert len({v.tobytes() for v in values}) == 10  # all distinct: no shared objects
     assert floor._payload(0, 5, rng) is None
-    for module in ("dcco.flower.testing.floor", "dcco.flower.client_app"):
+    for module in ("dcco.flower.testing.floor", "dcco.flower.app.client_app"):
         code = f"import sys, {module}; print('torch' in sys.modules, 'flwr' in sys.modules)"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True)

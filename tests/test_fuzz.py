@@ -27,7 +27,7 @@ from dcco.core.client import ClientUpdate
 from dcco.core.server import REJECTION_KINDS, ReplyTally, accept_valid, validate_statistics
 from dcco.core.stats import CCO_STATS, VICREG_STATS, encoding_stats
 from dcco.flower import codec
-from dcco.flower.appwire import validate_update_reply
+from dcco.flower.app.wire import validate_update_reply
 
 D = 4
 SHAPES = {"w": (3, 2), "b": (3,)}

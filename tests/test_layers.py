@@ -122,3 +122,20 @@ def test_layers__the_flower_apps_import_no_testing_tool():
              if not m.startswith("flower.testing")
              and any(t.startswith("flower.testing") for _, t in _imports(path, set(modules)))]
     assert not users, users
+
+
+def test_layers__flower_is_split_by_role():
+    """``dcco.flower.app`` (dcco's own app: what ``flwr run`` starts for this project) sits
+    on the pieces it shares with a user's own Flower app (``strategy``, ``userapp`` and the
+    codec, exchanges and SecAgg+ they use): nothing else in the package imports it, so a
+    user's app never loads dcco's."""
+    modules = _modules()
+
+    def app(name: str) -> bool:
+        return name == "flower.app" or name.startswith("flower.app.")
+
+    users = [f"dcco.{m}" for m, path in modules.items()
+             if not app(m) and any(app(t) for _, t in _imports(path, set(modules)))]
+    assert not users, users
+    assert {"flower.app.client_app", "flower.app.server_app", "flower.strategy",
+            "flower.userapp"} <= set(modules)

@@ -1,18 +1,24 @@
-"""A Flower app for dcco: the simulator's round across processes and machines.
+"""dcco over Flower: the simulator's round across processes and machines. This package
+imports Flower; the rest of dcco never does. See ``docs/flower.md``. By role:
 
-``client_app`` and ``server_app`` are the two Flower components (``pyproject.toml``,
-``[tool.flwr.app.components]``); they decode messages (``codec``), call the library's client
-and server functions (``nodes``, ``federation``, ``dcco.core.client``, ``dcco.core.server``) and encode
-the replies. ``secagg`` runs both exchanges through Flower's SecAgg+; ``inprocess`` runs the
-apps in one process for tests. This package imports Flower; the rest of dcco never does.
-See ``docs/flower.md``.
-
-For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
-starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``, what
-your ClientApp's ``train`` handler returns (``userapp``), with ``ImageViews``, a ready image
-augmentation; ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+ (``secure_round``,
-``mods``). They are imported on
-first use, so that the ClientApp's module stays free of torch.
+- ``app/``: dcco's own Flower app, what ``flwr run`` starts for this project
+  (``pyproject.toml``, ``[tool.flwr.app.components]``): ``app.client_app`` and
+  ``app.server_app``, its nodes, worker and federation (``dcco.flower.app``).
+- For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
+  starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``,
+  what your ClientApp's ``train`` handler returns (``userapp``), with ``ImageViews``, a ready
+  image augmentation; ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+
+  (``secure_round``, ``mods``). They are imported on first use, so that a ClientApp's module
+  stays free of torch.
+- Shared by both: ``codec`` (packed records), ``exchanges`` (a round's two exchanges, written
+  once over a ``Wire``: dcco's app lays its messages out as ``app.wire`` does, several of the
+  run's clients a node and a packed instruction; a user's app as ``userwire`` does, one
+  client a node in Flower's own ``arrays`` and ``config`` records, which a user's handler
+  reads without dcco: two layouts, not one format), ``secagg`` (both exchanges through
+  SecAgg+), ``appconfig`` (the ``flower.*`` settings), ``placement``, ``polling``,
+  ``metering``, ``timing``.
+- ``testing/``: the in-process grid, the loopback deployment and Flower's floor, for tests
+  and benchmarks; nothing else imports it.
 """
 
 from typing import Any

@@ -48,10 +48,10 @@ class FlowerConfig:
     """Seconds to wait for ``min_nodes`` SuperNodes before giving up."""
     worker: Literal["auto", True, False] = "auto"
     """Each node answers from a long-lived worker process that holds torch, the data and the
-    model (``dcco.flower.worker``), instead of importing them in the process Flower starts
+    model (``dcco.flower.app.worker``), instead of importing them in the process Flower starts
     for every message. ``auto``: where the ClientApp runs in such a process (a deployed
     SuperNode's ``flwr-clientapp``), not in Flower's simulation, whose long-lived Ray actors
-    keep their imports (``dcco.flower.worker.enabled``)."""
+    keep their imports (``dcco.flower.app.worker.enabled``)."""
     secagg: bool = False
     """Aggregate statistics and updates with SecAgg+: the server sees only sums."""
     secagg_stats_clip: float = 64.0

@@ -1,4 +1,4 @@
-"""A Flower round's exchanges, written once: dcco's own ServerApp (``dcco.flower.federation``)
+"""A Flower round's exchanges, written once: dcco's own ServerApp (``dcco.flower.app.federation``)
 and the public strategy (``dcco.flower.DCCO``) run the same round.
 
 The round is ``Algorithm.run_round`` (fresh or stale statistics, S_A, the clients' updates,
@@ -15,7 +15,7 @@ over Flower messages:
 
 What differs between dcco's app and the strategy is only how their messages are written and
 their replies read, a ``Wire``: dcco's app's instruction codec, whose nodes each host several
-of the run's clients (``dcco.flower.appwire.AppWire``), and the records a user's ClientApp
+of the run's clients (``dcco.flower.app.wire.AppWire``), and the records a user's ClientApp
 answers with ``dcco.flower.answer``, one client a node (``dcco.flower.userwire.UserWire``).
 """
 

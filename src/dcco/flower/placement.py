@@ -5,7 +5,7 @@ same seed). A SuperNode with ``partition-id`` i of ``num-partitions`` N hosts th
 with k mod N = i, like a hospital or an edge server holding several users' data; with N equal
 to the number of clients, each node is exactly one client. Each round the server samples K
 clients exactly as the simulator does (``dcco.run.rounds.sample_clients(seed, r, ...)``) and asks
-every node that hosts sampled clients for their work in one message (``dcco.flower.nodes``
+every node that hosts sampled clients for their work in one message (``dcco.flower.app.nodes``
 computes it).
 """
 

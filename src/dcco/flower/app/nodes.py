@@ -8,7 +8,7 @@ and weights nodes, not clients. Under FedSC's cache of absent clients
 (``train.absent_statistics = "cached"``) phase 1 sends each client's statistics instead, as
 the server keeps every client's last ones.
 
-This module is framework-free (torch and dcco only): ``dcco.flower.handlers`` decodes a
+This module is framework-free (torch and dcco only): ``dcco.flower.app.handlers`` decodes a
 message, calls these functions and encodes the reply.
 """
 

@@ -3,10 +3,10 @@ and the model across messages, behind a ClientApp that imports only Flower.
 
 Flower 1.41/1.42 starts a ``flwr-clientapp`` process for every message (Flower issue #3670),
 so a ClientApp that imports torch pays that import, and its data load, for every message of
-every round. With ``flower.worker = true`` the ClientApp (``dcco.flower.client_app``) instead
+every round. With ``flower.worker = true`` the ClientApp (``dcco.flower.app.client_app``) instead
 forwards each message to its node's worker over a Unix socket and returns the worker's reply;
 the first message of a run starts the worker. The worker runs the same handlers
-(``dcco.flower.handlers``) on the same content and context, so a round is the same with or
+(``dcco.flower.app.handlers``) on the same content and context, so a round is the same with or
 without it; ``context.state`` (the model kept between the phases) travels both ways.
 
 - Socket: ``<tmp>/dcco-workers-<uid>/<run id>-<node id>.sock`` (the folder can be set with
@@ -204,7 +204,7 @@ def _start(path: Path) -> socket.socket:
     path.unlink(missing_ok=True)  # a dead worker's socket
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dcco.flower.worker", str(path), "--owner",
+            [sys.executable, "-m", "dcco.flower.app.worker", str(path), "--owner",
              str(os.getppid())], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
     deadline = time.monotonic() + START_S
@@ -227,7 +227,7 @@ def _start(path: Path) -> socket.socket:
 def serve(path: Path, owner: int | None, idle: float = IDLE_S) -> None:
     """Answer requests on ``path`` until stopped, idle for ``idle`` seconds, or ``owner`` (a
     PID) is gone."""
-    from dcco.flower import handlers  # torch, once
+    from dcco.flower.app import handlers  # torch, once
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -16,8 +16,8 @@ from flwr.serverapp import Grid
 from dcco.config import RunConfig
 from dcco.core.server import ReplyTally
 from dcco.data.datasets import ImageDataset
+from dcco.flower.app.federation import Federation, RoundAggregate
 from dcco.flower.appconfig import FlowerConfig
-from dcco.flower.federation import Federation, RoundAggregate
 from dcco.run.loop import MetricsWindow, pretraining_loop, resume_from_checkpoint
 from dcco.run.pretraining import Pretraining, RoundMetrics
 from dcco.run.rundir import RunDir, RunDirError, config_differences

@@ -17,8 +17,8 @@ counted; phase 2 goes to the valid phase-1 repliers only; a phase with fewer tha
 
 The training state (model, optimiser, rounds done) is a ``dcco.run.pretraining.Pretraining``, the
 simulator's, so checkpoints and run directories are the simulator's too. The messages'
-layout is ``dcco.flower.appwire``'s, their bytes are counted by ``dcco.flower.metering``, and
-a whole run (its directory, loop and metrics) is ``dcco.flower.run``'s.
+layout is ``dcco.flower.app.wire``'s, their bytes are counted by ``dcco.flower.metering``, and
+a whole run (its directory, loop and metrics) is ``dcco.flower.app.run``'s.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dcco.core.seeding import generator
 from dcco.core.server import ReplyTally
 from dcco.core.stats import Moments
 from dcco.flower import codec, secagg
+from dcco.flower.app.wire import AppWire
 from dcco.flower.appconfig import FlowerConfig
-from dcco.flower.appwire import AppWire
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid
 from dcco.flower.placement import NodeIdentity, assign

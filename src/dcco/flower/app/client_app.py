@@ -1,8 +1,8 @@
 """The dcco ClientApp: hand each message of the server to the node's handlers.
 
-The handlers (``dcco.flower.handlers``: ``query``, and ``train`` for both phases of a round)
+The handlers (``dcco.flower.app.handlers``: ``query``, and ``train`` for both phases of a round)
 run here, or, with ``flower.worker = true``, in the node's long-lived worker
-(``dcco.flower.worker``), which holds torch, the data and the model across messages: Flower
+(``dcco.flower.app.worker``), which holds torch, the data and the model across messages: Flower
 starts this app in a new process for every message, and without a worker each process
 imports torch again. This module imports Flower only; the handlers are imported when a
 message needs them here.
@@ -18,7 +18,8 @@ import time
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from dcco.flower import timing, worker
+from dcco.flower import timing
+from dcco.flower.app import worker
 from dcco.flower.mods import secure_aggregation_mod
 
 app = ClientApp()
@@ -29,7 +30,7 @@ def _handled(kind: str, msg: Message, context: Context) -> Message:
     if worker.enabled(context.run_config):
         reply: RecordDict = worker.call(kind, msg.content, context)
     else:
-        from dcco.flower import handlers
+        from dcco.flower.app import handlers
 
         reply = getattr(handlers, kind)(msg.content, context)
     if timing.enabled():  # when the reply goes back to Flower, for the reply gaps

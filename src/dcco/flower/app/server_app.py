@@ -9,8 +9,8 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from dcco.flower.app.run import run_federated
 from dcco.flower.appconfig import parse_run_config
-from dcco.flower.run import run_federated
 from dcco.run.splits import load_splits
 
 app = ServerApp()

@@ -9,7 +9,7 @@ S_A, the FedAvg methods get the model here; with stale statistics the model and 
 round's S_A come together, and the node sends its fresh statistics with its update.
 
 They take and return a message's content (``RecordDict``), so that they run alike in the
-ClientApp's process and in a node's long-lived worker (``dcco.flower.worker``).
+ClientApp's process and in a node's long-lived worker (``dcco.flower.app.worker``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
 from dcco.flower import codec, secagg, timing
-from dcco.flower.appconfig import parse_run_config
-from dcco.flower.nodes import (
+from dcco.flower.app.nodes import (
     build_model,
     each_client_statistics,
     load_weights,
@@ -32,6 +31,7 @@ from dcco.flower.nodes import (
     node_statistics,
     node_update,
 )
+from dcco.flower.appconfig import parse_run_config
 from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
 from dcco.run.rounds import algorithm_of
 
