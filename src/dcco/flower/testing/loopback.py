@@ -51,6 +51,11 @@ PROJECT = Path(__file__).resolve().parents[4]
 """The project whose ``pyproject.toml`` declares the app (this source checkout)."""
 
 
+STATUS_WAITS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+"""Seconds between ``Loopback.wait``'s looks at a run's status, the last repeated: a run that
+ends within a few seconds is seen at once, a long one costs a look every 8 s."""
+
+
 class DeploymentError(RuntimeError):
     """The deployment failed; the message carries the tail of the processes' logs, and
     ``summary`` says what failed in one line."""
@@ -299,9 +304,14 @@ class Loopback:
 
     def wait(self, run_id: int, timeout: float) -> str:
         """Block until the run is finished; returns Flower's final status. The status
-        details of a run that did not complete are kept in ``details``."""
+        details of a run that did not complete are kept in ``details``.
+
+        Each look is a ``flwr ls``, a process that imports Flower's command line (about 1.8 s
+        of a core here), so the looks thin out while the run goes on (``STATUS_WAITS``): a
+        look every 2 s took most of a core for as long as a run lasted."""
         deadline = time.monotonic() + timeout
         self.details = ""
+        waits = iter(STATUS_WAITS)
         while time.monotonic() < deadline:
             self._check_alive()
             row = self.run_row(run_id)
@@ -310,7 +320,8 @@ class Loopback:
                 detail = str(row.get("status-details") or "")
                 self.details = "" if detail in ("", "N/A") else detail
                 return status
-            time.sleep(2.0)
+            time.sleep(min(next(waits, STATUS_WAITS[-1]),
+                           max(0.0, deadline - time.monotonic())))
         raise DeploymentError(f"run {run_id} did not finish within {timeout:.0f} s"
                               + self.log_tails())
 
