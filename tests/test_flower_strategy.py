@@ -635,6 +635,38 @@ def test_strategy__federated_evaluation_runs_the_users_evaluate_and_fills_the_re
         DCCO(weighted_by_key="n")
 
 
+
+def test_strategy__an_app_without_evaluate_is_said_once_and_asked_no_more(caplog):
+    """A ClientApp that only trains, under DCCO's (FedAvg's) default ``fraction_evaluate =
+    1``: the first round's evaluation fails on every node with Flower's "no evaluate
+    function"; that is logged once, with what to change, and no later round asks again. The
+    training itself is untouched."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return answer(msg, context, UserCNN().double(), _samples(context.node_id),
+                      augment=_augment)
+
+    asked = []
+
+    def count(node, msg, reply):
+        asked.append(msg.metadata.message_type)
+        return reply
+
+    _, initial = _initial()
+    grid = InProcessGrid(app, [{}] * 3, {}, count)
+    with caplog.at_level("WARNING", logger="flwr.dcco"):
+        result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=3).start(
+            grid=grid, initial_arrays=initial, num_rounds=3)
+    assert asked.count(MessageType.EVALUATE) == 3  # round 1's three nodes, then none
+    assert asked.count(MessageType.TRAIN) == 3 * 3 * 2  # both phases of every round
+    assert not result.evaluate_metrics_clientapp
+    assert caplog.text.count("has no @app.evaluate") == 1
+    assert "DCCO(fraction_evaluate=0.0)" in caplog.text
+    assert "evaluation: node" not in caplog.text  # one line, not one a node
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+
 def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognised(caplog):
     """A ClientApp still on FedAvg's train handler (it loads DCCO's packed arrays as its
     state_dict): every node's error is logged, the skipped round says why and what to

@@ -62,6 +62,11 @@ from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
 
 LOG = logging.getLogger("flwr.dcco")
+NO_EVALUATE = "No evaluate function registered"
+"""What Flower's ClientApp raises for an ``evaluate`` message without an ``@app.evaluate``
+(``flwr/clientapp/client_app.py``, 1.41 and 1.42), in the error reply's reason."""
+
+
 class DCCO(Strategy):
     """DCCO (and the other methods of dcco) for your own Flower app.
 
@@ -199,6 +204,8 @@ class DCCO(Strategy):
         self.trained = self._given
         self._rng = random.Random(seed)
         self._eval_rng = random.Random(derive_seed(seed, "evaluate"))
+        self._no_evaluate = False
+        """Whether the nodes' ClientApp turned out to have no ``@app.evaluate``."""
         self._weights: dict[str, Tensor] = {}
         self._params: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
@@ -252,8 +259,9 @@ class DCCO(Strategy):
                            grid: Grid) -> Iterable[Message]:
         """Federated evaluation, as ``FedAvg``'s: the model and ``config`` (with
         ``server-round``) to ``fraction_evaluate`` of the nodes (at least
-        ``min_evaluate_nodes``), for your ClientApp's ``@app.evaluate``."""
-        if self.fraction_evaluate == 0:
+        ``min_evaluate_nodes``), for your ClientApp's ``@app.evaluate``; none once a round's
+        every reply said the ClientApp has none (``aggregate_evaluate``)."""
+        if self.fraction_evaluate == 0 or self._no_evaluate:
             return []
         nodes = self._sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
         config = ConfigRecord(dict(config) | {"server-round": server_round})
@@ -265,7 +273,17 @@ class DCCO(Strategy):
                            ) -> MetricRecord | None:
         """The evaluation replies' metrics combined by ``evaluate_metrics_aggr_fn`` (their
         average weighted by ``num-examples``); a failed reply is logged with its reason and
-        left out; None when none is valid."""
+        left out; None when none is valid. When every reply failed because the ClientApp has
+        no ``@app.evaluate`` (FedAvg's default ``fraction_evaluate = 1`` meeting an app that
+        only trains), that is said once and the run asks for no more evaluation."""
+        replies = list(replies)
+        if replies and all(r.has_error() and NO_EVALUATE in r.error.reason for r in replies):
+            self._no_evaluate = True
+            LOG.warning("DCCO round %d, evaluation: the nodes' ClientApp has no @app.evaluate "
+                        "(%s); no more federated evaluation in this run. Add one, or pass "
+                        "DCCO(fraction_evaluate=0.0) to ask for none", server_round,
+                        replies[0].error.reason)
+            return None
         valid = []
         for reply in replies:
             if reply.has_error():
@@ -371,6 +389,7 @@ class DCCO(Strategy):
         self._rounds, self._params, self._optimizer = num_rounds, {}, None
         self._rng = random.Random(self.seed)
         self._eval_rng = random.Random(derive_seed(self.seed, "evaluate"))
+        self._no_evaluate = False
         self.cache = StatisticsCache() if self.absent_statistics == "cached" else None
         self.watch = CollapseWatch(watch_start(self.optim.warmup_steps))
         self.trained = None if self._given is None else list(self._given)
