@@ -99,6 +99,28 @@ def test_layers__the_config_is_a_leaf():
         loaded
 
 
+
+def test_layers__the_checks_the_config_leaves_to_the_run_still_run(tmp_path):
+    """A config built in code that only a method can refuse (FedSC's cached statistics for a
+    method that shares none) is a valid ``RunConfig``; a run refuses it before anything is
+    written: ``Pretraining``, ``RunDir.create`` and ``validate`` itself, naming the key."""
+    import pytest
+
+    from dcco.config import ConfigError, RunConfig, TrainConfig
+    from dcco.run.pretraining import Pretraining
+    from dcco.run.rundir import RunDir
+    from dcco.run.setup import validate
+
+    cfg = RunConfig(train=TrainConfig(method="contrastive_fedavg", absent_statistics="cached",
+                                      device="cpu"))
+    match = "train.absent_statistics = 'cached' keeps clients' shared statistics"
+    for refuse in (validate, lambda c: Pretraining(c, None),
+                   lambda c: RunDir.create(tmp_path / "run", c)):
+        with pytest.raises(ConfigError, match=match):
+            refuse(cfg)
+    assert not (tmp_path / "run").exists()
+    assert validate(RunConfig(train=TrainConfig(method="fedsc", absent_statistics="cached")))
+
 def test_layers__the_test_sees_an_upward_import():
     """The check above is not vacuous: a core module importing the loop is caught."""
     assert _layer("core.stats") < _layer("run.loop")

@@ -180,8 +180,9 @@ class RunDir:
                 f"run directory {run.path} already exists and is not empty; resume it with "
                 f"--resume {run.path}, or choose another --run-dir"
             )
+        stored = with_absolute_paths(resolved(cfg))  # refused before anything is written
         run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run.config_path, to_toml(with_absolute_paths(resolved(cfg))))
+        atomic_write_text(run.config_path, to_toml(stored))
         version = code_version() | {"command": " ".join(sys.argv)}
         atomic_write_text(run.path / "version.json", json.dumps(version, indent=2) + "\n")
         return run
