@@ -72,6 +72,7 @@ def untrained() -> dict[str, list[dict]]:
     from dcco.reproduce import load_grid, plan_cells, select_cells
     from dcco.run.rounds import resolve_device
     from dcco.run.rundir import RunDir
+    from dcco.run.setup import build_model
     from dcco.run.splits import load_splits
 
     grid = load_grid(ROOT / "two_view_fmnist.toml", "small")
@@ -85,7 +86,7 @@ def untrained() -> dict[str, list[dict]]:
             if not summary.is_file():
                 splits = splits or load_splits(cell.cfg)
                 run, _ = RunDir.open_or_create(path, cell.cfg)
-                model = cell.cfg.build_model(*splits[0].input_shapes)
+                model = build_model(cell.cfg, *splits[0].input_shapes)
                 for key in grid.evaluations:
                     protocol, labels = key.split("@")
                     result = evaluate_model(model, protocol, eval_config_for(cell.cfg, int(labels)),

@@ -102,3 +102,20 @@ def test_data_errors__show_a_relative_path_resolved(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError, match=r"nosuch/fmnist \(= .*/nosuch/fmnist\).*does not exist"):
         load_dataset("fashion_mnist", "train", "nosuch/fmnist", download=False)
+
+
+def test_config_differences__compare_auto_as_this_machine_resolves_it():
+    """A stored config that still says ``auto`` (written by hand, or from code before run
+    directories stored it resolved) is compared as this machine resolves it: resuming it
+    with the same settings finds no difference; another setting is named."""
+    from dataclasses import replace
+
+    from dcco.config import RunConfig
+    from dcco.run.setup import resolved
+
+    auto = replace(RunConfig(), train=replace(RunConfig().train, device="cpu"))
+    assert auto.train.precision == "auto"
+    assert rundir.config_differences(auto, auto) == ""
+    assert rundir.config_differences(auto, resolved(auto)) == ""
+    other = replace(auto, train=replace(auto.train, rounds=7))
+    assert rundir.config_differences(auto, other) == "train.rounds: 100000 here, 7 asked"

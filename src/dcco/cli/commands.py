@@ -171,10 +171,11 @@ def cmd_supervised(args: argparse.Namespace) -> int:
     from dcco.config import load_config
     from dcco.evaluate.runs import supervised_run
     from dcco.run.rundir import RunDir
+    from dcco.run.setup import resolved
     from dcco.run.splits import load_splits
 
-    cfg = load_config(args.config, _with_data_dir(args.overrides, args.data_dir))
-    splits = load_splits(cfg)
+    cfg = resolved(load_config(args.config, _with_data_dir(args.overrides, args.data_dir)))
+    splits = load_splits(cfg)  # the config refused before any data is read
     if splits[0].paired:
         raise UserError("supervised from scratch trains an image classifier; paired data "
                         "sets have no supervised baseline in dcco")

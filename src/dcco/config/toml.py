@@ -36,7 +36,11 @@ def _upgrade(raw: dict[str, Any]) -> None:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: RunConfig | None = None) -> RunConfig:
-    """Read a TOML run config, apply ``section.key=value`` overrides, and validate it all.
+    """Read a TOML run config, apply ``section.key=value`` overrides, and check every key and
+    value (names, types, each section's values and what the settings alone decide). The
+    checks that need the method, the model or this machine are the run's
+    (``dcco.run.setup.validate``; ``resolved`` also makes ``auto`` concrete): every run calls
+    them before it writes anything.
 
     Args:
         path: a TOML file, or None for the defaults (``base``).

@@ -3,8 +3,9 @@
 Flower hands every ServerApp and ClientApp the same flat ``context.run_config``: the keys that
 ``[tool.flwr.app.config]`` of ``pyproject.toml`` declares, overridden by ``flwr run
 --run-config``. Keys are dotted: ``train.method``, ``model.widths``, ... are the fields of
-``dcco.config.RunConfig`` (checked by ``dcco.config.load_config``, so an unknown key or a bad
-value is a ``ConfigError`` naming the key), and ``flower.*`` are the fields of
+``dcco.config.RunConfig`` (checked by ``dcco.config.load_config`` and
+``dcco.run.setup.resolved``, so an unknown key or a bad value is a ``ConfigError`` naming the
+key), and ``flower.*`` are the fields of
 ``FlowerConfig``. Flower config values are scalars, so list and optional fields are written as
 strings: ``model.widths = "[16, 32, 64]"``, ``data.num_clients = "none"``.
 """

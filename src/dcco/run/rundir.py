@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -121,8 +122,11 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
 def config_differences(stored: RunConfig, wanted: RunConfig, limit: int = 6) -> str:
     """The keys whose values differ between two configs, as ``key: stored → wanted`` joined
     by "; " (at most ``limit`` of them, then a count), ``NOT_COMPUTED`` left out; empty when
-    the configs agree. ``wanted`` is compared as a run directory stores it, its ``auto``
-    settings resolved (``dcco.run.setup.resolved``)."""
+    the configs agree. Both are compared as a run directory stores them, their ``auto``
+    settings resolved for this machine (``dcco.run.setup.resolved``; a stored config that no
+    longer passes its checks is compared as it is)."""
+    with contextlib.suppress(UserError):
+        stored = resolved(stored)
     a, b = asdict(stored), asdict(resolved(wanted))
     changes = [f"{section}.{key}: {a[section][key]!r} here, {b[section][key]!r} asked"
                for section in a for key in a[section]

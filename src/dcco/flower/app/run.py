@@ -73,9 +73,9 @@ def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: Ima
     Returns:
         The summary written to ``summary.json``; for a stopped run ``{"rounds", "stopped"}``.
     """
+    pt = Pretraining(cfg, train_set)  # its refusals before the run directory is written
     run = open_run(cfg, fcfg)
     LOG.info("dcco: run directory %s", run.path.resolve())
-    pt = Pretraining(cfg, train_set)
     if fcfg.resume:
         resume_from_checkpoint(pt, run)
     else:
