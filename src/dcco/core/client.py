@@ -37,7 +37,8 @@ class LocalSGD:
     """What a client's local steps add to plain SGD, as ``torch.optim.SGD`` with
     ``clip_grad_norm_`` before each step (FedSC's clients: momentum 0.9, weight decay 5e-4,
     clip 3). The momentum buffer starts empty every round, as FedSC's clients build a new
-    optimiser for every round.
+    optimiser for every round. Built from ``[train]``'s ``local_momentum``,
+    ``local_weight_decay`` and ``local_grad_clip``, whose values ``TrainConfig`` checks.
 
     Attributes:
         momentum: μ, the heavy-ball coefficient: b ← μ b + d (b = d at the first step).
@@ -49,14 +50,6 @@ class LocalSGD:
     momentum: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float | None = None
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"train.local_momentum must be in [0, 1), got {self.momentum}")
-        if not self.weight_decay >= 0.0:
-            raise ValueError(f"train.local_weight_decay must be >= 0, got {self.weight_decay}")
-        if self.grad_clip is not None and not self.grad_clip > 0.0:
-            raise ValueError(f"train.local_grad_clip must be > 0 or none, got {self.grad_clip}")
 
     @property
     def one_step_is_sgd(self) -> bool:
