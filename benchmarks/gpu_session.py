@@ -12,12 +12,17 @@ importable and a budget in minutes, ``run``:
    rung;
 3. profiles one round of the grid's non-IID 4 DCCO cell (``benchmarks/round_profile.py``),
    only when ``--profile-minutes`` gives it time;
-4. runs the precision check (``benchmarks/precision_check.py``): eager float32 against bf16 +
-   compile, the same seed, the k-NN monitor within 1 point (a ninth, at most 1 minute);
-5. gives the rest of the budget to ``dcco reproduce GRID --scale gpu --jobs auto
-   --time-budget M``, the cells in ``CELL_ORDER`` (non-IID 4 seed 0's three federated
-   methods side by side first); cells stop at a checkpoint when it ends;
-6. packs every small record (the phases' records, the cells' config, metrics, summary and
+4. runs the recipe pilot (``benchmarks/recipe_pilot.py``): centralized CCO at each candidate
+   scale side by side, and picks the grid's scale by a rule fixed beforehand (a quarter, at
+   most 2.5 minutes);
+5. runs the precision check (``benchmarks/precision_check.py``): eager float32 against bf16 +
+   compile, the same seed, the k-NN monitor within 1 point (a sixth, at most 1.5 minutes);
+   the ladder, the pilot and the precision check run once on a GPU: once a GPU's record of
+   one is committed, its default share is none (``phase_shares``);
+6. gives the rest of the budget to ``dcco reproduce GRID --scale PICKED --jobs 2
+   --time-budget M``, the cells in ``CELL_ORDER`` (DCCO and centralized CCO at non-IID 4,
+   seed 0, first); cells stop at a checkpoint when it ends;
+7. packs every small record (the phases' records, the cells' config, metrics, summary and
    version files, the logs) into one ``records.tar.gz`` of at most 16 MiB, and the unfinished
    cells' checkpoints that the next lease can carry into ``checkpoints.tar.part<k>`` files of
    at most 16 MiB each (``unpack`` joins them and puts them back in the grid's folder).
@@ -58,15 +63,19 @@ and the carried paths (``.gpu/``, and the unfinished cells' checkpoints)."""
 CARRY_MARGIN = 1 << 20
 """Left free under ``CARRY_LIMIT`` for the records a session adds to the tree."""
 CELL_ORDER = ("non-iid-4-dcco-s0", "centralized_cco-s0", "non-iid-4-contrastive_fedavg-s0",
-              "supervised-s0", "non-iid-16-dcco-s0", "non-iid-16-contrastive_fedavg-s0",
-              "non-iid-4-dcco-s1", "centralized_cco-s1", "non-iid-4-contrastive_fedavg-s1",
-              "non-iid-4-dcco-s2", "centralized_cco-s2", "non-iid-4-contrastive_fedavg-s2",
-              "*-s0", "*")
+              "supervised-s0", "non-iid-4-dcco-s1", "centralized_cco-s1",
+              "non-iid-4-contrastive_fedavg-s1", "supervised-s1", "non-iid-4-dcco-s2",
+              "centralized_cco-s2", "non-iid-4-contrastive_fedavg-s2", "supervised-s2",
+              "non-iid-4-cco_fedavg-s0", "non-iid-16-dcco-s0",
+              "non-iid-16-contrastive_fedavg-s0", "*-s0", "*")
 """The order the cells start in (``dcco reproduce --cells``), each named, never left to a
 pattern's alphabetical order: DCCO at non-IID 4 and centralized CCO (seed 0) first, then
 what the verdict sets them beside (contrastive FedAvg at non-IID 4, supervised training),
-then DCCO and contrastive FedAvg at non-IID 16, then seeds 1 and 2 of the decisive cells,
-then the rest. Finished cells are skipped."""
+then seeds 1 and 2 of those cells, so that the verdict at non-IID 4 gets the seeds it needs
+to be decided (the third lease, 2026-11-28, finished seed 0's three and left each difference
+"undecided" on one seed), then CCO + FedAvg at non-IID 4 (the other FedAvg, far below
+contrastive FedAvg at the `gpu-paper` scale), then non-IID 16, then the rest. Finished cells
+are skipped."""
 PILOT_SCALES = ("gpu", "gpu-paper", "gpu-lars", "gpu-warmup")
 """The recipes the pilot (``benchmarks/recipe_pilot.py``) weighs, in its tie order: the
 `gpu` scale's, chosen on the CPU (docs/results.md, "Collapse"), then the paper's Adam 5e-3,
@@ -181,19 +190,24 @@ def picked_scale(record: Path | None, default: str) -> tuple[str, str]:
 
 
 def phase_shares(minutes: float, on_gpu: bool, ladder: float | None,
-                 precision: float | None, pilot: float | None = None,
-                 scale: str | None = None) -> dict[str, tuple[float, Path | None]]:
+                 precision: float | None,
+                 pilot: float | None = None) -> dict[str, tuple[float, Path | None]]:
     """The ladder's, the recipe pilot's and the precision check's minutes, and the GPU
     record that made a phase's default none: a third of the budget (at most 3 min), a
     quarter (at most 2.5 min) and a sixth (at most 1.5 min) unless asked for (``ladder``,
-    ``pilot``, ``precision``), none on a GPU once a GPU's record is committed (the precision
-    check's: at ``scale``, the recipe the grid runs)."""
+    ``pilot``, ``precision``), none on a GPU once a GPU's record is committed.
+
+    The precision check's record counts at any scale: four checks on the H100 (2026-11-27)
+    could not tell bf16 from the GPU's run-to-run noise, and bf16 buys a tenth of a round's
+    arithmetic (the ladder) where a `gpu` cell's round is 40 to 45 ms against 13 to 15 ms of
+    compiled arithmetic (the third lease's cells): its minute and a half is worth more to
+    the grid, where it decides whether a second pair of cells finishes (docs/performance.md,
+    "A GPU session")."""
     shares = {}
     for name, asked, prefix, share, most in (
             ("ladder", ladder, "round_cost", 1 / 3, 3.0),
             ("pilot", pilot, "recipe_pilot", 1 / 4, 2.5),
-            ("precision", precision, f"precision_check_*_{scale}" if scale else
-             "precision_check", 1 / 6, 1.5)):
+            ("precision", precision, "precision_check", 1 / 6, 1.5)):
         done = gpu_record(prefix) if on_gpu and asked is None else None
         shares[name] = (asked if asked is not None else 0.0 if done is not None
                         else min(most, share * minutes), done)
@@ -412,8 +426,7 @@ def run(args: argparse.Namespace) -> int:
     session["scale"], session["scale_why"] = scale, why
     _say(f"the grid's scale: {scale} ({why})")
     grid_out = args.grid_out or Path("experiments/results") / f"{args.grid.stem}-{scale}"
-    precision = phase_shares(args.minutes, on_gpu, args.ladder_minutes,
-                             args.precision_minutes, args.pilot_minutes, scale)["precision"]
+    precision = shares["precision"]
     _phase("precision", [py, "benchmarks/precision_check.py", "--grid", str(args.grid),
                          "--scale", scale, "--tag", scale, "--rounds",
                          str(args.precision_rounds), "--knn-every",

@@ -205,7 +205,10 @@ def test_phase_shares__decided_once_on_a_gpu__asked_for_always():
     # on a GPU, the committed records give their minutes to the cells
     on_gpu = gpu_session.phase_shares(9, True, None, None)
     assert on_gpu["ladder"] == (0.0, committed)
-    assert on_gpu["precision"][0] == 0.0 and on_gpu["precision"][1] is not None
+    # the precision check's record counts at any scale: the H100's, made at `gpu`, also
+    # stands for the `gpu-warmup` grid that the third lease's pilot picked
+    assert on_gpu["precision"][0] == 0.0
+    assert on_gpu["precision"][1].name.startswith("precision_check_nvidia")
     pilot = gpu_session.gpu_record("recipe_pilot")  # none committed yet: the pilot runs
     assert on_gpu["pilot"] == ((0.0, pilot) if pilot else (2.25, None))
     # unless asked for
@@ -264,3 +267,19 @@ def test_recipe_pilot__the_rule_picks_the_best_uncollapsed_and_the_first_of_a_ti
     assert pick(runs)[0] == "gpu-lars"     # the collapsed and the diverged never win
     chosen, why = pick([{"scale": "gpu", "why_not": "collapse at round 40"}])
     assert chosen is None and "collapse at round 40" in why
+
+
+def test_cell_order__every_name_is_a_cell_of_the_gpu_grid__seeds_of_non_iid_4_before_16(
+        tmp_path):
+    from dcco.reproduce.grid import load_grid
+    from dcco.reproduce.plan import plan_cells
+
+    gpu_session = _session_module()
+    names = {c.path.name for c in plan_cells(
+        load_grid(ROOT / "experiments" / "table1_fmnist.toml", "gpu-warmup"), tmp_path)}
+    named = [c for c in gpu_session.CELL_ORDER if "*" not in c]
+    assert [c for c in named if c not in names] == []  # a misspelt name would never run
+    assert len(set(named)) == len(named)
+    assert named[:2] == ["non-iid-4-dcco-s0", "centralized_cco-s0"]
+    last_seed = max(named.index(f"non-iid-4-{m}-s2") for m in ("dcco", "contrastive_fedavg"))
+    assert last_seed < named.index("non-iid-16-dcco-s0")
