@@ -423,7 +423,8 @@ def test_fit__float_vectors_through_an_mlp_with_your_augment(tmp_path):
                                      .read_text().splitlines()) if "loss" in r]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     assert done.collapse is not None and set(done.collapse) == {"round", "dead_dims",
-                                                                "corr_diag", "eff_rank"}
+                                                                "corr_diag", "eff_rank",
+                                                                "max_var"}
 
 
 def test_fit__a_refused_fit_leaves_no_trace_and_the_corrected_call_then_runs(tmp_path):
@@ -442,3 +443,68 @@ def test_fit__a_refused_fit_leaves_no_trace_and_the_corrected_call_then_runs(tmp
     assert not run.exists()
     done = dcco.fit(VectorMLP(), _vectors(), clients_per_round=4, **kw)
     assert done.summary["rounds"] == 2 and done.run_dir == run
+
+
+@pytest.mark.parametrize("value, said", [(float("nan"), "NaN"), (float("-inf"), "-inf")])
+def test_fit__samples_holding_nan_or_inf_are_refused_by_name_before_anything_is_written(
+        tmp_path, value, said):
+    """The client and which of its samples, before the run directory exists; the corrected
+    call into the same run_dir then runs from round 0."""
+    run = tmp_path / "run"
+    kw = {"rounds": 2, "augment": _jitter, "projector": (16, 16), "run_dir": run,
+          "progress": False, "clients_per_round": 4}
+    samples = _vectors()
+    names = list(samples)
+    samples[names[3]][1, 5] = value
+    samples[names[6]][0, 0] = value
+    with pytest.raises(UserError, match=f"holds {said} in client '{names[3]}', its sample 1 "
+                                        f"\\(sample 9 of all\\), and 1 more samples"):
+        dcco.fit(VectorMLP(), samples, **kw)
+    assert not run.exists()
+    samples[names[3]][1, 5] = samples[names[6]][0, 0] = 0.0
+    done = dcco.fit(VectorMLP(), samples, **kw)
+    assert done.summary["rounds"] == 2
+
+
+def test_fit__a_divergence_names_the_likely_cause(tmp_path):
+    """Finite samples whose views overflow: the augmentation is named, not the rate; an
+    encoder that overflows before any step: the inputs, not the rate."""
+    from dcco.run.pretraining import Diverged
+
+    def overflowing(x: torch.Tensor) -> torch.Tensor:
+        return x / (x - x)  # 0/0 and x/0: NaN and inf
+
+    with pytest.raises(Diverged, match="the augmentation makes them"):
+        dcco.fit(VectorMLP(), _vectors(), rounds=2, augment=overflowing, projector=(16, 16),
+                 clients_per_round=4, run_dir=tmp_path / "a", progress=False)
+
+    class Overflow(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(1e30))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * self.scale) ** 2
+
+    with pytest.raises(Diverged, match="round 1: .*before any server step, so no rate"):
+        dcco.fit(Overflow(), _vectors(), rounds=2, augment=_jitter, projector=None,
+                 clients_per_round=4, run_dir=tmp_path / "b", progress=False)
+
+
+def test_package__the_errors_are_importable_from_dcco_and_dir_shows_public_names_only():
+    import inspect
+
+    assert issubclass(dcco.ConfigError, dcco.UserError)
+    assert issubclass(dcco.DataError, dcco.UserError) and issubclass(dcco.UserError, ValueError)
+    assert issubclass(dcco.Diverged, FloatingPointError)
+    names = dir(dcco)
+    assert {"UserError", "ConfigError", "DataError", "Diverged", "fit"} <= set(names)
+    assert [n for n in names if n.startswith("_") and n != "__version__"] == []
+    assert "Any" not in names and "annotations" not in names
+    assert all(hasattr(dcco, n) for n in names)
+    raises = inspect.getdoc(dcco.fit).split("Raises:")[1]
+    for error in ("dcco.ConfigError", "dcco.DataError", "dcco.UserError", "dcco.Diverged",
+                  "TypeError"):
+        assert error in raises, error
+    with pytest.raises(TypeError, match="encoder must be a torch.nn.Module"):
+        dcco.fit("a model", {"a": torch.zeros(2, 3)}, rounds=1, augment=_jitter)

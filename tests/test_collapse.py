@@ -85,6 +85,64 @@ def test_collapse_figures__of_vicreg_statistics_read_the_views_and_fs_own_rank()
                                                    rel=1e-9)
 
 
+def test_collapse_figures__dimensions_under_the_losss_eps_are_dead() -> None:
+    """Encodings scaled by 1e-4 (variances about 1e-8 against ε = 1e-5): C's figures do not
+    move with the scale, but every dimension is dead to the loss, and the largest variance
+    says why."""
+    gen = torch.Generator().manual_seed(7)
+    signal = torch.randn(64, 8, generator=gen, dtype=torch.float64)
+    scales = torch.logspace(-0.5, 0.5, 8, dtype=torch.float64)  # none dead by the floor
+    f = (signal + 0.5 * torch.randn(64, 8, generator=gen, dtype=torch.float64)) * scales
+    g = (signal + 0.5 * torch.randn(64, 8, generator=gen, dtype=torch.float64)) * scales
+    small_f, small_g = 1e-4 * f, 1e-4 * g
+    plain = {k: float(v) for k, v in encoding_figures(small_f, small_g).items()}
+    with_eps = {k: float(v) for k, v in encoding_figures(small_f, small_g, eps=1e-5).items()}
+    at_scale = {k: float(v) for k, v in encoding_figures(f, g, eps=1e-5).items()}
+    top = max(small_f.var(0, unbiased=False).max(), small_g.var(0, unbiased=False).max())
+    assert plain["dead_dims"] == 0.0 and at_scale["dead_dims"] == 0.0
+    assert with_eps["dead_dims"] == 1.0 and with_eps["corr_diag"] == 0.0
+    assert plain["max_var"] == pytest.approx(float(top), rel=1e-10) and plain["max_var"] < 1e-5
+    assert plain["corr_diag"] == pytest.approx(at_scale["corr_diag"], rel=1e-8)
+    assert plain["eff_rank"] == pytest.approx(at_scale["eff_rank"], rel=1e-8)
+
+
+def test_collapse_watch__names_eps_only_for_encodings_that_vary_on_its_scale() -> None:
+    dead = {"dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0}
+    small = CollapseWatch(20, eps=1e-5).check(20, dead | {"max_var": 1e-9}, 16)
+    assert "vary less than the loss's ε = 1e-05 (the largest variance is 1e-09)" in small
+    assert "loss.eps" in small and "optim.lr" not in small
+    constant = CollapseWatch(20, eps=1e-5).check(20, dead | {"max_var": 0.0}, 16)
+    assert "no longer vary" in constant and "optim.lr" in constant
+    healthy_scale = CollapseWatch(20, eps=1e-5).check(20, dead | {"max_var": 1.0}, 16)
+    assert "no longer vary" in healthy_scale
+    no_eps = CollapseWatch(20).check(20, dead | {"max_var": 1e-9}, 16)
+    assert "no longer vary" in no_eps
+
+
+def test_collapse_watch__an_encoder_whose_outputs_are_under_eps_is_warned(tmp_path):
+    """An MLP whose output is scaled by 1e-4 and no projector: the CCO loss sees constants
+    and stays near d; the figures read every dimension dead and the warning names ε."""
+    import dcco
+    from dcco.core.collapse import CollapseWarning
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(),
+                                           torch.nn.Linear(32, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 1e-4 * self.net(x)
+
+    torch.manual_seed(0)
+    with pytest.warns(CollapseWarning, match="vary less than the loss's ε = 1e-05"):
+        done = dcco.fit(Tiny(), _vector_clients(), rounds=20, augment=_noise,
+                        clients_per_round=6, projector=None, run_dir=tmp_path / "r",
+                        progress=False)
+    assert done.collapse["dead_dims"] == 1.0 and done.collapse["max_var"] < 1e-5
+    assert done.summary["final_loss"] > 0.95 * 8  # the loss sits at d
+
+
 def test_effective_rank__of_known_spectra() -> None:
     assert float(effective_rank(torch.eye(7))) == pytest.approx(7.0)
     assert float(effective_rank(torch.outer(torch.ones(5), torch.arange(5.0)))) == \
@@ -141,7 +199,8 @@ def test_collapse_watch__a_constant_model_is_warned_and_recorded(tmp_path):
         done = dcco.fit(_Constant(), _vector_clients(), rounds=20, augment=_noise,
                         clients_per_round=6, projector=(8, 8), run_dir=tmp_path / "r",
                         progress=False)
-    assert done.collapse == {"round": 20, "dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0}
+    assert done.collapse == {"round": 20, "dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0,
+                             "max_var": 0.0}
     assert done.collapse_warning.startswith("collapse at round 20:")
     records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text()
                .splitlines()]
@@ -180,7 +239,7 @@ def test_collapse_figures__of_a_method_without_statistics_come_from_a_probe_batc
                         settings={"train.knn_every": knn_every, "train.log_every": 1})
 
     done = run(2, "a")
-    assert done.collapse["round"] == 4 and set(done.collapse) == {"round", "dead_dims",
+    assert done.collapse["round"] == 4 and set(done.collapse) == {"round", "dead_dims", "max_var",
                                                                   "corr_diag", "eff_rank"}
     records = [__import__("json").loads(line)
                for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]

@@ -181,10 +181,10 @@ def test_a_killed_rank__stops_the_run_with_an_error_and_the_checkpoint_resumes(t
             time.sleep(0.2)
         victims = [pid for pid in _pids_with(mark) if "RANK=1" in _environ(pid)]
         assert victims
-        killed_at = time.monotonic()
         os.kill(victims[0], signal.SIGKILL)
-        proc.communicate(timeout=120)
-        assert time.monotonic() - killed_at < 60
+        # the launcher ends the job instead of hanging for gloo's 30-minute timeout; the wait
+        # is a bound on a hang, not a speed asserted (a busy machine takes its time)
+        proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

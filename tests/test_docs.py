@@ -75,6 +75,15 @@ def test_config_reference__docs_config_md_is_the_code_s(capsys):
             assert row.split("|")[4].strip(), f"{name}.{f.name} has no doc in the code"
 
 
+def test_config_command__plain_prints_the_list_as_list_does(capsys):
+    from dcco.cli import main
+
+    assert main(["config"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["config", "--list"]) == 0
+    assert capsys.readouterr().out == plain and "optim.lr" in plain
+
+
 def test_readme__stops_early_and_its_links_resolve():
     """The README is a short tour (at most 250 lines), and every file it links exists."""
     readme = (ROOT / "README.md").read_text()

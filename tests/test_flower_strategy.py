@@ -737,6 +737,10 @@ def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
                       dst_node_id=1, message_type="train")
     with pytest.raises(ValueError, match="identical views teach the encoder nothing"):
         answer(vectors, context, linear, torch.randn(4, 5))
+    poisoned = x.clone()
+    poisoned[2, 0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="node 1's samples holds NaN in sample 2: training"):
+        reply(DataLoader(TensorDataset(poisoned, labels), batch_size=2))
 
 
 def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(tmp_path):

@@ -119,3 +119,43 @@ def test_config_differences__compare_auto_as_this_machine_resolves_it():
     assert rundir.config_differences(auto, resolved(auto)) == ""
     other = replace(auto, train=replace(auto.train, rounds=7))
     assert rundir.config_differences(auto, other) == "train.rounds: 100000 here, 7 asked"
+
+
+def test_run_dir_errors__say_the_callers_words_and_paths_resolved(tmp_path, monkeypatch):
+    """A relative path is shown as given and in full; the CLI's messages say --run-dir and
+    --resume, fit's say run_dir=; a run directory under a file is refused by name."""
+    import pytest
+    import torch
+
+    from dcco.config import ConfigError, load_config
+    from dcco.run.rundir import FIT_WORDS, RunDirError
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, [])
+    (tmp_path / "afile").write_text("x")
+    for words, name in ((rundir.CLI_WORDS, "--run-dir"), (FIT_WORDS, "run_dir=")):
+        with pytest.raises(RunDirError, match=rf"^afile/sub \(= {tmp_path}/afile/sub\) cannot "
+                                              rf"be a run directory: {tmp_path}/afile is a "
+                                              rf"file, not a folder; choose another {name}$"):
+            RunDir.create("afile/sub", cfg, words)
+        with pytest.raises(RunDirError, match=rf"^afile \(= {tmp_path}/afile\) is a file"):
+            RunDir.create("afile", cfg, words)
+    with pytest.raises(RunDirError, match=rf"^no_such_run \(= {tmp_path}/no_such_run\) is not a "
+                                          rf"dcco run directory \(it does not exist\)$"):
+        RunDir.open("no_such_run")
+    with pytest.raises(ConfigError, match=rf"missing.toml \(= {tmp_path}/missing.toml\) does "
+                                          rf"not exist"):
+        load_config("missing.toml")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="resume it with --resume full, or choose another "
+                                          "--run-dir"):
+        RunDir.create("full", cfg)
+    with pytest.raises(RunDirError, match="call fit again with the same arguments to continue "
+                                          "it, or choose another run_dir="):
+        RunDir.create("full", cfg, FIT_WORDS)
+    # dcco.fit under a file: its own words, nothing written
+    with pytest.raises(RunDirError, match="choose another run_dir="):
+        dcco.fit(torch.nn.Linear(4, 4), {f"c{k}": torch.randn(3, 4) for k in range(8)},
+                 rounds=1, clients_per_round=2, augment=lambda x: x + torch.randn_like(x),
+                 run_dir="afile/run", progress=False)

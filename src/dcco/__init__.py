@@ -16,6 +16,12 @@ light): ``dcco.fit`` trains your encoder over your clients in the simulator and
 loop or deployment (``dcco.api``); ``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as
 a plain ``torch.nn.Module`` (``dcco.run.encoders``); ``dcco.ImageViews`` is a ready image
 augmentation. ``dcco.flower`` holds the Flower strategy and client helper.
+
+The errors a caller can catch: ``dcco.UserError`` (a ``ValueError``), raised for bad input and
+naming it, with its two kinds ``dcco.ConfigError`` (a setting, a config file, a run directory
+holding other settings) and ``dcco.DataError`` (samples, data files); and ``dcco.Diverged``
+(a ``FloatingPointError``), raised when training's loss stops being finite, naming the round
+and its likely cause. Any other exception is a bug of dcco's.
 """
 
 from __future__ import annotations
@@ -44,6 +50,22 @@ def __getattr__(name: str) -> Any:
         from dcco import fitting
 
         return getattr(fitting, name)
+    if name == "UserError":
+        from dcco.errors import UserError
+
+        return UserError
+    if name == "ConfigError":
+        from dcco.config import ConfigError
+
+        return ConfigError
+    if name == "DataError":
+        from dcco.data.datasets import DataError
+
+        return DataError
+    if name == "Diverged":
+        from dcco.run.pretraining import Diverged
+
+        return Diverged
     if name == "ImageViews":
         from dcco.data.image_views import ImageViews
 
@@ -51,13 +73,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dcco' has no attribute {name!r}")
 
 
-__all__ = ["Aggregated", "Encoder", "FitResult", "ImageViews", "Merged", "__version__",
-           "aggregate_updates",
+__all__ = ["Aggregated", "ConfigError", "DataError", "Diverged", "Encoder", "FitResult",
+           "ImageViews", "Merged", "UserError", "__version__", "aggregate_updates",
            "apply_update", "dual_encoder", "export_encoder", "fit", "linear_probe",
            "load_encoder", "local_update", "merge_statistics", "server_optimizer",
            "statistics"]
 
 
 def __dir__() -> list[str]:
-    """The public names (``__all__``), which are imported on first use."""
-    return sorted(set(__all__) | set(globals()))
+    """The public names (``__all__``, imported on first use): no helper of this module's."""
+    return sorted(__all__)

@@ -18,9 +18,10 @@ from dcco.config import ConfigError, RunConfig, from_dict, load_config
 from dcco.core.optim import USER_RECIPE
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
+from dcco.errors import shown
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
-from dcco.run.rundir import RunDir
+from dcco.run.rundir import FIT_WORDS, RunDir
 from dcco.run.setup import resolved
 
 Model = nn.Module
@@ -120,7 +121,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         augment: Callable[[Tensor], Tensor] | None = None, method: str = "dcco",
         clients_per_round: int = 32, projector: Iterable[int] | None = (128, 128, 128),
         run_dir: str | Path | None = None, seed: int = 0, progress: bool | None = None,
-        settings: Iterable[str] | Mapping[str, Any] = ()) -> FitResult:
+        settings: Iterable[str] | Mapping[str, Any] = (),
+        on_round: Callable[[int, DualEncoder], None] | None = None) -> FitResult:
     """Train your encoder with ``method`` over your clients in dcco's batched simulator.
 
     Every round samples ``clients_per_round`` clients, makes two views of their samples
@@ -151,16 +153,31 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         settings: further settings of the run config, as ``section.key=value`` strings
             (``'optim.lr=0.5'``) or a mapping (``{"optim.lr": 0.5, "train.log_every": 1}``);
             every key and its default: docs/config.md (``dcco config --list``).
+        on_round: called after every round with the rounds done and the model (your encoder
+            is ``model.backbone``), e.g. to probe the encoder as it trains; what it changes
+            in the model is trained on, and its time counts in the run's.
 
     Raises:
-        ConfigError, DataError: bad settings or data, named, before any file or folder is
-            written.
+        dcco.ConfigError: a bad setting (an unknown key or value, a key that is one of fit's
+            own arguments, a centralized method), or a ``run_dir`` holding another run or
+            under a file; named, before any file or folder is written.
+        dcco.DataError: bad samples (no clients, a client of none, samples of different
+            shapes, NaN or an infinity, named by client and sample; samples dcco's own
+            augmentation cannot take); likewise before anything is written. Both are a
+            ``dcco.UserError``, a ``ValueError``.
+        dcco.Diverged: the loss stopped being finite (a ``FloatingPointError``); its message
+            names the round and the likely cause (the augmentation, the inputs or the rate),
+            and no checkpoint holds the diverged model.
+        TypeError: ``settings`` given as one string, or an encoder that is not a module.
     """
     from datetime import datetime
 
     from dcco.run.loop import run_with_progress
     from dcco.run.setup import check_run
 
+    if not isinstance(encoder, nn.Module):
+        raise TypeError(f"encoder must be a torch.nn.Module (your network), not "
+                        f"{type(encoder).__name__}")
     data = clients if isinstance(clients, Samples) else samples_of_clients(clients)
     if augment is None and not (data.x.dtype == torch.uint8 and data.x.ndim == 4
                                 and data.x.shape[1] in (1, 3)):
@@ -196,20 +213,21 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
 
         run = RunDir.open(path)
         if differ := config_differences(run.config(), cfg):
-            raise ConfigError(f"{path} holds a run with other settings ({differ}); give "
-                              f"another run_dir, or the same arguments to continue it")
+            raise ConfigError(f"{shown(path)} holds a run with other settings ({differ}); "
+                              f"give another run_dir=, or the same arguments to continue it")
         stored = run.summary().get("user_model", {})
         for key, what in (("class", "encoder class"), ("data", "clients' samples"),
                           ("augment", "augmentation (yours or dcco's)")):
             if key in stored and stored[key] != record[key]:
-                raise ConfigError(f"{path} holds a run of another {what} ({stored[key]!r}, "
-                                  f"now {record[key]!r}); give another run_dir, or the same "
-                                  f"arguments to continue it")
+                raise ConfigError(f"{shown(path)} holds a run of another {what} "
+                                  f"({stored[key]!r}, now {record[key]!r}); give another "
+                                  f"run_dir=, or the same arguments to continue it")
     else:
-        run = RunDir.create(path, cfg)
+        run = RunDir.create(path, cfg, FIT_WORDS)
     run.update_summary(user_model=record)
+    then = None if on_round is None else (lambda m, _latest: on_round(m.round, model))
     summary = run_with_progress(cfg, run, data, None, resume, progress is not False,
-                                model=model, augment=augment)
+                                model=model, augment=augment, then=then)
     return FitResult(model, run.path, summary)
 
 

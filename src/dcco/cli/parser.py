@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the reference of every config setting (section, "
                                    "key, type, default, one line of doc), generated from the "
                                    "code; docs/config.md is its Markdown.")
-    p.add_argument("--list", action="store_true", required=True,
-                   help="list every setting (the only action)")
+    p.add_argument("--list", action="store_true",
+                   help="list every setting (what plain `dcco config` does; kept for scripts)")
     p.add_argument("--markdown", action="store_true",
                    help="as Markdown tables (docs/config.md) instead of one line a key")
 

@@ -16,6 +16,7 @@ else:  # pragma: no cover
 
 from dcco.config.runconfig import RunConfig
 from dcco.config.sections import ConfigError
+from dcco.errors import shown
 
 
 def _upgrade(raw: dict[str, Any]) -> None:
@@ -70,7 +71,7 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"{what} {path} does not exist") from None
+        raise ConfigError(f"{what} {shown(path)} does not exist") from None
     except IsADirectoryError:
         raise ConfigError(f"{what} {path} is a folder, not a TOML file") from None
     except UnicodeDecodeError as e:

@@ -10,17 +10,26 @@ common (docs/results.md, "Collapse", measures them):
 - **unrelated views**: the two views' encodings share little, C_ii near 0 and a loss near d,
   one per dimension (the paper's network under Adam 5e-3, for its first ~1,500 rounds).
 
-Three figures of S_A tell them apart from training, with no message beyond the round's own
-(they are functions of S_A, which every client already receives), and without the loss's ε:
-each dimension is standardised by its own spread, so the figures do not move when the
-encodings' scale does:
+A fourth is a scale the loss cannot see: **encodings smaller than the loss's ε**. The CCO
+loss divides each covariance by √(Var + ε) (``loss.eps``, 1e-5); a dimension whose variance
+is far under ε reads to the loss as a constant, its C entries near 0 whatever the encoder
+does, and its gradient nearly vanishes (an encoder whose output is scaled by 1e-4 keeps the
+loss at d for as long as it runs).
+
+Four figures of S_A tell them apart from training, with no message beyond the round's own
+(they are functions of S_A, which every client already receives). Each dimension is
+standardised by its own spread, so C's figures do not move when the encodings' scale does;
+only the count of dead dimensions knows the loss's ε:
 
 - ``dead_dims``: the fraction of the encodings' dimensions (F's and G's together) whose
-  variance over the round's samples is at most ``DEAD_FLOOR`` times the largest;
+  variance over the round's samples is at most ``DEAD_FLOOR`` times the largest, or at most
+  the loss's ε (``eps``; 0 for a loss without one);
 - ``corr_diag``: the mean of C's diagonal, each dimension's correlation between the two views
   (1: the views agree; 0: they are unrelated; a dead dimension counts 0);
 - ``eff_rank``: C's effective rank (Roy & Vetterli 2007), exp of the entropy of its
-  normalised singular values: from 1 (one direction) to d (all alike); 0 when C is 0.
+  normalised singular values: from 1 (one direction) to d (all alike); 0 when C is 0;
+- ``max_var``: the largest variance of any dimension, which says whether dead dimensions
+  are dead by the floor (a few dimensions still vary) or by ε (none varies as much as ε).
 
 For statistics with ⟨F Fᵀ⟩ instead of ⟨F Gᵀ⟩ (``stats.VICREG_STATS``, ``SPECTRAL_STATS``),
 C's diagonal comes from ⟨F_i G_i⟩ and the rank is that of F's correlation matrix; without
@@ -36,7 +45,7 @@ from torch import Tensor
 
 from dcco.core.stats import STATS_DTYPE, Moments, encoding_stats
 
-FIGURES = ("dead_dims", "corr_diag", "eff_rank")
+FIGURES = ("dead_dims", "corr_diag", "eff_rank", "max_var")
 """The collapse figures, in the order records and progress lines show them."""
 DEAD_FLOOR = 1e-6
 """A dimension is dead when its variance is at most this fraction of the largest: its
@@ -56,14 +65,18 @@ def effective_rank(matrix: Tensor) -> Tensor:
     return torch.where(total > 0, entropy.exp(), torch.zeros_like(total))
 
 
-def collapse_figures(m: Moments, floor: float = DEAD_FLOOR) -> dict[str, Tensor]:
-    """``dead_dims``, ``corr_diag`` and ``eff_rank`` (module docstring) of batch averages.
+def collapse_figures(m: Moments, floor: float = DEAD_FLOOR, eps: float = 0.0
+                     ) -> dict[str, Tensor]:
+    """``dead_dims``, ``corr_diag``, ``eff_rank`` and ``max_var`` (module docstring) of batch
+    averages.
 
     Args:
         m: the averages of a statistics method (``stats.CCO_STATS``, ``VICREG_STATS`` or
             ``SPECTRAL_STATS``), e.g. S_A.
         floor: a dimension whose variance is at most ``floor`` times the largest variance of
             the encodings counts as dead.
+        eps: the ε the method's loss adds inside each variance (``Method.variance_eps``); a
+            dimension whose variance is at most ε counts as dead too.
 
     Returns:
         0-d float64 tensors on the averages' device (not read back: reading waits for it).
@@ -78,7 +91,8 @@ def collapse_figures(m: Moments, floor: float = DEAD_FLOOR) -> dict[str, Tensor]
     var_f = ff - (mean_f * mean_f if mean_f is not None else 0)
     var_g = gg - (mean_g * mean_g if mean_g is not None else 0)
     cov_diag = fg_diag - (mean_f * mean_g if mean_f is not None else 0)
-    threshold = floor * torch.maximum(var_f.max(), var_g.max())
+    largest = torch.maximum(var_f.max(), var_g.max())
+    threshold = torch.clamp_min(floor * largest, eps)
     alive_f, alive_g = var_f > threshold, var_g > threshold
     inv_f = torch.where(alive_f, var_f.clamp_min(1e-300).rsqrt(), torch.zeros_like(var_f))
     inv_g = torch.where(alive_g, var_g.clamp_min(1e-300).rsqrt(), torch.zeros_like(var_g))
@@ -90,13 +104,15 @@ def collapse_figures(m: Moments, floor: float = DEAD_FLOOR) -> dict[str, Tensor]
     else:
         cov = m.mean_fft - (torch.outer(mean_f, mean_f) if mean_f is not None else 0)
         c = cov * torch.outer(inv_f, inv_f)
-    return {"dead_dims": dead, "corr_diag": corr_diag, "eff_rank": effective_rank(c)}
+    return {"dead_dims": dead, "corr_diag": corr_diag, "eff_rank": effective_rank(c),
+            "max_var": largest.to(STATS_DTYPE)}
 
 
-def encoding_figures(f: Tensor, g: Tensor, floor: float = DEAD_FLOOR) -> dict[str, Tensor]:
+def encoding_figures(f: Tensor, g: Tensor, floor: float = DEAD_FLOOR, eps: float = 0.0
+                     ) -> dict[str, Tensor]:
     """The same figures of two views' encodings F, G (N, d): what a method that shares no
     statistics is read by (its CCO averages are computed here, in float64)."""
-    return collapse_figures(encoding_stats(f.detach(), g.detach()).moments(), floor)
+    return collapse_figures(encoding_stats(f.detach(), g.detach()).moments(), floor, eps)
 
 
 DEAD_LIMIT = 0.5
@@ -108,6 +124,9 @@ CORR_LIMIT = 0.15
 row (healthy runs read 0.17 to 0.5 and rising by round 20; the paper's network under Adam 5e-3
 reads 0.10 to 0.13 on its plateau: docs/results.md, "Collapse")."""
 CORR_READINGS = 3
+EPS_SCALE = 100.0
+"""Encodings under ε: the largest variance at most this many times the loss's ε (an encoder
+whose outputs are scaled by 1e-4 reads 1e-9 against ε = 1e-5)."""
 
 
 def watch_start(warmup_rounds: int) -> int:
@@ -128,6 +147,10 @@ class CollapseWatch:
     a one-line message naming it, its likely cause and what to try; later readings give
     none:
 
+    - encodings under the loss's ε: ``dead_dims`` ≥ ``DEAD_LIMIT`` and even the largest
+      variance at most ``EPS_SCALE`` times ε (``eps`` > 0), yet more than ``DEAD_FLOOR``
+      times ε: the encodings vary, on ε's scale, so ε is what they are dead by (encodings
+      that do not vary at all are dead dimensions, next);
     - dead dimensions, ``dead_dims`` ≥ ``DEAD_LIMIT``;
     - one direction, ``eff_rank`` < ``RANK_LIMIT`` (for d ≥ 4);
     - the plateau, ``corr_diag`` < ``CORR_LIMIT`` at ``CORR_READINGS`` readings in a row: the
@@ -135,10 +158,12 @@ class CollapseWatch:
 
     Args:
         after: the first round judged (``watch_start``).
+        eps: the ε of the run's loss (``Method.variance_eps``; 0: a loss without one).
     """
 
-    def __init__(self, after: int) -> None:
+    def __init__(self, after: int, eps: float = 0.0) -> None:
         self.after = after
+        self.eps = eps
         self.message: str | None = None
         self._low_corr = 0
 
@@ -147,27 +172,40 @@ class CollapseWatch:
         otherwise."""
         if self.message is not None or round_done < self.after or not figures:
             return None
-        dead, corr, rank = (figures[k] for k in FIGURES)
+        dead, corr, rank = (figures[k] for k in ("dead_dims", "corr_diag", "eff_rank"))
+        largest = figures.get("max_var")
         self._low_corr = self._low_corr + 1 if corr < CORR_LIMIT else 0
-        if dead >= DEAD_LIMIT:
+        rate = ("Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCO default to "
+                "Adam 1e-3), a longer warm-up (optim.warmup_steps), and normalisation layers "
+                "in the model")
+        if dead >= DEAD_LIMIT and self.eps > 0 and largest is not None \
+                and DEAD_FLOOR * self.eps < largest <= EPS_SCALE * self.eps:
+            what = (f"{dead:.0%} of the encodings' dimensions vary less than the loss's "
+                    f"ε = {self.eps:g} (the largest variance is {largest:.2g}): the loss reads "
+                    f"them as constants, and their gradient nearly vanishes")
+            cause = "encodings too small for ε: an output scaled down, or initialised tiny"
+            fix = ("Scale the encoder's outputs up, give it dcco's projector (its group norm "
+                   "sets the scale), or lower loss.eps below the variances")
+        elif dead >= DEAD_LIMIT:
             what = (f"{dead:.0%} of the encodings' dimensions no longer vary over a round's "
                     f"samples")
             cause = ("dead units: a model without normalisation, or server steps too large "
                      "for it")
+            fix = rate
         elif d >= 4 and rank < RANK_LIMIT:
             what = f"the encodings lie on about one line (C's effective rank {rank:.2f})"
             cause = "server steps too large for the model"
+            fix = rate
         elif self._low_corr >= CORR_READINGS:
             what = (f"the two views' encodings stay unrelated (mean C_ii {corr:.2f} at "
                     f"{CORR_READINGS} readings in a row; the loss sits near d = {d})")
             cause = ("server steps too large for this network (Adam moves every weight by "
                      "about its rate, however small the weight; wide layers suffer most)")
+            fix = rate
         else:
             return None
         self.message = (f"collapse at round {round_done}: {what}. Likely cause: {cause}. "
-                        f"Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCO "
-                        f"default to Adam 1e-3), a longer warm-up (optim.warmup_steps), and "
-                        f"normalisation layers in the model (docs/own_code.md, \"Collapse\")")
+                        f"{fix} (docs/own_code.md, \"Collapse\")")
         return self.message
 
 

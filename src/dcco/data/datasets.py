@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from dcco.data.cache import cached_arrays
-from dcco.errors import UserError
+from dcco.errors import UserError, shown
 from dcco.files import umask_mode
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
@@ -164,14 +164,6 @@ class ImageDataset:
         return ImageDataset(self.name, self.images[idx].contiguous(),
                             self.labels[idx.to(self.labels.device)], self.num_classes,
                             self.class_names, clients, self.client_names)
-
-
-def shown(path: Path | str) -> str:
-    """A path as given, with its absolute form beside it when they differ (``nosuch/fmnist
-    (= /home/me/nosuch/fmnist)``), for messages."""
-    given = Path(path).expanduser()
-    full = given.absolute()
-    return str(path) if str(full) == str(path) else f"{path} (= {full})"
 
 
 def search_dirs(data_dir: str | Path | None) -> list[Path]:

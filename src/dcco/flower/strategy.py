@@ -175,7 +175,7 @@ class DCCO(Strategy):
                              "(secagg=None) or 'drop'")
         self.absent_statistics = absent_statistics
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
-        self.watch = CollapseWatch(watch_start(warmup_rounds))
+        self.watch = CollapseWatch(watch_start(warmup_rounds), eps=self.method.variance_eps())
         self.cache: StatisticsCache | None = None
         """Every node's last statistics under ``absent_statistics='cached'`` (from
         ``start``)."""
@@ -391,7 +391,8 @@ class DCCO(Strategy):
         self._eval_rng = random.Random(derive_seed(self.seed, "evaluate"))
         self._no_evaluate = False
         self.cache = StatisticsCache() if self.absent_statistics == "cached" else None
-        self.watch = CollapseWatch(watch_start(self.optim.warmup_steps))
+        self.watch = CollapseWatch(watch_start(self.optim.warmup_steps),
+                                   eps=self.method.variance_eps())
         self.trained = None if self._given is None else list(self._given)
         floating = {k for k, v in self._weights.items() if v.is_floating_point()}
         if self.trained is not None and not set(self.trained) <= floating:
@@ -445,7 +446,8 @@ class DCCO(Strategy):
         they show collapse after the warm-up (``CollapseWatch``)."""
         if shared is None:
             return metrics
-        figures = {k: float(v) for k, v in collapse_figures(shared).items()}
+        figures = {k: float(v) for k, v in collapse_figures(
+            shared, eps=self.method.variance_eps()).items()}
         d = next(iter(shared.tensors())).shape[0]
         if (warning := self.watch.check(r, figures, d)) is not None:
             LOG.warning("DCCO: %s", warning)

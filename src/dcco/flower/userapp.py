@@ -28,6 +28,8 @@ from torch.utils.data import Dataset as TorchDataset
 from dcco.api import local_update, statistics
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
+from dcco.data.datasets import DataError
+from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
 from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
 from dcco.methods.base import LossConfig, Method
@@ -63,9 +65,10 @@ def answer(msg: Message, context: Context, model: nn.Module,
 
     Raises:
         ValueError: a message without the strategy's config, a phase ``update`` whose
-            model this node did not receive in phase ``stats``, or (SecAgg+) more samples
-            than the strategy's ``SecAgg.max_samples`` (Flower reports the error to the
-            server, which counts the node as failed).
+            model this node did not receive in phase ``stats``, a sample holding NaN or an
+            infinity (named: which of the node's samples, and the value), or (SecAgg+) more
+            samples than the strategy's ``SecAgg.max_samples`` (Flower reports the error to
+            the server, which counts the node as failed).
     """
     ask = _asked(msg.content, model)
     phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
@@ -93,6 +96,10 @@ def answer(msg: Message, context: Context, model: nn.Module,
         x1, x2 = views["x1"], views["x2"]
     else:  # the node's samples are read (a data loader's: one pass) once a round
         samples = node_samples(samples)
+        try:
+            refuse_non_finite(samples, f"node {context.node_id}'s samples")
+        except DataError as e:  # Flower reports a handler's error to the server
+            raise ValueError(str(e)) from None
         x1, x2 = _views(samples, augment if augment is not None else default_augment(samples),
                         seed, context.node_id, next(model.parameters()).dtype)
     if phase == "stats":

@@ -97,6 +97,10 @@ class Method(Protocol):
         """One client's objective on its own encodings (N_k, d); ``shared`` is S_A or None."""
         ...
 
+    def variance_eps(self) -> float:
+        """The ε the loss adds inside each variance (``MethodBase.variance_eps``)."""
+        ...
+
     def round_loss(self, f: Tensor, g: Tensor, segments: Segments,
                    shared: Moments | None) -> Tensor:
         """Σ_k (N_k/N) client_loss_k over a round's concatenated encodings (N, d)."""
@@ -110,6 +114,14 @@ class MethodBase:
 
     stats: ClassVar[StatsSpec | None] = None
     similarity: ClassVar[str] = "standardized"
+    uses_eps: ClassVar[bool] = False
+    """Whether the loss adds ``loss.eps`` inside each variance (the CCO loss)."""
+
+    def variance_eps(self) -> float:
+        """The ε the loss adds inside each encoding dimension's variance (``loss.eps`` for
+        the CCO loss; 0 for a loss without one): a dimension whose variance is under it is
+        dead to the loss (``dcco.core.collapse``)."""
+        return float(self.loss.eps) if self.uses_eps else 0.0
 
     @property
     def needs_statistics(self) -> bool:

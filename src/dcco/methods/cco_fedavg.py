@@ -21,6 +21,7 @@ class CCOFedAvg(MethodBase):
     min_client_samples: ClassVar[int] = 2
     default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
     loss_kind: ClassVar[str] = "CCO loss within each client (weighted mean)"
+    uses_eps: ClassVar[bool] = True
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         return cco_loss(encoding_stats(f, g).moments(), self.loss.lambd, self.loss.eps)

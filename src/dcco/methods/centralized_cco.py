@@ -21,6 +21,7 @@ class CentralizedCCO(MethodBase):
     min_client_samples: ClassVar[int] = 1
     default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
     loss_kind: ClassVar[str] = "CCO loss of the round's pooled batch"
+    uses_eps: ClassVar[bool] = True
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
         """The CCO loss of a whole minibatch (the 'client' is the data centre)."""

@@ -28,6 +28,7 @@ class DCCO(AnchoredMethod):
     min_client_samples: ClassVar[int] = 1
     default_projector: ClassVar[tuple[int, ...]] = (1024, 1024, 1024)
     loss_kind: ClassVar[str] = "CCO loss of the round's pooled batch"
+    uses_eps: ClassVar[bool] = True
 
     def statistics_loss(self, m: Moments) -> Tensor:
         return cco_loss(m, self.loss.lambd, self.loss.eps)

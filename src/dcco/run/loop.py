@@ -129,7 +129,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
                                                state_bytes=state_bytes - model_bytes)
     writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
-    watch = CollapseWatch(watch_start(cfg.optim.warmup_steps))
+    watch = CollapseWatch(watch_start(cfg.optim.warmup_steps), eps=pt.method.variance_eps())
     stopped: str | None = None
     while not pt.finished and stopped is None:
         m = step()
@@ -244,9 +244,11 @@ def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
                       test_set: Dataset | None, resume: bool, progress: bool,
                       stop: Callable[[], str | None] | None = None,
                       model: DualEncoder | None = None,
-                      augment: Callable[[Tensor], Tensor] | None = None) -> dict[str, Any]:
+                      augment: Callable[[Tensor], Tensor] | None = None,
+                      then: RoundCallback | None = None) -> dict[str, Any]:
     """``run_pretraining`` with a progress bar (``progress``: None on a terminal, plain lines
-    in a log; False: none) and the run's loss and k-NN plots at the end."""
+    in a log; False: none) and the run's loss and k-NN plots at the end; ``then`` is called
+    after the bar's update every round (``pretraining_loop``'s ``on_round``)."""
     from dcco.run.progress import Progress
     from dcco.run.report import plot_run_curves
 
@@ -262,6 +264,8 @@ def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
             extra["ε"] = f"{latest['epsilon']:.3g}"
         extra |= collapse_postfix(latest)
         bar.update(m.round, **extra)
+        if then is not None:
+            then(m, latest)
 
     with bar:
         summary = run_pretraining(cfg, run, train_set, test_set, resume=resume,

@@ -187,7 +187,7 @@ class Pretraining:
         shares none, with ``probe``, of a fixed batch's two views (``probe_figures``); {}
         otherwise."""
         if self.shared is not None:
-            figures = collapse_figures(self.shared)
+            figures = collapse_figures(self.shared, eps=self.method.variance_eps())
         elif probe:
             figures = self.probe_figures()
         else:
@@ -208,7 +208,7 @@ class Pretraining:
             pairs = [self.model(a, b) for a, b in zip(x1.split(chunk), x2.split(chunk),
                                                         strict=True)]
         f, g = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
-        return encoding_figures(f, g)
+        return encoding_figures(f, g, eps=self.method.variance_eps())
 
     def step(self) -> RoundMetrics:
         """Run the next round and apply the server update."""
@@ -321,9 +321,28 @@ class Pretraining:
             return
         bad, loss = int(self._first_bad), float(self._bad_loss)
         raise Diverged(
-            bad, f"round {bad}: the loss is {loss}; training diverged (try a lower optim.lr). "
+            bad, f"round {bad}: the loss is {loss}; training diverged ({self._cause(bad)}). "
             f"Rounds {bad}-{self.rounds_done} were applied before the check, so this model is "
             f"discarded: no checkpoint was written after round {bad - 1}")
+
+    @torch.no_grad()
+    def _cause(self, bad: int) -> str:
+        """The likely cause of a loss that stopped being finite at round ``bad``, from what
+        can be seen: the views of a few samples (the samples themselves were checked finite
+        before training: ``check_data``), and whether any server step came before."""
+        pool = self.partition.indices[:PROBE_SAMPLES]
+        x1, x2 = self._views(pool, derive_seed(self.cfg.train.seed, "diverged"), bad - 1)
+        if not (bool(torch.isfinite(x1).all()) and bool(torch.isfinite(x2).all())):
+            return ("the views hold NaN or an infinity although the samples are finite: "
+                    "the augmentation makes them (a division by a zero spread, say)")
+        if bad == 1:
+            return ("the loss was not finite at the first round, before any server step, so "
+                    "no rate could have caused it: the encoder's outputs overflow on these "
+                    "inputs (inputs far out of the range it expects, or a layer that "
+                    "overflows)")
+        return (f"after {bad - 1} server steps the weights or encodings overflowed: the steps "
+                f"are too large for this model; try a lower optim.lr or a longer "
+                f"optim.warmup_steps")
 
     def _statistics_cache(self) -> StatisticsCache | None:
         """A new cache for ``train.absent_statistics = "cached"``, refused where it cannot

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass, replace
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch
 
 import dcco
 from dcco.config import RunConfig, load_config, to_toml
-from dcco.errors import UserError
+from dcco.errors import UserError, shown
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.scalars import ScalarLog
 from dcco.run.setup import resolved
@@ -44,6 +44,21 @@ class RunDirError(UserError):
 
 class RunDirBusy(RunDirError):
     """Another process is working in the run directory."""
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a caller names a run directory and the way to continue one, so that a message
+    says the words the user typed: ``--run-dir`` on the command line, ``run_dir=`` in
+    Python."""
+
+    run_dir: str
+    resume: str
+    """What continues the run in ``{path}``."""
+
+
+CLI_WORDS = Words("--run-dir", "resume it with --resume {path}")
+FIT_WORDS = Words("run_dir=", "call fit again with the same arguments to continue it")
 
 
 
@@ -172,17 +187,23 @@ class RunDir:
     an error in its config or data): ``create`` may start afresh in it."""
 
     @classmethod
-    def create(cls, path: str | Path, cfg: RunConfig) -> RunDir:
-        """A new run directory; refuses to touch one that already holds a run. A directory
-        that holds only the files of a run that never started (``STARTED_ONLY``) is reused."""
+    def create(cls, path: str | Path, cfg: RunConfig, words: Words = CLI_WORDS) -> RunDir:
+        """A new run directory; refuses to touch one that already holds a run, or a path
+        where no folder can be made (a file, or a file above it), naming the path as given
+        and in full and the caller's ``words``. A directory that holds only the files of a
+        run that never started (``STARTED_ONLY``) is reused."""
         run = cls(path)
         if run.path.exists() and not run.path.is_dir():
-            raise RunDirError(f"{run.path} is a file, not a run directory; choose another "
-                              f"--run-dir")
+            raise RunDirError(f"{shown(path)} is a file, not a run directory; choose another "
+                              f"{words.run_dir}")
+        above = next((a for a in run.path.absolute().parents if a.exists()), None)
+        if above is not None and not above.is_dir():
+            raise RunDirError(f"{shown(path)} cannot be a run directory: {above} is a file, "
+                              f"not a folder; choose another {words.run_dir}")
         if run.path.exists() and any(p.name not in cls.STARTED_ONLY for p in run.path.iterdir()):
             raise RunDirError(
-                f"run directory {run.path} already exists and is not empty; resume it with "
-                f"--resume {run.path}, or choose another --run-dir"
+                f"run directory {shown(path)} already exists and is not empty; "
+                f"{words.resume.format(path=run.path)}, or choose another {words.run_dir}"
             )
         stored = with_absolute_paths(resolved(cfg))  # refused before anything is written
         run.path.mkdir(parents=True, exist_ok=True)
@@ -212,7 +233,8 @@ class RunDir:
         """An existing run directory (it must hold a config)."""
         run = cls(path)
         if not run.config_path.is_file():
-            raise RunDirError(f"{run.path} is not a dcco run directory (no config.toml)")
+            what = "does not exist" if not run.path.exists() else "holds no config.toml"
+            raise RunDirError(f"{shown(path)} is not a dcco run directory (it {what})")
         return run
 
     def config(self) -> RunConfig:

@@ -16,6 +16,7 @@ from dcco.config import ConfigError, RunConfig
 from dcco.core.precision import Speed, check, resolve
 from dcco.data.augment import is_image
 from dcco.data.paired import Dataset, is_paired
+from dcco.data.samples import refuse_non_finite
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, Head, InputShape, build_dual_encoder, check_inputs
@@ -135,11 +136,12 @@ def build_model(cfg: RunConfig, in_channels: InputShape,
 def check_data(cfg: RunConfig, dataset: Any, towers: bool = True) -> None:
     """Refuse a training set ``cfg`` cannot train on, before any run starts: images for a
     paired ``data.dataset`` (or pairs for an image one), configured towers that cannot read
-    their inputs (``towers``: false for towers the user builds), or augmentation asked of a
-    modality that is not images.
+    their inputs (``towers``: false for towers the user builds), samples holding NaN or an
+    infinity, or augmentation asked of a modality that is not images.
 
     Raises:
         ConfigError: naming the key to change.
+        DataError: a sample holds NaN or an infinity (naming its client and which sample).
     """
     if dataset.paired != is_paired(cfg.data.dataset):
         fix = ("set data.dataset = 'pairs' for pairs built in code (or 'paired_npz' for "
@@ -159,6 +161,12 @@ def check_data(cfg: RunConfig, dataset: Any, towers: bool = True) -> None:
             check_inputs(cfg.model, x_shape, y_shape if dataset.paired else None)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    for tower in range(1 + dataset.paired):
+        refuse_non_finite(dataset.inputs(tower),
+                          f"the training set {dataset.name!r}"
+                          + (f" (tower {tower})" if dataset.paired else ""),
+                          getattr(dataset, "clients", None),
+                          getattr(dataset, "client_names", None))
     for tower, key in enumerate(("augment", "augment_y")[: 1 + dataset.paired]):
         sample = dataset.inputs(tower)
         if getattr(cfg, key).enabled and not is_image(sample):

@@ -1,0 +1,462 @@
+"""What training is worth: a user's own model trained with ``dcco.fit``, probed against the
+same encoder untrained and against its raw input (docs/results.md, "What training is worth").
+
+Each run trains one model with one recipe and one seed over Fashion-MNIST split as the
+example splits it (15,000 one-class phones of 4 photos, ``examples/own_model.py``), probes the
+encoder as it trains at the rounds asked for, and records the linear probe at 5,000 labels
+(``dcco.linear_probe``: every 12th training photo, scored on the 10,000 test photos) of
+
+- the trained encoder at each of those rounds, with its features' effective rank;
+- the same encoder untrained (the weights it started from);
+- the raw input (the photos' pixels, flattened, through the same probe).
+
+The models, as users bring them (each written here): ``example_cnn``, the example's small CNN
+with group norm and global pooling (as shipped before this study); ``wide_cnn``, the same
+two convolutions without the global pooling, a 4×4 map of 64 channels (1,024 features);
+``plain_cnn``, a quickstart-like CNN without normalisation (two convolutions with max pooling,
+three linear layers, a 10-d output); ``mlp``, an MLP on flattened photos as float vectors,
+with an augmentation for vectors (noise and masking); ``small``, dcco's own `small` network
+(ResNet14 with group norm and weight standardisation at widths 16, 32, 64).
+
+The recipes (``RECIPES``) name ``fit``'s settings, its projector and clients a round, and the
+augmentation; ``defaults`` is whatever ``dcco.fit`` does by default today, ``before`` what it
+did before this study.
+
+    python experiments/learning_value.py run --model example_cnn --recipe defaults \\
+        --seeds 0 1 2 --rounds 1500 --curve 100 300 1000 1500 --threads 1 \\
+        --out experiments/results/learning_value/example_cnn-defaults.json
+    python experiments/learning_value.py table experiments/results/learning_value/*.json \\
+        --plot docs/learning_value.png
+
+A record holds the command that made it, the machine, each seed's probes, and the seconds of
+training alone (the probes' time excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ the models
+
+
+class ExampleCNN(nn.Module):
+    """The example's CNN as shipped before this study: two strided convolutions with group
+    norm, global average pooling, 64 features."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, width, 3, stride=2, padding=1), nn.GroupNorm(8, width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.GroupNorm(8, 2 * width),
+            nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class WideCNN(nn.Module):
+    """The example's two convolutions and group norm, then a 4×4 average pool instead of the
+    global one: the features keep where in the photo a pattern is (64 × 4 × 4 = 1,024)."""
+
+    def __init__(self, width: int = 32, grid: int = 4) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, width, 3, stride=2, padding=1), nn.GroupNorm(8, width), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.GroupNorm(8, 2 * width),
+            nn.ReLU(), nn.AdaptiveAvgPool2d(grid), nn.Flatten())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class DeepCNN(nn.Module):
+    """Three strided convolutions with group norm (32, 64, 128 channels), then global
+    average pooling: 128 features, each seeing most of the photo."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        layers, c_in = [], 1
+        for c in (width, 2 * width, 4 * width):
+            layers += [nn.Conv2d(c_in, c, 3, stride=2, padding=1), nn.GroupNorm(8, c),
+                       nn.ReLU()]
+            c_in = c
+        self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Deep4CNN(nn.Module):
+    """Four convolutions with group norm (32 at full size, then 64, 128, 256 strided), then
+    global average pooling: 256 features."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        layers, c_in = [], 1
+        for c, stride in ((width, 1), (2 * width, 2), (4 * width, 2), (8 * width, 2)):
+            layers += [nn.Conv2d(c_in, c, 3, stride=stride, padding=1), nn.GroupNorm(8, c),
+                       nn.ReLU()]
+            c_in = c
+        self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class PlainCNN(nn.Module):
+    """A quickstart-like CNN without normalisation: two 5×5 convolutions with max pooling,
+    three linear layers, a 10-d output (what a classifier's user brings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 8, 5), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(8, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84),
+                                  nn.ReLU(), nn.Linear(84, 10))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.features(x))
+
+
+class VectorMLP(nn.Module):
+    """An MLP on 784-d float vectors: two hidden layers of 512, 256 outputs."""
+
+    def __init__(self, d_in: int = 784) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, 512), nn.ReLU(), nn.Linear(512, 512),
+                                 nn.ReLU(), nn.Linear(512, 256))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+def small_network() -> nn.Module:
+    """dcco's own `small` network: ResNet14, group norm and weight standardisation, widths
+    16, 32, 64 (``configs/fmnist_small.toml``'s backbone)."""
+    from dcco.models import ModelConfig, build_backbone
+
+    return build_backbone(ModelConfig(widths=(16, 32, 64)), (1, 28, 28), seed=0)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "example_cnn": ExampleCNN, "wide_cnn": WideCNN, "deep_cnn": DeepCNN,
+    "deep4_cnn": Deep4CNN, "plain_cnn": PlainCNN,
+    "mlp": VectorMLP, "small": small_network}
+VECTOR_MODELS = ("mlp",)
+"""Models whose samples are float vectors (the photos flattened and scaled), not images."""
+
+
+# ------------------------------------------------------------------------------ the views
+
+
+def to_float(images: Tensor) -> Tensor:
+    """uint8 photos (N, 1, 28, 28) → floats in [-1, 1], no augmentation (the probe's view)."""
+    return (images.float() / 255 - 0.5) / 0.5
+
+
+def image_views(crop: tuple[float, float], jitter: float, jitter_p: float = 0.8
+                ) -> Callable[[Tensor], Tensor]:
+    """A user's kornia augmentation of uint8 photos: a random resized crop of ``crop`` of the
+    area, a horizontal flip, brightness and contrast jitter of ``jitter`` (none at 0)."""
+    import kornia.augmentation as K
+
+    parts = [K.RandomResizedCrop((28, 28), scale=crop), K.RandomHorizontalFlip()]
+    if jitter > 0:
+        parts.append(K.ColorJitter(jitter, jitter, p=jitter_p))
+    views = nn.Sequential(*parts)
+
+    def augment(images: Tensor) -> Tensor:
+        return (views(images.float() / 255) - 0.5) / 0.5
+
+    return augment
+
+
+def vector_views(noise: float, mask: float) -> Callable[[Tensor], Tensor]:
+    """A user's augmentation of float vectors: Gaussian noise of ``noise`` standard
+    deviations, then each entry zeroed with probability ``mask``."""
+
+    def augment(x: Tensor) -> Tensor:
+        x = x + noise * torch.randn_like(x)
+        return x * (torch.rand_like(x) >= mask)
+
+    return augment
+
+
+# ------------------------------------------------------------------------------ the recipes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a run changes from ``dcco.fit``'s defaults: its settings (``settings=``), the
+    projector and clients a round (None: fit's default), and the augmentation (crop area,
+    jitter; for vectors noise and masking)."""
+
+    settings: tuple[str, ...] = ()
+    projector: tuple[int, ...] | None | str = "default"
+    clients_per_round: int | None = None
+    crop: tuple[float, float] = (0.3, 1.0)
+    jitter: float = 0.4
+    noise: float = 0.5
+    mask: float = 0.3
+
+
+BEFORE = ('optim.name="adam"', "optim.lr=1e-3", "optim.warmup_steps=10",
+          "optim.weight_decay=0.0")
+"""``dcco.fit``'s server optimiser before this study (``USER_RECIPE`` until 2026-11-28)."""
+
+RECIPES: dict[str, Recipe] = {
+    "defaults": Recipe(),
+    "before": Recipe(settings=BEFORE, projector=(128, 128, 128), clients_per_round=32),
+}
+"""Named recipes; ``--set``, ``--projector``, ``--clients``, ``--crop``, ``--jitter``,
+``--noise`` and ``--mask`` change one for a search run (its record says what was run)."""
+
+
+# ------------------------------------------------------------------------------ a run
+
+
+def features_rank(features: Tensor) -> float:
+    """The effective rank (``dcco.core.collapse.effective_rank``) of centred features."""
+    from dcco.core.collapse import effective_rank
+
+    return float(effective_rank(features - features.mean(0)))
+
+
+def load_data(vectors: bool):
+    """The phones (one class each, 4 photos), the probe's labelled and scored sets, and the
+    probe's input transform: photos as uint8 images, or as float vectors for ``mlp``."""
+    from dcco.data import load_dataset
+
+    train, test = load_dataset("fashion_mnist", "train"), load_dataset("fashion_mnist", "test")
+    x_train, x_test = train.images, test.images
+    if vectors:
+        x_train, x_test = to_float(x_train).flatten(1), to_float(x_test).flatten(1)
+    order = train.labels.argsort(stable=True)
+    clients = {f"phone-{i}": x_train[order[i:i + 4]] for i in range(0, len(order), 4)}
+    labelled = (x_train[::12][:5000], train.labels[::12][:5000])
+    scored = (x_test, test.labels)
+    transform = None if vectors else to_float
+    return clients, labelled, scored, transform
+
+
+def probe(encoder: nn.Module, labelled, scored, transform) -> tuple[float, float]:
+    """The linear probe's accuracy and the test features' effective rank."""
+    import dcco
+    from dcco.fitting import encoder_features
+
+    accuracy = dcco.linear_probe(encoder, labelled, scored, transform=transform)
+    rank = features_rank(encoder_features(encoder, scored[0][:2000], transform))
+    return accuracy, rank
+
+
+def run_one(model: str, recipe: Recipe, seed: int, rounds: int, curve: list[int],
+            data) -> dict:
+    """One seed: the untrained and raw probes, then ``fit`` with the probes at ``curve``."""
+    import dcco
+
+    clients, labelled, scored, transform = data
+    torch.manual_seed(seed)
+    encoder = MODELS[model]()
+    untrained = copy.deepcopy(encoder)
+    raw = probe(nn.Flatten(), labelled, scored, transform)
+    before = probe(untrained, labelled, scored, transform)
+    vectors = model in VECTOR_MODELS
+    augment = (vector_views(recipe.noise, recipe.mask) if vectors
+               else image_views(recipe.crop, recipe.jitter))
+    kwargs = {}
+    if recipe.projector != "default":
+        kwargs["projector"] = recipe.projector
+    if recipe.clients_per_round is not None:
+        kwargs["clients_per_round"] = recipe.clients_per_round
+    probes, spent = {}, [0.0]
+
+    def on_round(done: int, dual) -> None:
+        if done in curve:
+            start = time.perf_counter()
+            probes[done] = probe(dual.backbone, labelled, scored, transform)
+            spent[0] += time.perf_counter() - start
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        result = dcco.fit(encoder, clients, rounds=rounds, augment=augment, seed=seed,
+                          run_dir=Path(folder) / "run", progress=False,
+                          settings=recipe.settings, on_round=on_round, **kwargs)
+    seconds = time.perf_counter() - start - spent[0]
+    if rounds not in probes:
+        probes[rounds] = probe(encoder, labelled, scored, transform)
+    return {"seed": seed, "raw": raw[0], "raw_rank": raw[1], "untrained": before[0],
+            "untrained_rank": before[1],
+            "probes": {str(r): {"accuracy": a, "rank": k} for r, (a, k) in sorted(probes.items())},
+            "trained": probes[rounds][0], "trained_rank": probes[rounds][1],
+            "final_loss": result.summary.get("final_loss"), "collapse": result.collapse,
+            "collapse_warning": result.collapse_warning, "train_seconds": seconds}
+
+
+def machine() -> dict:
+    from dcco.run.rundir import code_version
+
+    return {"cpu": code_version().get("cpu"), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "commit": code_version().get("git_commit")}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    base = RECIPES[args.recipe]
+    settings = list(base.settings) + list(args.set)  # later settings win
+    projector = base.projector
+    if args.projector is not None:
+        projector = None if args.projector == ["none"] else tuple(int(d) for d in args.projector)
+    recipe = Recipe(settings=settings, projector=projector,
+                    clients_per_round=args.clients or base.clients_per_round,
+                    crop=tuple(args.crop) if args.crop else base.crop,
+                    jitter=base.jitter if args.jitter is None else args.jitter,
+                    noise=base.noise if args.noise is None else args.noise,
+                    mask=base.mask if args.mask is None else args.mask)
+    curve = sorted(set(args.curve or []) | {args.rounds})
+    data = load_data(args.model in VECTOR_MODELS)
+    record = {"command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)]
+                                              + sys.argv[1:]),
+              "model": args.model, "recipe": args.name or args.recipe,
+              "recipe_detail": {"settings": settings, "projector": projector,
+                                "clients_per_round": recipe.clients_per_round,
+                                "crop": recipe.crop, "jitter": recipe.jitter,
+                                "noise": recipe.noise, "mask": recipe.mask},
+              "rounds": args.rounds, "machine": machine(), "seeds": []}
+    for seed in args.seeds:
+        one = run_one(args.model, recipe, seed, args.rounds, curve, data)
+        record["seeds"].append(one)
+        print(f"{args.model} {record['recipe']} seed {seed}: trained "
+              f"{100 * one['trained']:.1f} % (rank {one['trained_rank']:.1f}), untrained "
+              f"{100 * one['untrained']:.1f} %, raw {100 * one['raw']:.1f} %; "
+              f"{one['train_seconds']:.0f} s of training; curve "
+              + " ".join(f"{r}:{100 * p['accuracy']:.1f}" for r, p in one["probes"].items()),
+              flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+            os.replace(tmp, args.out)
+    return 0
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    return float(t.mean()), float(t.std()) if len(values) > 1 else 0.0
+
+
+def _cell(values: list[float]) -> str:
+    """mean ± sd (each seed)."""
+    mean, sd = _mean_sd(values)
+    return f"{mean:.1f} ± {sd:.1f} (" + " / ".join(f"{x:.1f}" for x in values) + ")"
+
+
+def table_row(r: dict) -> str:
+    """One record's row: the probes in %, mean ± sd with every seed, and the gains."""
+    seeds = r["seeds"]
+    trained = [100 * s["trained"] for s in seeds]
+    untrained = [100 * s["untrained"] for s in seeds]
+    raw = [100 * s["raw"] for s in seeds]
+    gain = [a - b for a, b in zip(trained, untrained)]
+    over = [a - b for a, b in zip(trained, raw)]
+    secs = sum(s["train_seconds"] for s in seeds) / len(seeds)
+    ranks = (f"{_mean_sd([s['trained_rank'] for s in seeds])[0]:.1f} / "
+             f"{_mean_sd([s['untrained_rank'] for s in seeds])[0]:.1f}")
+    return (f"| {r['model']} | {r['recipe']} | {r['rounds']} | {secs:.0f} | {_cell(trained)} | "
+            f"{_cell(untrained)} | {_mean_sd(raw)[0]:.1f} | {_cell(gain)} | {_cell(over)} | "
+            f"{ranks} |")
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    records = [json.loads(Path(p).read_text()) for p in args.records]
+    lines = [("| model | recipe | rounds | training (s) | trained | untrained | raw input | "
+              "gain over untrained | gain over raw | features' rank (trained / untrained) |"),
+             "|---|---|---:|---:|---|---|---:|---|---|---|"]
+    lines += [table_row(r) for r in records]
+    print("\n".join(lines))
+    if args.plot:
+        plot(records, args.plot)
+    return 0
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """The probe by rounds, one panel a model: each recipe's mean over seeds, with the
+    untrained encoder's and the raw input's probes as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in records))
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for r in (r for r in records if r["model"] == model):
+            rounds = sorted(int(k) for k in r["seeds"][0]["probes"])
+            means = [_mean_sd([100 * s["probes"][str(k)]["accuracy"] for s in r["seeds"]])[0]
+                     for k in rounds]
+            line, = ax.plot(rounds, means, marker="o", label=r["recipe"])
+            ax.axhline(_mean_sd([100 * s["untrained"] for s in r["seeds"]])[0],
+                       color=line.get_color(), linestyle=":", linewidth=1)
+        raw = _mean_sd([100 * s["raw"] for s in records[[r["model"] for r in records]
+                                                        .index(model)]["seeds"]])[0]
+        ax.axhline(raw, color="black", linestyle="--", linewidth=1, label="raw input")
+        ax.set_title(model)
+        ax.set_xlabel("rounds")
+        ax.set_ylabel("linear probe, 5,000 labels (%)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="train and probe one model with one recipe, over seeds")
+    p.add_argument("--model", choices=sorted(MODELS), required=True)
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="defaults")
+    p.add_argument("--name", default=None, help="the recipe's name in the record")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a fit setting on top of the recipe's (optim.lr=3e-3)")
+    p.add_argument("--projector", nargs="+", default=None, help="widths, or 'none'")
+    p.add_argument("--clients", type=int, default=None, help="clients a round")
+    p.add_argument("--crop", type=float, nargs=2, default=None)
+    p.add_argument("--jitter", type=float, default=None)
+    p.add_argument("--noise", type=float, default=None)
+    p.add_argument("--mask", type=float, default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--curve", type=int, nargs="*", default=None,
+                   help="rounds at which to probe as it trains (the last always)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--out", type=Path, default=None)
+    p.set_defaults(func=cmd_run)
+    t = sub.add_parser("table", help="the records as a markdown table (and the curves' plot)")
+    t.add_argument("records", nargs="+")
+    t.add_argument("--plot", type=Path, default=None)
+    t.set_defaults(func=cmd_table)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
