@@ -226,7 +226,8 @@ def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads:
             strategy = DCCO(fraction_train=1.0, min_train_nodes=clients,
                             min_available_nodes=clients, optimizer="sgd", lr=1.0,
                             weight_decay=0.0, warmup_rounds=0, schedule="constant",
-                            fraction_evaluate=0.0)
+                            fraction_evaluate=0.0,  # dcco's own round's λ (the paper's)
+                            lambd=build_method("dcco").loss.lambd)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
                        evaluate_fn=evaluate)
         start = initial.to_torch_state_dict()

@@ -87,14 +87,42 @@ class WideCNN(nn.Module):
 
 class DeepCNN(nn.Module):
     """Three strided convolutions with group norm (32, 64, 128 channels), then global
-    average pooling: 128 features, each seeing most of the photo."""
+    average pooling: 128 features, each seeing most of the photo (``grid`` > 1: an average
+    pool to a grid × grid map instead, 128 × grid² features)."""
 
-    def __init__(self, width: int = 32) -> None:
+    def __init__(self, width: int = 32, grid: int = 1) -> None:
         super().__init__()
         layers, c_in = [], 1
         for c in (width, 2 * width, 4 * width):
             layers += [nn.Conv2d(c_in, c, 3, stride=2, padding=1), nn.GroupNorm(8, c),
                        nn.ReLU()]
+            c_in = c
+        self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(grid), nn.Flatten())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class WSConv(nn.Conv2d):
+    """A convolution with weight standardisation (Qiao et al. 2019): each filter's weights
+    centred and scaled to unit variance before use, which lets group norm train as fast as
+    batch norm."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / (
+            w.var(dim=(1, 2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt()
+        return nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+class DeepWSCNN(nn.Module):
+    """``DeepCNN`` with weight-standardised convolutions."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        layers, c_in = [], 1
+        for c in (width, 2 * width, 4 * width):
+            layers += [WSConv(c_in, c, 3, stride=2, padding=1), nn.GroupNorm(8, c), nn.ReLU()]
             c_in = c
         self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
@@ -149,14 +177,17 @@ class VectorMLP(nn.Module):
 
 def small_network() -> nn.Module:
     """dcco's own `small` network: ResNet14, group norm and weight standardisation, widths
-    16, 32, 64 (``configs/fmnist_small.toml``'s backbone)."""
+    16, 32, 64 (``configs/fmnist_small.toml``'s backbone), initialised from the seed that
+    ``torch.manual_seed`` last set (the run's)."""
     from dcco.models import ModelConfig, build_backbone
 
-    return build_backbone(ModelConfig(widths=(16, 32, 64)), (1, 28, 28), seed=0)
+    return build_backbone(ModelConfig(widths=(16, 32, 64)), (1, 28, 28),
+                          seed=torch.initial_seed() % (1 << 31))
 
 
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "example_cnn": ExampleCNN, "wide_cnn": WideCNN, "deep_cnn": DeepCNN,
+    "deep_cnn_grid2": lambda width=32: DeepCNN(width, grid=2), "deep_ws_cnn": DeepWSCNN,
     "deep4_cnn": Deep4CNN, "plain_cnn": PlainCNN,
     "mlp": VectorMLP, "small": small_network}
 VECTOR_MODELS = ("mlp",)
@@ -171,15 +202,21 @@ def to_float(images: Tensor) -> Tensor:
     return (images.float() / 255 - 0.5) / 0.5
 
 
-def image_views(crop: tuple[float, float], jitter: float, jitter_p: float = 0.8
-                ) -> Callable[[Tensor], Tensor]:
+def image_views(crop: tuple[float, float], jitter: float, jitter_p: float = 0.8,
+                rotate: float = 0.0, erase: float = 0.0) -> Callable[[Tensor], Tensor]:
     """A user's kornia augmentation of uint8 photos: a random resized crop of ``crop`` of the
-    area, a horizontal flip, brightness and contrast jitter of ``jitter`` (none at 0)."""
+    area, a horizontal flip, brightness and contrast jitter of ``jitter`` (none at 0); with
+    ``rotate``, a rotation of up to that many degrees; with ``erase``, a random rectangle
+    erased with that probability."""
     import kornia.augmentation as K
 
     parts = [K.RandomResizedCrop((28, 28), scale=crop), K.RandomHorizontalFlip()]
+    if rotate > 0:
+        parts.append(K.RandomRotation(rotate))
     if jitter > 0:
         parts.append(K.ColorJitter(jitter, jitter, p=jitter_p))
+    if erase > 0:
+        parts.append(K.RandomErasing(p=erase, scale=(0.02, 0.2)))
     views = nn.Sequential(*parts)
 
     def augment(images: Tensor) -> Tensor:
@@ -215,11 +252,14 @@ class Recipe:
     jitter: float = 0.4
     noise: float = 0.5
     mask: float = 0.3
+    rotate: float = 0.0
+    erase: float = 0.0
 
 
 BEFORE = ('optim.name="adam"', "optim.lr=1e-3", "optim.warmup_steps=10",
-          "optim.weight_decay=0.0")
-"""``dcco.fit``'s server optimiser before this study (``USER_RECIPE`` until 2026-11-28)."""
+          "optim.weight_decay=0.0", "loss.lambd=20.0")
+"""``dcco.fit``'s settings before this study (until 2026-11-28): its server optimiser, which
+it keeps, and the paper's λ."""
 
 RECIPES: dict[str, Recipe] = {
     "defaults": Recipe(),
@@ -267,19 +307,20 @@ def probe(encoder: nn.Module, labelled, scored, transform) -> tuple[float, float
 
 
 def run_one(model: str, recipe: Recipe, seed: int, rounds: int, curve: list[int],
-            data) -> dict:
+            data, width: int | None = None) -> dict:
     """One seed: the untrained and raw probes, then ``fit`` with the probes at ``curve``."""
     import dcco
 
     clients, labelled, scored, transform = data
     torch.manual_seed(seed)
-    encoder = MODELS[model]()
+    encoder = MODELS[model]() if width is None else MODELS[model](width=width)
     untrained = copy.deepcopy(encoder)
     raw = probe(nn.Flatten(), labelled, scored, transform)
     before = probe(untrained, labelled, scored, transform)
     vectors = model in VECTOR_MODELS
     augment = (vector_views(recipe.noise, recipe.mask) if vectors
-               else image_views(recipe.crop, recipe.jitter))
+               else image_views(recipe.crop, recipe.jitter, rotate=recipe.rotate,
+                                erase=recipe.erase))
     kwargs = {}
     if recipe.projector != "default":
         kwargs["projector"] = recipe.projector
@@ -329,19 +370,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                     crop=tuple(args.crop) if args.crop else base.crop,
                     jitter=base.jitter if args.jitter is None else args.jitter,
                     noise=base.noise if args.noise is None else args.noise,
-                    mask=base.mask if args.mask is None else args.mask)
+                    mask=base.mask if args.mask is None else args.mask,
+                    rotate=base.rotate if args.rotate is None else args.rotate,
+                    erase=base.erase if args.erase is None else args.erase)
     curve = sorted(set(args.curve or []) | {args.rounds})
     data = load_data(args.model in VECTOR_MODELS)
     record = {"command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)]
                                               + sys.argv[1:]),
-              "model": args.model, "recipe": args.name or args.recipe,
+              "model": args.model + (f" (width {args.width})" if args.width else ""),
+              "recipe": args.name or args.recipe,
               "recipe_detail": {"settings": settings, "projector": projector,
                                 "clients_per_round": recipe.clients_per_round,
                                 "crop": recipe.crop, "jitter": recipe.jitter,
-                                "noise": recipe.noise, "mask": recipe.mask},
+                                "noise": recipe.noise, "mask": recipe.mask,
+                                "rotate": recipe.rotate, "erase": recipe.erase},
               "rounds": args.rounds, "machine": machine(), "seeds": []}
     for seed in args.seeds:
-        one = run_one(args.model, recipe, seed, args.rounds, curve, data)
+        one = run_one(args.model, recipe, seed, args.rounds, curve, data, args.width)
         record["seeds"].append(one)
         print(f"{args.model} {record['recipe']} seed {seed}: trained "
               f"{100 * one['trained']:.1f} % (rank {one['trained_rank']:.1f}), untrained "
@@ -354,6 +399,39 @@ def cmd_run(args: argparse.Namespace) -> int:
             tmp = args.out.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1) + "\n")
             os.replace(tmp, args.out)
+    return 0
+
+
+def cmd_time(args: argparse.Namespace) -> int:
+    """Seconds a round of each model under fit's defaults, and the rounds that fill the
+    budget: what sets each model's rounds in the study (a fixed budget of wall time)."""
+    import dcco
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.models:
+        model, _, width = name.partition(":")
+        vectors = model in VECTOR_MODELS
+        clients = load_data(vectors)[0]
+        encoder = MODELS[model]() if not width else MODELS[model](width=int(width))
+        augment = vector_views(0.5, 0.3) if vectors else image_views((0.3, 1.0), 0.4)
+        stamps: list[float] = []
+        with tempfile.TemporaryDirectory() as folder:
+            dcco.fit(encoder, clients, rounds=args.warmup + args.rounds, augment=augment,
+                     run_dir=Path(folder) / "run", progress=False,
+                     on_round=lambda done, _m, stamps=stamps: stamps.append(
+                         time.perf_counter()))
+        per = (stamps[-1] - stamps[args.warmup - 1]) / args.rounds
+        rows.append({"model": name, "seconds_per_round": per,
+                     "rounds_in_budget": int(60 * args.minutes / per)})
+        print(f"{name}: {1000 * per:.0f} ms a round; {args.minutes:g} min = "
+              f"{rows[-1]['rounds_in_budget']} rounds", flush=True)
+    if args.out:
+        record = {"command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)]
+                                                  + sys.argv[1:]),
+                  "machine": machine(), "minutes": args.minutes, "models": rows}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
@@ -400,32 +478,39 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def plot(records: list[dict], path: Path) -> None:
-    """The probe by rounds, one panel a model: each recipe's mean over seeds, with the
-    untrained encoder's and the raw input's probes as lines."""
+    """The probe by rounds, one panel a model: each recipe's mean over seeds (its seeds'
+    range shaded), the untrained encoder's probe (dotted) and the raw input's (dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in records))
-    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        for r in (r for r in records if r["model"] == model):
+    cols = min(3, len(models))
+    rows = (len(models) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models):
+        mine = [r for r in records if r["model"] == model]
+        for r in mine:
             rounds = sorted(int(k) for k in r["seeds"][0]["probes"])
-            means = [_mean_sd([100 * s["probes"][str(k)]["accuracy"] for s in r["seeds"]])[0]
-                     for k in rounds]
-            line, = ax.plot(rounds, means, marker="o", label=r["recipe"])
-            ax.axhline(_mean_sd([100 * s["untrained"] for s in r["seeds"]])[0],
-                       color=line.get_color(), linestyle=":", linewidth=1)
-        raw = _mean_sd([100 * s["raw"] for s in records[[r["model"] for r in records]
-                                                        .index(model)]["seeds"]])[0]
-        ax.axhline(raw, color="black", linestyle="--", linewidth=1, label="raw input")
+            each = [[100 * s["probes"][str(k)]["accuracy"] for s in r["seeds"]] for k in rounds]
+            line, = ax.plot(rounds, [sum(v) / len(v) for v in each], marker="o",
+                            label=r["recipe"])
+            ax.fill_between(rounds, [min(v) for v in each], [max(v) for v in each],
+                            color=line.get_color(), alpha=0.15, linewidth=0)
+        seeds = mine[0]["seeds"]
+        ax.axhline(_mean_sd([100 * s["untrained"] for s in seeds])[0], color="grey",
+                   linestyle=":", label="untrained encoder")
+        ax.axhline(_mean_sd([100 * s["raw"] for s in seeds])[0], color="black",
+                   linestyle="--", linewidth=1, label="raw input")
         ax.set_title(model)
         ax.set_xlabel("rounds")
         ax.set_ylabel("linear probe, 5,000 labels (%)")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -443,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jitter", type=float, default=None)
     p.add_argument("--noise", type=float, default=None)
     p.add_argument("--mask", type=float, default=None)
+    p.add_argument("--rotate", type=float, default=None, help="degrees")
+    p.add_argument("--erase", type=float, default=None, help="probability")
+    p.add_argument("--width", type=int, default=None,
+                   help="the model's first width, for the CNNs that take one")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--curve", type=int, nargs="*", default=None,
@@ -450,6 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--out", type=Path, default=None)
     p.set_defaults(func=cmd_run)
+    m = sub.add_parser("time", help="each model's seconds a round, and its rounds in a budget")
+    m.add_argument("--models", nargs="+", required=True, metavar="MODEL[:WIDTH]")
+    m.add_argument("--minutes", type=float, default=3.0)
+    m.add_argument("--rounds", type=int, default=60, help="rounds timed, after the warm-up")
+    m.add_argument("--warmup", type=int, default=20)
+    m.add_argument("--threads", type=int, default=torch.get_num_threads())
+    m.add_argument("--out", type=Path, default=None)
+    m.set_defaults(func=cmd_time)
     t = sub.add_parser("table", help="the records as a markdown table (and the curves' plot)")
     t.add_argument("records", nargs="+")
     t.add_argument("--plot", type=Path, default=None)

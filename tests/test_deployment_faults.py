@@ -1,9 +1,10 @@
-"""Real deployments that lose processes: a SuperLink killed and restarted with resume, and
-SuperNodes killed in phase 1 and between the phases of a round (each message's ClientApp
-through the node's worker, the default in a deployment).
+"""Real deployments that lose processes: SuperNodes killed in phase 1 and between the phases
+of a round (each message's ClientApp through the node's worker, the default in a deployment),
+then the whole deployment killed and a new one started with resume, in one test: the faults
+share the first deployment, and the second is the resumed run's.
 
 Slow (minutes: Flower notices a lost node only by its missed heartbeats and each wait scales
-with the machine's speed); pytest-xdist (``--dist worksteal``) runs each on a worker of its own
+with the machine's speed); pytest-xdist (``--dist worksteal``) runs it on a worker of its own
 when one is free, beside ``tests/test_flower_loopback.py``.
 """
 
@@ -27,52 +28,10 @@ from dcco.core.client import trainable_parameters
 from dcco.core.optim import build_optimizer
 from dcco.flower.testing.loopback import Loopback, seconds_per_round
 from dcco.models import build_dual_encoder
-from dcco.run.checkpoint import load_checkpoint
+from dcco.run.checkpoint import load_checkpoint, read_checkpoint
 from dcco.run.setup import projector
 
 NODES = 3
-
-
-@pytest.mark.slow
-def test_superlink_killed_and_restarted_with_resume__continues_to_the_configured_rounds(
-        tmp_path, tiny_fmnist):
-    """The whole deployment (SuperLink, ServerApp, SuperNodes) is killed once round 1's
-    checkpoint is written; a new one started with ``flower.resume = true`` continues from the
-    last checkpoint to the configured 3 rounds, logging each round once. (That the result is
-    bit-identical to an uninterrupted run is tested in process,
-    ``test_flower_resume__continues_from_the_checkpoint_bit_identically``: a third deployment
-    here would double this test's minutes.)"""
-
-    def config(resume: bool = False) -> dict:
-        return {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
-                "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
-                "train.clients_per_round": 4, "train.rounds": 3, "train.log_every": 1,
-                "train.checkpoint_every": 1, "train.knn_every": 0, "flower.min_nodes": 2,
-                "flower.run_dir": str(run), "flower.resume": resume}
-
-    run = tmp_path / "run"
-    patience = 12 * max(25.0, 12 * _import_seconds())  # see the fault test below
-    first = Loopback(2, tmp_path / "deploy-1")
-    with first:
-        first.submit(config())
-        deadline = time.monotonic() + patience
-        while not (run / "checkpoint.safetensors").is_file():
-            assert time.monotonic() < deadline, first.log_tails()
-            time.sleep(0.2)
-    assert first.alive() == []  # killed mid-run
-    done_before = load_checkpoint(run / "checkpoint.safetensors", _net(run))
-    assert 1 <= done_before < 3
-
-    second = Loopback(2, tmp_path / "deploy-2")
-    with second:
-        run_id = second.submit(config(resume=True))
-        assert second.wait(run_id, timeout=2 * patience) == "finished:completed", \
-            second.details
-    assert json.loads((run / "summary.json").read_text())["rounds"] == 3
-    assert load_checkpoint(run / "checkpoint.safetensors", _net(run)) == 3
-    rounds = [json.loads(line)["round"] for line in _lines(run / "metrics.jsonl")
-              if "loss" in json.loads(line)]
-    assert rounds == [1, 2, 3]
 
 
 def _import_seconds() -> float:
@@ -86,34 +45,41 @@ def _import_seconds() -> float:
 
 
 @pytest.mark.slow
-def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_phases(
+def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resumed(
         tmp_path, tiny_fmnist):
     """Real processes: a SuperLink and 3 SuperNodes (with node workers, the default in a
-    deployment) train the model (its checkpoint moves,
-    every reply of round 1 is accepted); a SuperNode SIGKILLed during phase 1 of round 2, and
-    another between the phases of a later round. Each such round completes by the dropout rule
-    (the lost node's phase-1 statistics count, its update does not), and each node, started
-    again, takes its partition over; the first is seen used again in a round with every reply
-    accepted.
+    deployment) train the model (its checkpoint moves, every reply of round 1 is accepted); a
+    SuperNode SIGKILLed during phase 1 of round 2, and another between the phases of a later
+    round. Each such round completes by the dropout rule (the lost node's phase-1 statistics
+    count, its update does not), and each node, started again, takes its partition over; the
+    first is seen used again in a round with every reply accepted. Then the whole deployment
+    (SuperLink, ServerApp, SuperNodes) is killed, and a new one started with
+    ``flower.resume = true`` continues from the last checkpoint, logging each round once.
+    (That a resumed result is bit-identical to an uninterrupted run is tested in process,
+    ``test_flower_resume__continues_from_the_checkpoint_bit_identically``.)
 
     The run is as long as these events take, not a fixed number of rounds: it is configured
-    for many more, and stopped (``STOP`` in its run directory) once the last of them is
-    recorded, so a node that comes back late on a busy machine only makes the run longer.
-    ``flower.timeout`` bounds the wait for a lost node's reply (Flower notices a dead node only
-    after 60 s of missed heartbeats); it must leave live nodes, whose every message starts a
-    process (10-17 s an exchange on 2 busy cores), a margin, so it and every wait here scale
-    with the time a ClientApp's imports take now."""
+    for many more, and stopped (``STOP`` in its run directory) once the resumed deployment
+    has recorded a round, so a node that comes back late on a busy machine only makes the run
+    longer. ``flower.timeout`` bounds the wait for a lost node's reply (Flower notices a dead
+    node only after 60 s of missed heartbeats); it must leave live nodes, whose every message
+    starts a process (10-17 s an exchange on 2 busy cores), a margin, so it and every wait
+    here scale with the time a ClientApp's imports take now."""
     run, stamps = tmp_path / "run", tmp_path / "timing.jsonl"
-    deployment = Loopback(NODES, tmp_path / "deploy")
-    deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
     workers = Path(tempfile.mkdtemp(prefix="dccow-"))  # flower.worker = "auto"; a short path
-    deployment.env["DCCO_WORKER_DIR"] = str(workers)  # (a Unix socket's is at most 107 bytes)
+
+    def deployment_at(folder: Path) -> Loopback:
+        deployment = Loopback(NODES, folder)
+        deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
+        deployment.env["DCCO_WORKER_DIR"] = str(workers)  # (a Unix socket's is at most 107
+        return deployment  # bytes)
+
     reply_timeout = max(25.0, 12 * _import_seconds())
     patience = 12 * reply_timeout  # for any one awaited event: 300 s on an idle machine
     config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
               "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
               "train.clients_per_round": 9, "train.rounds": 500, "train.log_every": 1,
-              "train.knn_every": 0, "flower.min_nodes": NODES,
+              "train.checkpoint_every": 1, "train.knn_every": 0, "flower.min_nodes": NODES,
               "flower.timeout": reply_timeout, "flower.run_dir": str(run)}
 
     def parsed(path: Path) -> list[dict]:
@@ -129,43 +95,56 @@ def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_ph
     def exchanges() -> list[dict]:
         return [e for e in parsed(stamps) if e["kind"] == "exchange"]
 
-    def wait_for(condition, what: str) -> None:
+    def wait_for(condition, what: str, deployment: Loopback) -> None:
         deadline = time.monotonic() + patience
         while not condition():
             assert time.monotonic() < deadline, f"waited for {what}" + deployment.log_tails()
             time.sleep(0.05)
 
-    with deployment:
-        run_id = deployment.submit(config)
-        wait_for(lambda: len(records()) >= 1, "round 1")
-        deployment.kill_node(2)  # round 2's statistics are asked of it: phase 1 is lost
+    first = deployment_at(tmp_path / "deploy")
+    with first:
+        first.submit(config)
+        wait_for(lambda: len(records()) >= 1, "round 1", first)
+        first.kill_node(2)  # round 2's statistics are asked of it: phase 1 is lost
         lost_in_phase_1 = 2
         # its replacement starts once round 2's phase 1 is over, so it cannot answer it
         wait_for(lambda: any(e["round"] == lost_in_phase_1 - 1 for e in exchanges()),
-                 "round 2's statistics")
-        deployment.start_node(2)  # a new SuperNode for partition 2
+                 "round 2's statistics", first)
+        first.start_node(2)  # a new SuperNode for partition 2
         wait_for(lambda: any(r["round"] > lost_in_phase_1 and all(
             t["accepted"] == NODES for t in r["replies"].values()) for r in records()),
-            "the restarted node in a round")
+            "the restarted node in a round", first)
         used_again = len(records())
         wait_for(lambda: any(e["round"] == used_again for e in exchanges()),
-                 f"round {used_again + 1}'s statistics")
-        deployment.kill_node(1)  # between the phases of round used_again + 1
+                 f"round {used_again + 1}'s statistics", first)
+        first.kill_node(1)  # between the phases of round used_again + 1
         between = used_again + 1
-        deployment.start_node(1)  # takes partition 1 over; later rounds need not wait for it
-        wait_for(lambda: any(r["round"] >= between for r in records()), f"round {between}")
+        first.start_node(1)  # takes partition 1 over; later rounds need not wait for it
+        wait_for(lambda: _checkpoint_round(run) >= between, f"round {between}'s checkpoint",
+                 first)
+    assert first.alive() == []  # the whole deployment killed mid-run
+    killed_at = _checkpoint_round(run)
+    before_kill = {r["round"]: r for r in records()}
+
+    second = deployment_at(tmp_path / "deploy-2")
+    with second:
+        run_id = second.submit(config | {"flower.resume": True})
+        wait_for(lambda: any(r["round"] > killed_at for r in records()),
+                 f"round {killed_at + 1} after the resume", second)
         (run / "STOP").touch()
-        assert deployment.wait(run_id, timeout=patience) == "finished:completed", \
-            deployment.details
-    assert deployment.alive() == []
+        assert second.wait(run_id, timeout=patience) == "finished:completed", second.details
+    assert second.alive() == []
     # the default (auto) answered from node workers: SuperNodes start one process a message
     assert len(list(workers.glob("*.log"))) >= NODES
     shutil.rmtree(workers, ignore_errors=True)
 
     last = parsed(run / "metrics.jsonl")[-1]
-    assert last["round"] >= between and "STOP" in last["stopped"]
+    assert last["round"] > killed_at >= between and "STOP" in last["stopped"]
+    rounds = [r["round"] for r in records()]
+    assert rounds == list(range(1, last["round"] + 1))  # each round logged once
     by_round = {r["round"]: r for r in records()}
-    assert sorted(by_round) == list(range(1, last["round"] + 1))
+    # what the first deployment recorded up to its checkpoint stands as it was
+    assert all(by_round[r] == before_kill[r] for r in range(1, killed_at + 1))
     assert all(math.isfinite(r["loss"]) and r["rounds_skipped"] == 0 for r in by_round.values())
     lost = by_round[lost_in_phase_1]["replies"]
     assert lost["stats"]["accepted"] == NODES - 1
@@ -193,6 +172,12 @@ def test_supernodes_train_and_survive_being_killed_in_phase_1_and_between_the_ph
              zip(trainable_parameters(initial), trainable_parameters(trained), strict=True)]
     assert sum(moved) > len(moved) // 2
     assert (tmp_path / "deploy" / "logs" / "superlink.log").stat().st_size > 0
+
+
+def _checkpoint_round(run: Path) -> int:
+    """The rounds done in the run's checkpoint (0: none yet)."""
+    path = run / "checkpoint.safetensors"
+    return int(read_checkpoint(path)[1]["rounds_done"]) if path.is_file() else 0
 
 
 def _lines(path: Path) -> list[str]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -75,6 +77,52 @@ def test_config_reference__docs_config_md_is_the_code_s(capsys):
             assert row.split("|")[4].strip(), f"{name}.{f.name} has no doc in the code"
 
 
+def test_config_reference__every_description_whole_and_every_alias_spelled_out():
+    """No doc is cut (each row of docs/config.md ends a sentence), no type is an alias name,
+    and the plain list's first sentences survive abbreviations."""
+    from dcco.config.reference import first_sentence
+
+    settings = (ROOT / "docs" / "config.md").read_text().split("## Defaults for your own")[0]
+    rows = [line for line in settings.splitlines()
+            if line.startswith("| `") and "." in line.split("|")[1]]
+    assert len(rows) > 100
+    for row in rows:
+        what = row.rsplit("|", 2)[1].strip()
+        assert what.endswith((".", ".)", '."')) and "…" not in what, row
+        kind = row.split("|")[2]
+        for alias in ("DatasetName", "Arch", "Precision", "Norm", "Compile", "Literal"):
+            assert alias not in kind, row
+    assert first_sentence("VICReg's coefficients (Bardes et al. 2022: 25). More.") == \
+        "VICReg's coefficients (Bardes et al. 2022: 25)."
+    assert first_sentence("A table (e.g. parquet) of rows, e.g. CSV. None: none.") == \
+        "A table (e.g. parquet) of rows, e.g. CSV."
+    assert first_sentence("One sentence only") == "One sentence only"
+
+
+def test_config_reference__says_where_fit_and_the_strategy_set_other_defaults():
+    """docs/config.md's last section lists every key whose default differs under
+    ``dcco.fit`` (the config ``fit`` really builds, compared with a config file's), and the
+    Flower strategy's arguments with their defaults (``dcco.config.USER``)."""
+    import inspect
+
+    from dcco.config import USER
+    from dcco.fitting import fit_defaults
+    from dcco.flower import DCCO
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text[text.index("## Defaults for your own model"):]
+    keys = [row.split("|")[1].strip().strip("`") for row in section.splitlines()
+            if row.startswith("| `")]
+    assert keys == [k for k, _, _ in fit_defaults()]
+    assert {"loss.lambd", "optim.lr", "optim.warmup_steps", "model.projector"} <= set(keys)
+    assert "| `loss.lambd` | `20.0` | `5.0` |" in section
+    strategy = inspect.signature(DCCO).parameters
+    for name, value in (("optimizer", USER.optim.name), ("lr", USER.optim.lr),
+                        ("warmup_rounds", USER.optim.warmup_steps), ("lambd", USER.lambd)):
+        assert strategy[name].default == value
+        assert f"`{name}={value!r}`" in section, name
+
+
 def test_config_command__plain_prints_the_list_as_list_does(capsys):
     from dcco.cli import main
 
@@ -90,3 +138,103 @@ def test_readme__stops_early_and_its_links_resolve():
     assert len(readme.splitlines()) <= 250
     for target in re.findall(r"\]\(([^)#]+)", readme):
         assert (ROOT / target).exists(), target
+
+
+RUN_ELSEWHERE = {  # blocks that a test runs as written: (file, the block's first line)
+    ("docs/guide.md", "import torch"): "test_guide__linear_evaluation_example_runs",
+    ("docs/own_code.md", "import torch"): "test_docs__the_round_in_your_own_loop_runs_as_written",
+    ("docs/multimodal.md", "import torch"): "test_multimodal_guide__example_runs_and_beats_chance",
+}
+
+
+def _python_blocks() -> list[tuple[str, int, str]]:
+    """(file, line, code) of every ```python block in the README and docs/."""
+    import re
+
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            out.append((str(path.relative_to(ROOT)), text[:m.start()].count("\n") + 1,
+                        m.group(1)))
+    return out
+
+
+def _bound_calls(code: str, names: dict) -> int:
+    """Every call in ``code`` to a name it can resolve (its own imports, then ``names``) is
+    bound to the callee's real signature, its positional arguments counted and its keywords
+    named; a call that does not bind raises TypeError. Returns how many were bound."""
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(code)
+    scope = dict(names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            module = importlib.import_module(node.module)
+            scope.update({a.asname or a.name: getattr(module, a.name) for a in node.names})
+        elif isinstance(node, ast.Import):
+            scope.update({a.asname or a.name: importlib.import_module(a.name)
+                          for a in node.names})
+
+    def resolve(expr):
+        if isinstance(expr, ast.Name):
+            return scope.get(expr.id)
+        if isinstance(expr, ast.Attribute):
+            owner = resolve(expr.value)
+            return getattr(owner, expr.attr) if owner is not None else None
+        return None
+
+    bound = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        target = resolve(node.func)
+        if target is None or any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords):
+            continue
+        try:
+            signature = inspect.signature(target)
+        except ValueError:  # a builtin without one (torch.cat): not the docs' API
+            continue
+        signature.bind(*range(len(node.args)), **{k.arg: None for k in node.keywords})
+        bound += 1
+    return bound
+
+
+def test_docs__every_python_block_runs_or_binds_to_the_real_api():
+    """Every ```python block in the README and docs/ is run by a test as written
+    (``RUN_ELSEWHERE``), or is a fragment that compiles and whose every call to a dcco,
+    Flower or torch name binds to that callable's real signature (no argument that the API
+    does not take), with at least one such call."""
+    from flwr.app import ArrayRecord
+
+    import dcco
+    import dcco.flower
+
+    names = {"dcco": dcco, "DCCO": dcco.flower.DCCO, "answer": dcco.flower.answer,
+             "ImageViews": dcco.ImageViews, "SecAgg": dcco.flower.SecAgg,
+             "ArrayRecord": ArrayRecord}
+    blocks = _python_blocks()
+    assert len(blocks) >= 10
+    here = (ROOT / "tests").glob("test_*.py")
+    tests = "".join(p.read_text() for p in here)
+    for path, line, code in blocks:
+        where = f"{path}:{line}"
+        compile(code, where, "exec")
+        runner = RUN_ELSEWHERE.get((path, code.splitlines()[0]))
+        if runner is not None:
+            assert f"def {runner}(" in tests, where
+            continue
+        assert _bound_calls(code, names) >= 1, f"{where}: no call to a known name"
+
+
+def test_docs__the_block_checker_catches_a_wrong_keyword_and_a_missing_argument():
+    import dcco
+
+    assert _bound_calls("dcco.fit(enc, clients, rounds=3)", {"dcco": dcco}) == 1
+    with pytest.raises(TypeError):
+        _bound_calls("dcco.fit(enc, clients, round=3)", {"dcco": dcco})
+    with pytest.raises(TypeError):
+        _bound_calls("dcco.linear_probe(enc)", {"dcco": dcco})

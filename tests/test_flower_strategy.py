@@ -5,6 +5,7 @@ skipped round, counted; and the example app trains in Flower's simulation."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
@@ -111,7 +112,10 @@ def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
         x1 = torch.cat([v[0] for v in views])
         x2 = torch.cat([v[1] for v in views])
         sizes = [len(samples(n)) for n in nodes]
-        out = run_round(dual, build_method(method), x1, x2, Segments.from_counts(sizes),
+        # the strategy's λ (its default, 5, not the paper's 20), which the nodes get from
+        # the wire: a node left at 20 would give another round
+        out = run_round(dual, build_method(method, strategy.method.loss), x1, x2,
+                        Segments.from_counts(sizes),
                         "reference", absent=absent(nodes) if absent is not None else None)
         set_lr(opt, scheduled_lr(r - 1, rounds, strategy.optim.lr, strategy.optim.warmup_steps,
                                  strategy.optim.schedule))
@@ -142,6 +146,16 @@ def test_strategy_rounds__equal_the_reference_round_with_the_users_model(method)
         assert m["stats-accepted"] == 4 and m["update-accepted"] == 4 and m["skipped"] == 0
         assert m["num-examples"] == sum(SIZES) and math.isfinite(m["loss"])
         assert 0 <= m["dead_dims"] <= 1 and m["eff_rank"] >= 1  # the figures of its S_A
+
+
+
+def _experiment(name: str):
+    """experiments/<name>.py as a module."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
 
 
 def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():
@@ -259,46 +273,35 @@ def test_answer__refuses_a_message_that_is_not_the_strategys_and_an_update_witho
 @pytest.mark.slow
 def test_example_flower_app__trains_in_flowers_simulation(tmp_path):
     """examples/flower-app as a user runs it (`flwr run`), on Flower's local simulation with 4
-    virtual nodes: five DCCO rounds, every update accepted, and the final model written, whose
-    CCO loss on the nodes' photos is below the initial model's. The rounds' own losses are
-    not compared: each round's views are drawn by the node's Flower id, new every run, and
-    from one round to the next they move the loss more than a few steps do (244, 159, 264
-    were seen); the written model is scored on the same seeded views as the initial one."""
-    from dcco.core.losses import cco_loss
-    from dcco.core.stats import encoding_stats
+    virtual nodes: five DCCO rounds at the strategy's defaults, every update accepted, and the
+    final model written, whose CCO loss on the nodes' photos (32 seeded pairs of views) is
+    below the initial model's. The app keys its views by partition (``views_key``), so the
+    run repeats although Flower draws new node ids: its ratio is the one that
+    experiments/flower_app_loss.py recorded for seed 0 on the in-process grid. The margin is
+    the records' worst ratio over seeds 0-29 at one and two threads, and this very `flwr run`
+    at seeds 0-2 (experiments/results/collapse/flower_app_loss-*.json: 0.73-0.83), plus 0.05
+    for another CPU. (Before views were keyed by partition, LARS 0.5 at λ = 20 scattered
+    from 0.27 to 1.13 over draws of node ids: CI once measured 0.94.)"""
     from dcco.flower.testing.loopback import LocalSimulation
 
+    experiment = _experiment("flower_app_loss")
+    worst, runs = experiment.worst_ratio()
+    assert runs >= 60 and worst < 0.9, (worst, runs)  # the records themselves show learning
     project = ROOT / "examples" / "flower-app"
     out = tmp_path / "out"
     sim = LocalSimulation(4, tmp_path / "sim", project=project)
     with sim:
-        run_id = sim.submit({"num-server-rounds": 5, "fraction-train": 1.0, "out": str(out)})
+        run_id = sim.submit({"num-server-rounds": experiment.ROUNDS, "fraction-train": 1.0,
+                             "out": str(out), "seed": 0})
         assert sim.wait(run_id, timeout=900) == "finished:completed", sim.details
     assert sim.alive() == []
     rounds = json.loads((out / "rounds.json").read_text())
     assert all(rounds[str(r)]["update-accepted"] == 4 and math.isfinite(rounds[str(r)]["loss"])
-               for r in range(1, 6))
-    sys.path.insert(0, str(project))
-    try:
-        from dcco_flower_example.task import SmallCNN, augment, node_photos
-    finally:
-        sys.path.remove(str(project))
-    trained, photos = SmallCNN(), torch.cat([node_photos(p, 8) for p in range(4)])
-    trained.load_state_dict(torch.load(out / "model.pt"))
-    torch.manual_seed(0)  # the server app's initial model
-    initial = SmallCNN()
-
-    def loss(model: nn.Module) -> float:  # the mean over 32 seeded pairs of views
-        total = 0.0
-        with torch.no_grad():
-            for seed in range(32):
-                torch.manual_seed(seed)
-                x1, x2 = augment(photos), augment(photos)
-                total += float(cco_loss(encoding_stats(model(x1), model(x2)).moments()))
-        return total / 32
-
-    before, after = loss(initial), loss(trained)
-    assert after < 0.9 * before, (before, after)
+               for r in range(1, experiment.ROUNDS + 1))
+    before, after = experiment.score(out)
+    assert after < (worst + 0.05) * before, (before, after, worst)
+    recorded = [r["ratio"] for r in experiment.recorded_runs() if r["seed"] == 0]
+    assert max(abs(after / before - r) for r in recorded) < 0.02, (after / before, recorded)
 
 
 def test_strategy__fedsc_rounds_equal_the_reference_round():

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dcco"
 
 LAYERS = (
-    ("errors", "files", "config"),
+    ("errors", "files", "config", "moved"),
     ("core", "core.seeding", "core.devices"),
     ("core.stats", "core.losses", "core.collapse"),
     ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",
@@ -95,8 +95,8 @@ def test_layers__the_config_is_a_leaf():
                          check=True).stdout
     loaded = ast.literal_eval(out.strip())
     assert "torch" not in loaded, loaded
-    assert all(m in ("dcco", "dcco.errors") or m.startswith("dcco.config") for m in loaded), \
-        loaded
+    assert all(m in ("dcco", "dcco.errors", "dcco.moved") or m.startswith("dcco.config")
+               for m in loaded), loaded
 
 
 
@@ -161,3 +161,35 @@ def test_layers__flower_is_split_by_role():
     assert not users, users
     assert {"flower.app.client_app", "flower.app.server_app", "flower.strategy",
             "flower.userapp"} <= set(modules)
+
+
+def test_moved__every_old_path_imports_its_new_module_with_a_warning_naming_it():
+    """A script written against the earlier layout still runs, told where each module went;
+    no old path is also a module of today's (which would shadow it)."""
+    import importlib
+    import warnings
+
+    import pytest
+
+    from dcco.moved import MOVED
+
+    modules = _modules()
+    for old, new in MOVED.items():
+        assert old.removeprefix("dcco.") not in modules, old
+        assert new.removeprefix("dcco.") in modules, new
+    probe = ("import warnings, importlib, sys; warnings.simplefilter('error'); "
+             "from dcco.moved import MOVED; bad = []\n"
+             "for old, new in MOVED.items():\n"
+             "    try:\n        importlib.import_module(old)\n        bad.append(old)\n"
+             "    except DeprecationWarning as w:\n"
+             "        bad += [] if f'{old} moved to {new}' in str(w) else [str(w)]\n"
+             "print(bad)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("dcco.stats")
+    assert old is importlib.import_module("dcco.core.stats")
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("dcco.no_such_module")

@@ -26,10 +26,13 @@ def test_quickstart_net__trains_under_dcco_defaults_and_evaluates_every_round(tm
     six rounds of `DCCO()` with its defaults, every node a round: the collapse figures of a
     live encoder (no dead dimension, C's effective rank above 2; the watch itself starts at
     round 20, after twice the warm-up), the app's evaluation each round, and the final
-    model's CCO loss on the nodes' seeded test views below the untrained model's (0.91 of it
-    here; after ten rounds 0.97, the warm-up's full rate already undoing part of it), as
-    experiments/quickstart_loss.py runs and scores it."""
+    model's CCO loss on the nodes' seeded test views below the untrained model's. The margin
+    is the committed records' worst ratio over seeds 0-2 and one or two threads
+    (experiments/results/collapse/quickstart_loss-*.json, 0.78-0.82 here) plus 0.05 for
+    another CPU, as experiments/quickstart_loss.py runs and scores it."""
     quickstart_loss = _experiment()
+    worst, runs = quickstart_loss.worst_ratio(6)
+    assert runs >= 6 and worst < 0.9, (worst, runs)  # the records themselves show learning
     with caplog.at_level("WARNING", logger="flwr.dcco"):
         run = quickstart_loss.run(6, 800, tmp_path)
     assert "collapse" not in caplog.text
@@ -38,4 +41,4 @@ def test_quickstart_net__trains_under_dcco_defaults_and_evaluates_every_round(tm
     last = rounds["train"]["6"]
     assert last["update-accepted"] == 4 and last["dead_dims"] == 0 and last["eff_rank"] > 2
     # the final model's CCO loss on the nodes' seeded test views, against the initial model's
-    assert run["trained"] < 0.95 * run["untrained"], run
+    assert run["trained"] < (worst + 0.05) * run["untrained"], (run, worst)

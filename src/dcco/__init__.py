@@ -13,7 +13,8 @@ What a user imports is re-exported here, each imported on first use (``import dc
 light): ``dcco.fit`` trains your encoder over your clients in the simulator and
 ``dcco.linear_probe`` scores it (``dcco.fitting``); ``statistics``, ``merge_statistics``,
 ``local_update``, ``aggregate_updates`` and ``apply_update`` are a round's parts for your own
-loop or deployment (``dcco.api``); ``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as
+loop or deployment, and ``dcco.method`` gives them loss settings of your own (``dcco.api``);
+``dcco.load_encoder(RUN_DIR)`` gives a trained encoder as
 a plain ``torch.nn.Module`` (``dcco.run.encoders``); ``dcco.ImageViews`` is a ready image
 augmentation. ``dcco.flower`` holds the Flower strategy and client helper.
 
@@ -30,9 +31,13 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from dcco import moved as _moved  # old import paths point to their new homes
+
+_moved.install()
+
 
 _API = ("Aggregated", "Merged", "aggregate_updates", "apply_update", "dual_encoder",
-        "local_update", "merge_statistics", "server_optimizer", "statistics")
+        "local_update", "merge_statistics", "method", "server_optimizer", "statistics")
 _FITTING = ("FitResult", "fit", "linear_probe")
 
 
@@ -76,7 +81,7 @@ def __getattr__(name: str) -> Any:
 __all__ = ["Aggregated", "ConfigError", "DataError", "Diverged", "Encoder", "FitResult",
            "ImageViews", "Merged", "UserError", "__version__", "aggregate_updates",
            "apply_update", "dual_encoder", "export_encoder", "fit", "linear_probe",
-           "load_encoder", "local_update", "merge_statistics", "server_optimizer",
+           "load_encoder", "local_update", "merge_statistics", "method", "server_optimizer",
            "statistics"]
 
 

@@ -23,15 +23,16 @@ latter is the shared encoder of both views, and updates are keyed by its own par
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dcco.config import USER
 from dcco.core.client import ClientUpdate, client_update, trainable_parameters
-from dcco.core.optim import USER_RECIPE, apply_pseudo_gradient
+from dcco.core.optim import apply_pseudo_gradient
 from dcco.core.server import (
     ReplyError,
     ReplyTally,
@@ -161,8 +162,42 @@ def _encodings_checked(f: Tensor, g: Tensor, n: int) -> None:
                 f"is {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
 
 
-def _method(method: str | Method, statistics: bool = False) -> Method:
-    m = build_method(method, LossConfig()) if isinstance(method, str) else method
+def method(name: str = "dcco", **loss: Any) -> Method:
+    """A method to give the round's parts (``statistics``, ``local_update``,
+    ``merge_statistics``) with loss settings of your own, e.g. the paper's λ::
+
+        paper = dcco.method("dcco", lambd=20.0)
+        reply = dcco.statistics(model, x1, x2, paper)
+        update = dcco.local_update(model, x1, x2, shared.aggregate, paper)
+
+    A method named by its string alone takes the defaults for a user's model: λ = 5
+    (``dcco.config.USER``, as ``dcco.fit``'s and ``dcco.flower.DCCO``'s) and ε = 1e-5.
+
+    Args:
+        name: the method (``dcco``, ``dvicreg``, ``cco_fedavg``, ...).
+        **loss: any key of the ``[loss]`` section (``lambd``, ``eps``, ``temperature``,
+            ``vicreg``, ...; docs/config.md).
+
+    Raises:
+        dcco.ConfigError: an unknown method or loss key, or a bad value.
+    """
+    from dcco.config import ConfigError
+
+    if name not in METHODS:
+        raise ConfigError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
+    values = {"lambd": USER.lambd} | loss
+    known = {f.name for f in fields(LossConfig)}
+    if unknown := sorted(set(values) - known):
+        raise ConfigError(f"unknown loss setting {unknown[0]!r}; the [loss] keys are "
+                          f"{', '.join(sorted(known))}")
+    try:
+        return build_method(name, LossConfig(**values))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _method(given: str | Method, statistics: bool = False) -> Method:
+    m = method(given) if isinstance(given, str) else given
     if statistics and m.stats is None:
         shared = sorted(k for k, v in METHODS.items() if getattr(v, "stats", None) is not None)
         raise ValueError(f"{m.name} shares no statistics; the statistics methods are "
@@ -379,10 +414,10 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     apply_pseudo_gradient(optimizer, [p for _, p in named], [pseudo_gradient[n] for n, _ in named])
 
 
-def server_optimizer(model: nn.Module, name: str = USER_RECIPE.name, lr: float = USER_RECIPE.lr,
-                     weight_decay: float = USER_RECIPE.weight_decay,
+def server_optimizer(model: nn.Module, name: str = USER.optim.name, lr: float = USER.optim.lr,
+                     weight_decay: float = USER.optim.weight_decay,
                      **settings: Any) -> torch.optim.Optimizer:
-    """dcco's server optimiser over ``model``: Adam(W) (by default, ``USER_RECIPE``'s rate),
+    """dcco's server optimiser over ``model``: Adam(W) (by default, ``dcco.config.USER``'s rate),
     LARS (1-D parameters excluded from adaptation and weight decay) or SGD, as ``[optim]``
     configures it (``dcco.core.optim.OptimConfig``'s fields as keywords). Its rate stays ``lr``:
     call ``dcco.core.optim.set_lr`` for a schedule and warm-up."""
@@ -402,6 +437,7 @@ __all__ = [
     "feature_dim",
     "local_update",
     "merge_statistics",
+    "method",
     "server_optimizer",
     "statistics",
 ]

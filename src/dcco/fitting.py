@@ -14,8 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from dcco.api import dual_encoder
-from dcco.config import ConfigError, RunConfig, from_dict, load_config
-from dcco.core.optim import USER_RECIPE
+from dcco.config import USER, ConfigError, RunConfig, from_dict, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
 from dcco.errors import shown
@@ -119,11 +118,18 @@ class FitResult:
 
 def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rounds: int,
         augment: Callable[[Tensor], Tensor] | None = None, method: str = "dcco",
-        clients_per_round: int = 32, projector: Iterable[int] | None = (128, 128, 128),
+        clients_per_round: int = USER.clients_per_round,
+        projector: Iterable[int] | None = USER.projector,
         run_dir: str | Path | None = None, seed: int = 0, progress: bool | None = None,
         settings: Iterable[str] | Mapping[str, Any] = (),
         on_round: Callable[[int, DualEncoder], None] | None = None) -> FitResult:
     """Train your encoder with ``method`` over your clients in dcco's batched simulator.
+
+    fit's defaults are those for a user's own model (``dcco.config.USER``), chosen by
+    measurement on such models (docs/results.md, "What training is worth"): Adam at 1e-3
+    after 10 warm-up rounds, cosine over the run; λ = 5 (``loss.lambd``; the paper's 20 suits
+    its 1024-wide projector); a projector of 512³; 32 clients a round; dcco's own blur and the
+    k-NN monitor off. ``settings`` changes any of them.
 
     Every round samples ``clients_per_round`` clients, makes two views of their samples
     with ``augment`` and runs the method's round over them in one forward and backward: for
@@ -145,8 +151,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
             augmentation, which needs uint8 (N, C, H, W) images with C = 1 or 3.
         method: any federated method (``dcco``, ``dvicreg``, ``cco_fedavg``,
             ``contrastive_fedavg``, ...).
-        clients_per_round: K.
-        projector: the projector's widths, or None for none.
+        clients_per_round: K (default 32).
+        projector: the projector's widths (default 512, 512, 512), or None for none.
         run_dir: where the run is written; None: ``runs/fit-<method>-<time>``.
         seed: the run's seed (client sampling, augmentation, the projector's initialisation).
         progress: a progress bar (None: on a terminal).
@@ -247,23 +253,73 @@ def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:
 
 def fit_config(method: str, rounds: int, clients_per_round: int, projector: list[int] | None,
                seed: int, settings: list[str], own_augment: bool = False) -> RunConfig:
-    """The run config of a ``fit``: ``dcco.optim.USER_RECIPE``'s server optimiser, the
-    samples' natural clients, dcco's augmentation off with ``own_augment`` (the user's), then
-    ``settings``. ``fit``'s own arguments are set as values, each checked against its key's
-    type, not written out as text to be parsed back."""
+    """The run config of a ``fit``: the defaults for a user's model (``dcco.config.USER``: its
+    server optimiser and λ), the samples' natural clients, dcco's augmentation off with
+    ``own_augment`` (the user's), then ``settings``. ``fit``'s own arguments are set as
+    values, each checked against its key's type, not written out as text to be parsed
+    back."""
     values: dict[str, dict[str, Any]] = {
         "data": {"dataset": "samples", "partition": "natural"},
+        "loss": {"lambd": USER.lambd},
         "train": {"method": method, "rounds": rounds, "clients_per_round": clients_per_round,
                   "seed": seed, "knn_every": 0},
         "augment": {"blur_p": [0.0, 0.0], "enabled": not own_augment},
     }
     if projector is not None:
         values["model"] = {"projector": list(projector)}
-    base = from_dict(RunConfig, values, "", base=RunConfig(optim=USER_RECIPE))
+    base = from_dict(RunConfig, values, "", base=RunConfig(optim=USER.optim))
     cfg = resolved(load_config(None, settings, base=base))
     if not METHODS[cfg.train.method].federated:
         raise ConfigError(f"fit trains over clients; {cfg.train.method} is centralized")
     return cfg
+
+
+def fit_defaults() -> list[tuple[str, Any, Any]]:
+    """Every key whose value under ``fit``'s defaults (a ``dcco`` run with fit's default
+    arguments) differs from the config's own default: ``(key, config default, fit's)``, in
+    the config's order. The data keys, which only name fit's samples, and the keys a run
+    resolves from ``"auto"`` are left out."""
+    from dataclasses import asdict
+
+    fitted = fit_config("dcco", 1, USER.clients_per_round, list(USER.projector), 0, [])
+    plain = asdict(RunConfig())
+    out = []
+    for section, values in asdict(fitted).items():
+        for key, value in values.items():
+            if (value != plain[section][key] and section != "data" and key != "rounds"
+                    and plain[section][key] != "auto"):  # "auto" is resolved, not changed
+                out.append((f"{section}.{key}", plain[section][key], value))
+    return out
+
+
+def defaults_section(markdown: bool = True) -> str:
+    """docs/config.md's last section (``dcco config``): where ``dcco.fit`` and
+    ``dcco.flower.DCCO`` set other defaults than a config file's, and which."""
+    def shown_value(v: Any) -> str:
+        return str(list(v) if isinstance(v, tuple) else v)
+
+    rows = fit_defaults()
+    strategy = (f"`dcco.flower.DCCO` takes the same server optimiser and λ as arguments, with "
+                f"the same defaults: `optimizer={USER.optim.name!r}`, `lr={USER.optim.lr}`, "
+                f"`weight_decay={USER.optim.weight_decay}`, "
+                f"`warmup_rounds={USER.optim.warmup_steps}`, `lambd={USER.lambd}`; its "
+                f"model is the user's own, so it has no projector, and its nodes answer "
+                f"with their own views.")
+    intro = ("A user's own model is not the network the paper's recipe was tuned on, so "
+             "`dcco.fit` and the Flower strategy `dcco.flower.DCCO` start from other "
+             "defaults for the keys below (`dcco.config.USER`, chosen by measurement: "
+             "docs/results.md, \"What training is worth\"). A config file, `dcco pretrain` "
+             "and `dcco demo` keep the defaults above; `fit(settings=...)` changes these as "
+             "any other key.")
+    if not markdown:
+        lines = ["[defaults for your own model]  " + intro]
+        lines += [f"  {k} = {shown_value(f)}   (a config file's: {shown_value(c)})"
+                  for k, c, f in rows]
+        return "\n".join([*lines, "  " + strategy]) + "\n"
+    lines = ["## Defaults for your own model", "", intro, "",
+             "| key | a config file's default | `dcco.fit`'s default |", "|---|---|---|"]
+    lines += [f"| `{k}` | `{shown_value(c)}` | `{shown_value(f)}` |" for k, c, f in rows]
+    return "\n".join([*lines, "", strategy]) + "\n"
 
 
 def _model_input(data: Samples, augment: Callable[[Tensor], Tensor] | None,
@@ -277,11 +333,6 @@ def _model_input(data: Samples, augment: Callable[[Tensor], Tensor] | None,
         return user_views(augment, first, cfg.train.seed, 0, torch.float32)[0][0]
     return model_input(first)[0]
 
-
-FIT_RECIPE = (f'optim.name="{USER_RECIPE.name}"', f"optim.lr={USER_RECIPE.lr}",
-              f"optim.weight_decay={USER_RECIPE.weight_decay}",
-              f"optim.warmup_steps={USER_RECIPE.warmup_steps}")
-"""``fit``'s server optimiser (``dcco.core.optim.USER_RECIPE``), before ``settings``."""
 
 FIT_ARGUMENTS = {"train.method": "method", "train.rounds": "rounds",
                  "train.clients_per_round": "clients_per_round", "train.seed": "seed",
@@ -306,5 +357,5 @@ def _qualname(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-__all__ = ["FIT_ARGUMENTS", "FitResult", "encoder_features", "fit",
-           "fit_config", "linear_probe", "setting_strings"]
+__all__ = ["FIT_ARGUMENTS", "FitResult", "defaults_section", "encoder_features", "fit",
+           "fit_config", "fit_defaults", "linear_probe", "setting_strings"]

@@ -28,4 +28,6 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records.get("config")  # none under SecAgg+
     if config is not None and "phase" not in config:  # Flower's FedAvg, for the speed test
         return fedavg_reply(msg, SmallCNN(), photos)
-    return answer(msg, context, SmallCNN(), photos, augment=augment)
+    # views_key: the views follow the partition, not Flower's node id (random in every
+    # simulated run), so a simulated run repeats
+    return answer(msg, context, SmallCNN(), photos, augment=augment, views_key=pid)

@@ -26,13 +26,15 @@ def main(grid: Grid, context: Context) -> None:
     lr: float = context.run_config["lr"]
 
     # Load global model
-    torch.manual_seed(0)
+    seed = int(context.run_config.get("seed", 0))
+    torch.manual_seed(seed)
     global_model = Net()
     arrays = ArrayRecord(global_model.state_dict())
 
     # Initialize the strategy: DCCO where the quickstart starts FedAvg
     if context.run_config["strategy"] == "dcco":
-        strategy = DCCO(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate)
+        strategy = DCCO(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+                        seed=seed)
         train_config = None  # DCCO's nodes step at its local rate, its server at its own
     else:
         strategy = FedAvg(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate)

@@ -130,8 +130,10 @@ def views():
 
 
 def cco_loss_on(net, testloader, seed: int = 0) -> float:
-    """The CCO loss (paper eq. 1) of ``net``'s encodings of two seeded views of the test
-    images: DCCO's evaluation, where the quickstart scores its classifier."""
+    """The CCO loss (paper eq. 1, at the strategy's default λ, ``dcco.config.USER``) of
+    ``net``'s encodings of two seeded views of the test images: DCCO's evaluation, where the
+    quickstart scores its classifier."""
+    from dcco.config import USER
     from dcco.core.losses import cco_loss
     from dcco.core.stats import encoding_stats
     from dcco.flower.userapp import node_samples
@@ -143,4 +145,4 @@ def cco_loss_on(net, testloader, seed: int = 0) -> float:
         x1, x2 = augment(x), augment(x)
     net.eval()
     with torch.no_grad():
-        return float(cco_loss(encoding_stats(net(x1), net(x2)).moments()))
+        return float(cco_loss(encoding_stats(net(x1), net(x2)).moments(), USER.lambd))

@@ -260,8 +260,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from dcco.config.reference import reference
+    from dcco.fitting import defaults_section
 
-    print(reference(markdown=args.markdown), end="")
+    print(reference(markdown=args.markdown) + "\n" + defaults_section(args.markdown), end="")
     return 0
 
 

@@ -33,12 +33,14 @@ from dcco.config.sections import (
 )
 from dcco.config.table import TableConfig
 from dcco.config.toml import from_dict, load_config, read_toml, to_toml, to_toml_value
+from dcco.config.user import USER, UserDefaults
 
 __all__ = [
     "CLIENT_DATASETS",
     "METHOD_NAMES",
     "PAIRED_DATASETS",
     "TENSORBOARD_HINT",
+    "USER",
     "USER_RECIPE",
     "AugmentConfig",
     "ConfigError",
@@ -52,6 +54,7 @@ __all__ = [
     "RunConfig",
     "TableConfig",
     "TrainConfig",
+    "UserDefaults",
     "from_dict",
     "load_config",
     "read_toml",

@@ -1,6 +1,6 @@
 """The reference of every setting, read from the config dataclasses themselves: each section
-of the TOML, each key's type, default and the first sentence of its doc (the string after
-the field in the source). ``docs/config.md`` is this text (``dcco config --list`` prints it;
+of the TOML, each key's type (an alias's values spelled out), default and doc (the string
+after the field in the source; the plain list shows its first sentence, whole). ``docs/config.md`` is this text (``dcco config --list`` prints it;
 ``tests/test_docs.py`` fails when the file is stale).
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import types
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from dcco.config import RunConfig, to_toml_value
 
@@ -39,15 +40,46 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _first_sentence(text: str, most: int = 240) -> str:
-    """The doc's first sentence (to its first ". " after a few words), at most ``most``
-    characters (cut at a word, with "…")."""
-    cut = text.find(". ", 30)
-    if cut > 0:
-        text = text[: cut + 1]
-    if len(text) > most:
-        text = text[: text.rfind(" ", 0, most - 1)] + " …"
+ABBREVIATIONS = ("e.g.", "i.e.", "et al.", "cf.", "vs.", "approx.", "resp.", "Fig.", "Eq.",
+                 "eq.", "No.")
+"""Words ending in a full stop that do not end a sentence."""
+
+
+def first_sentence(text: str) -> str:
+    """The doc's first sentence, whole: up to the first full stop followed by a space that
+    ends no abbreviation (``ABBREVIATIONS``) nor an initial, and is not inside brackets; the
+    whole doc if it is one sentence."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif ch == "." and depth == 0 and text[i + 1:i + 2] == " ":
+            head = text[: i + 1]
+            if any(head.endswith(a) for a in ABBREVIATIONS):
+                continue
+            word = head.rsplit(" ", 1)[-1]
+            if len(word) == 2 and word[0].isupper():  # an initial: "J. Smith"
+                continue
+            return head
     return text
+
+
+def type_text(kind: Any) -> str:
+    """A field's type as a reader needs it: an alias of a ``Literal`` shows its values
+    (``"gn" | "bn"``), unions and containers their parts."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin is Literal:
+        return " | ".join(to_toml_value(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_text(a) for a in args)
+    if origin is not None and args:
+        inner = ", ".join("..." if a is Ellipsis else type_text(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if kind is type(None):
+        return "None"
+    return getattr(kind, "__name__", str(kind))
 
 
 def _default(f: Any) -> str:
@@ -77,15 +109,17 @@ def reference(markdown: bool = True) -> str:
     """The reference as Markdown (a table per section) or plain text (a line per key)."""
     lines = [HEADER, ""] if markdown else []
     for name, cls, doc in sections():
-        docs = field_docs(cls)
+        docs, hints = field_docs(cls), get_type_hints(cls)
         if markdown:
             lines += [f"## [{name}]", "", doc, "", "| key | type | default | what |",
                       "|---|---|---|---|"]
         else:
             lines += [f"[{name}]  {doc}"]
         for f in fields(cls):
-            what = _first_sentence(docs.get(f.name, "")).replace("|", "\\|")
-            kind = str(f.type).replace("|", "\\|") if markdown else str(f.type)
+            doc = docs.get(f.name, "")
+            what = doc.replace("|", "\\|") if markdown else first_sentence(doc)
+            kind = type_text(hints[f.name])
+            kind = kind.replace("|", "\\|") if markdown else kind
             if markdown:
                 lines.append(f"| `{name}.{f.name}` | `{kind}` | `{_default(f)}` | {what} |")
             else:
@@ -94,4 +128,4 @@ def reference(markdown: bool = True) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-__all__ = ["field_docs", "reference", "sections"]
+__all__ = ["field_docs", "first_sentence", "reference", "sections", "type_text"]

@@ -56,9 +56,14 @@ def effective_rank(matrix: Tensor) -> Tensor:
     """exp(−Σ_k p_k log p_k) with p = σ / Σσ the normalised singular values σ of ``matrix``
     (Roy & Vetterli 2007): from 1 (one direction) to min(shape) (all alike); 0 for a zero
     matrix. The singular values come from the eigenvalues of MᵀM (a symmetric
-    decomposition, about twice as fast as an SVD). A 0-d float64 tensor on its device."""
+    decomposition, about twice as fast as an SVD); an eigenvalue within the decomposition's
+    round-off of zero (d · ε_float64 · the largest) is zero, since its square root would turn
+    that round-off, ±1e-16 of a zero singular value's square, into a singular value of 1e-8
+    whose size depends on the CPU. A 0-d float64 tensor on its device."""
     m = matrix.to(STATS_DTYPE)
-    sigma = torch.linalg.eigvalsh(m.T @ m).clamp_min(0).sqrt()
+    lam = torch.linalg.eigvalsh(m.T @ m)
+    noise = lam.abs().max() * lam.shape[-1] * torch.finfo(STATS_DTYPE).eps
+    sigma = torch.where(lam > noise, lam, torch.zeros_like(lam)).sqrt()
     total = sigma.sum()
     p = sigma / total.clamp_min(torch.finfo(STATS_DTYPE).tiny)
     entropy = -torch.where(p > 0, p * p.clamp_min(1e-300).log(), torch.zeros_like(p)).sum()

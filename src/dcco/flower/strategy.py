@@ -39,10 +39,10 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import Tensor
 
+from dcco.config import USER
 from dcco.core.algorithm import Algorithm, RoundSkipped
 from dcco.core.collapse import CollapseWatch, collapse_figures, watch_start
 from dcco.core.optim import (
-    USER_RECIPE,
     OptimConfig,
     apply_pseudo_gradient,
     build_optimizer,
@@ -57,7 +57,7 @@ from dcco.flower import codec, polling, secure_round
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.strategy_checkpoint import resume_strategy, save_strategy
-from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
+from dcco.flower.userwire import LAMBDA, LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
 from dcco.methods.base import LossConfig
 from dcco.methods.registry import build_method
 
@@ -98,6 +98,10 @@ class DCCO(Strategy):
             parameters' share. The default, Adam 1e-3 with 10 warm-up rounds, trains the
             models CCO collapses under larger steps (docs/own_code.md, "Collapse").
         local_lr: the clients' SGD rate (paper: 1.0).
+        lambd: λ of the CCO loss, sent to the nodes with every instruction. The default, 5
+            (``dcco.config.USER``, as ``dcco.fit``'s), trained every model of the learning
+            study better than the paper's 20, which suits its 1024-wide projector
+            (docs/results.md, "What training is worth").
         min_survivors: the fewest valid replies a phase needs, or the round is skipped.
         seed: node sampling and the views' seed of each round.
         trained: the names of the arrays the clients train (their deltas); None: those of
@@ -128,11 +132,12 @@ class DCCO(Strategy):
                  arrayrecord_key: str = "arrays", configrecord_key: str = "config",
                  train_metrics_aggr_fn: Callable | None = None,
                  evaluate_metrics_aggr_fn: Callable | None = None, method: str = "dcco",
-                 optimizer: str = USER_RECIPE.name, lr: float = USER_RECIPE.lr,
-                 weight_decay: float = USER_RECIPE.weight_decay,
-                 warmup_rounds: int = USER_RECIPE.warmup_steps,
+                 optimizer: str = USER.optim.name, lr: float = USER.optim.lr,
+                 weight_decay: float = USER.optim.weight_decay,
+                 warmup_rounds: int = USER.optim.warmup_steps,
                  schedule: str = "cosine", vector_lr_scale: float = 1.0,
-                 local_lr: float = 1.0, min_survivors: int = 1, seed: int = 0,
+                 local_lr: float = 1.0, lambd: float = USER.lambd,
+                 min_survivors: int = 1, seed: int = 0,
                  trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
                  absent_statistics: str = "drop", checkpoint: str | Path | None = None
                  ) -> None:
@@ -159,7 +164,7 @@ class DCCO(Strategy):
         self.arrayrecord_key, self.configrecord_key = arrayrecord_key, configrecord_key
         self.weighted_by_key = weighted_by_key
         self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or aggregate_metricrecords
-        self.method = build_method(method, LossConfig())
+        self.method = build_method(method, LossConfig(lambd=lambd))
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
         self.algorithm = Algorithm(self.method, local_lr=local_lr)
@@ -506,7 +511,8 @@ class DCCO(Strategy):
     def _config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
         return ConfigRecord(extra | {PHASE: phase, ROUND: r, METHOD: self.method.name,
                                      VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
-                                     LOCAL_LR: self.local_lr})
+                                     LOCAL_LR: self.local_lr,
+                                     LAMBDA: float(self.method.loss.lambd)})
 
     def _average_buffers(self, contents: list[RecordDict], counts: list[int]) -> None:
         """The model's floating arrays that nobody trains (batch norm's running statistics)

@@ -31,7 +31,7 @@ from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
-from dcco.flower.userwire import LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
+from dcco.flower.userwire import LAMBDA, LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
 from dcco.methods.base import LossConfig, Method
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
@@ -45,7 +45,8 @@ augmentation's cost)."""
 
 def answer(msg: Message, context: Context, model: nn.Module,
            samples: Tensor | DataLoader | TorchDataset,
-           augment: Callable[[Tensor], Tensor] | None = None) -> Message:
+           augment: Callable[[Tensor], Tensor] | None = None,
+           views_key: int | None = None) -> Message:
     """The node's reply to one of the strategy's ``train`` messages.
 
     Args:
@@ -59,6 +60,11 @@ def answer(msg: Message, context: Context, model: nn.Module,
             torch's random state seeded by the round); None: for images (N, C, H, W),
             ``dcco.ImageViews()``; other samples need yours (two identical views teach the
             encoder nothing, so they are refused).
+        views_key: what seeds this node's views, with the round's seed (the strategy's
+            ``seed``). None: the node's Flower id, which a deployment keeps but Flower's
+            simulation draws at random in every run, so no two simulated runs train on the
+            same views. Your partition id (``context.node_config["partition-id"]``) makes a
+            simulated run repeat (at the same CPU and thread count).
 
     Under SecAgg+ (``DCCO(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
@@ -101,7 +107,8 @@ def answer(msg: Message, context: Context, model: nn.Module,
         except DataError as e:  # Flower reports a handler's error to the server
             raise ValueError(str(e)) from None
         x1, x2 = _views(samples, augment if augment is not None else default_augment(samples),
-                        seed, context.node_id, next(model.parameters()).dtype)
+                        seed, context.node_id if views_key is None else int(views_key),
+                        next(model.parameters()).dtype)
     if phase == "stats":
         context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
@@ -157,7 +164,8 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     if missing:
         raise ValueError(f"not a message of the dcco.flower.DCCO strategy (its config record "
                          f"lacks {', '.join(missing)})")
-    method = build_method(str(config[METHOD]), LossConfig())
+    method = build_method(str(config[METHOD]),
+                          LossConfig(lambd=float(config.get(LAMBDA, LossConfig().lambd))))
     head = (str(config[keys[0]]), int(config[keys[1]]), method,
             float(config.get(LOCAL_LR, 1.0)), int(config[VIEWS_SEED]))
     if secure:

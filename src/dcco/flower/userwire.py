@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 PHASE, ROUND, VIEWS_SEED, METHOD, LOCAL_LR = ("phase", "server-round", "views-seed", "method",
                                               "local-lr")
 """Keys of the ``config`` record the strategy sends (``dcco.flower.userapp`` reads them)."""
+LAMBDA = "loss-lambda"
+"""The CCO loss's λ, which the nodes' losses use (a node given none: the paper's 20)."""
 
 
 def moments_record(m: Moments) -> ArrayRecord:

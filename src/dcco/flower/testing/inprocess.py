@@ -31,23 +31,30 @@ Tamper = Callable[[int, Message, Message], Message | None]
 
 
 class InProcessGrid(Grid):
-    """Nodes ``1..n`` with the given node configs, all running ``app``.
+    """Nodes ``1..n`` (or ``node_ids``) with the given node configs, all running ``app``.
 
     Args:
         app: the ClientApp every node runs.
         node_configs: one ``--node-config`` mapping per node.
         run_config: the run config every node sees.
         tamper: optional hook on every reply.
+        node_ids: the nodes' ids, one per node config (default ``1..n``); Flower's own
+            deployments draw a random 64-bit id for each node.
     """
 
     def __init__(self, app: ClientApp, node_configs: list[Mapping[str, object]],
-                 run_config: Mapping[str, object], tamper: Tamper | None = None) -> None:
+                 run_config: Mapping[str, object], tamper: Tamper | None = None,
+                 node_ids: list[int] | None = None) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, SERVER_NODE_ID, 0
         self.app, self.tamper = app, tamper
+        ids = list(range(1, len(node_configs) + 1)) if node_ids is None else list(node_ids)
+        if len(ids) != len(node_configs) or len(set(ids)) != len(ids) or SERVER_NODE_ID in ids:
+            raise ValueError(f"node_ids must be {len(node_configs)} distinct ids other than the "
+                             f"server's {SERVER_NODE_ID}, one per node config; got {ids}")
         self.contexts = {
-            i + 1: Context(run_id=RUN_ID, node_id=i + 1, node_config=dict(nc), state=RecordDict(),
-                           run_config=dict(run_config))
-            for i, nc in enumerate(node_configs)
+            node: Context(run_id=RUN_ID, node_id=node, node_config=dict(nc), state=RecordDict(),
+                          run_config=dict(run_config))
+            for node, nc in zip(ids, node_configs, strict=True)
         }
         self.online = set(self.contexts)
         self._run = Run.create_empty(RUN_ID)

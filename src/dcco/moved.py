@@ -1,0 +1,86 @@
+"""Old import paths, each pointing to where its module went.
+
+The package was arranged by layer (``core``, ``data``, ``run``, ``flower/app``, ...); a
+script written against an earlier layout, ``from dcco.stats import encoding_stats`` say, still
+runs: the import gives the module at its new path and a ``DeprecationWarning`` that names it.
+``MOVED`` is the whole list (CHANGELOG.md, "Moved"); ``install`` puts the finder on
+``sys.meta_path`` after Python's own, so that it only answers for paths nothing else holds.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+
+MOVED = {
+    "dcco.algorithm": "dcco.core.algorithm",
+    "dcco.augment": "dcco.data.augment",
+    "dcco.checkpoint": "dcco.run.checkpoint",
+    "dcco.client": "dcco.core.client",
+    "dcco.collapse": "dcco.core.collapse",
+    "dcco.config_reference": "dcco.config.reference",
+    "dcco.data.splits": "dcco.run.splits",
+    "dcco.devices": "dcco.core.devices",
+    "dcco.distributed": "dcco.core.distributed",
+    "dcco.encoders": "dcco.run.encoders",
+    "dcco.experiments": "dcco.evaluate.runs",
+    "dcco.flower.appwire": "dcco.flower.app.wire",
+    "dcco.flower.client_app": "dcco.flower.app.client_app",
+    "dcco.flower.federation": "dcco.flower.app.federation",
+    "dcco.flower.floor": "dcco.flower.testing.floor",
+    "dcco.flower.handlers": "dcco.flower.app.handlers",
+    "dcco.flower.inprocess": "dcco.flower.testing.inprocess",
+    "dcco.flower.loopback": "dcco.flower.testing.loopback",
+    "dcco.flower.nodes": "dcco.flower.app.nodes",
+    "dcco.flower.run": "dcco.flower.app.run",
+    "dcco.flower.server_app": "dcco.flower.app.server_app",
+    "dcco.flower.worker": "dcco.flower.app.worker",
+    "dcco.image_views": "dcco.data.image_views",
+    "dcco.losses": "dcco.core.losses",
+    "dcco.models.config": "dcco.config.model",
+    "dcco.optim": "dcco.core.optim",
+    "dcco.precision": "dcco.core.precision",
+    "dcco.privacy": "dcco.core.privacy",
+    "dcco.progress": "dcco.run.progress",
+    "dcco.report": "dcco.run.report",
+    "dcco.rundir": "dcco.run.rundir",
+    "dcco.scalars": "dcco.run.scalars",
+    "dcco.seeding": "dcco.core.seeding",
+    "dcco.server": "dcco.core.server",
+    "dcco.simulator": "dcco.core.simulator",
+    "dcco.statistics_cache": "dcco.core.statistics_cache",
+    "dcco.stats": "dcco.core.stats",
+}
+"""Each old module path and its new one (the layout of 2026-11, by layer)."""
+
+
+class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers an import of an old path with the module at its new one."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec) -> ModuleType:
+        new = MOVED[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; import it from there (the old path goes "
+                      f"in a later release; CHANGELOG.md lists every move)", DeprecationWarning,
+                      stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module ran at its new path already."""
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path``, once, after Python's own finders."""
+    if not any(isinstance(f, _Moved) for f in sys.meta_path):
+        sys.meta_path.append(_Moved())
+
+
+__all__ = ["MOVED", "install"]
