@@ -1,17 +1,19 @@
-"""A round of Flower's quickstart under DCCO against the same quickstart under Flower's FedAvg
-(issue 54's target: at most 1.5 ×), measured in one run.
+"""A round of the quickstart app (examples/flower-quickstart) under DCCO against the same app
+under Flower's FedAvg (issue 54's target: at most 1.5 ×), measured in one run.
 
     python benchmarks/quickstart_speed.py --record benchmarks/results/quickstart_speed.json
 
 `examples/flower-quickstart` with 4 nodes of dcco's in-process grid (the ClientApp as
 written, its messages deep-copied both ways as a network would; no Flower engine, whose
-fixed polls are the same for both): its ServerApp's strategy is FedAvg (the quickstart as
-Flower ships it: one epoch of supervised SGD a round, `lr` 0.01, batch 32) or DCCO (its
-defaults: statistics, then one step on the anchored loss), `fraction-train` and
-`fraction-evaluate` as the quickstart's (0.5), the app's `@app.evaluate` after each round in
-both. Blocks of ``--rounds`` rounds alternate, ``--blocks`` of each; a round is timed from the
-server (``evaluate_fn`` after each), and the ratio is of the medians of the rounds after
-each block's first.
+fixed polls are the same for both), its images stored as a Hugging Face `Image` column as
+hub data sets store theirs: its ServerApp's strategy is FedAvg (the app's supervised form:
+one epoch of SGD a round, `lr` 0.01, batch 32, the classifier's accuracy as its evaluation)
+or DCCO (its defaults: statistics, then one step on the anchored loss;
+`dcco.flower.evaluate_encoder` as its evaluation), `fraction-train` and `fraction-evaluate`
+as the app's (0.5), the app's `@app.evaluate` after each round in both. Blocks of
+``--rounds`` rounds alternate, ``--blocks`` of each; a round is timed from the server
+(``evaluate_fn`` after each), and the ratio is of the medians of the rounds after each
+block's first.
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.blocks):
         for name in ("fedavg", "dcco"):
             config = base | {"strategy": name}
-            task.fds = None
             grid = InProcessGrid(client_app.app, nodes, config)
             torch.manual_seed(0)
             initial = ArrayRecord(task.Net().state_dict())

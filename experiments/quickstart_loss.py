@@ -1,4 +1,4 @@
-"""Flower's quickstart `Net` (examples/flower-quickstart) under `dcco.flower.DCCO()` with its
+"""The quickstart app's `Net` (examples/flower-quickstart) under `dcco.flower.DCCO()` with its
 defaults, as tests/test_quickstart.py runs it (4 nodes of dcco's in-process grid, every node
 a round, 200 images a node): the final model's CCO loss on the nodes' seeded test views
 against the untrained model's, and the last round's collapse figures, for each round count
@@ -61,7 +61,6 @@ def run(rounds: int, images: int, out: Path | None = None, seed: int = 0) -> dic
                      "fraction-evaluate": 1.0, "images": images, "out": str(out),
                      "seed": seed}
     nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]
-    task.fds = None
     start = time.perf_counter()
     grid = InProcessGrid(client_app.app, nodes, config)
     server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),

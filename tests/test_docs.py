@@ -214,6 +214,7 @@ def test_docs__every_python_block_runs_or_binds_to_the_real_api():
     import dcco.flower
 
     names = {"dcco": dcco, "DCCO": dcco.flower.DCCO, "answer": dcco.flower.answer,
+             "evaluate_encoder": dcco.flower.evaluate_encoder,
              "ImageViews": dcco.ImageViews, "SecAgg": dcco.flower.SecAgg,
              "ArrayRecord": ArrayRecord}
     blocks = _python_blocks()

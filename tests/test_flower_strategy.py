@@ -700,6 +700,36 @@ def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognise
                      train_config=ConfigRecord({"lr": 0.01}))
 
 
+def test_strategy__nodes_failing_alike_stop_the_run_after_two_rounds_with_their_error(caplog):
+    """Every node raises the same error (a fault in the nodes' code or data): the skipped
+    rounds' message names it once with its count of nodes, each node's warning is the
+    traceback's last line, and the run stops after round 2 of 6 with RoundsSkipped."""
+    from dcco.flower.exchanges import error_line
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        images = _samples(context.node_id).permute(0, 2, 3, 1)  # channels last: refused
+        return answer(msg, context, UserCNN().double(), images, augment=_augment)
+
+    _, initial = _initial()
+    with caplog.at_level("WARNING", logger="flwr.dcco"), \
+            pytest.raises(RoundsSkipped, match="rounds 1 and 2 failed on every node with the "
+                                               "same error") as e:
+        DCCO(min_available_nodes=3, fraction_evaluate=0.0).start(
+            grid=InProcessGrid(app, [{}] * 3, {}), initial_arrays=initial, num_rounds=6)
+    assert sorted(e.value.result.train_metrics_clientapp) == [1, 2]
+    assert "the nodes' errors: " in str(e.value) and "(3 nodes)" in str(e.value)
+    warnings = [r.getMessage() for r in caplog.records if "failed:" in r.getMessage()]
+    assert len(warnings) == 6 and all("\n" not in w for w in warnings), warnings
+    report = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+              "    f()\nValueError: channels last\n")
+    assert error_line(report) == "ValueError: channels last (the last line of 4; logged " \
+        "whole at DEBUG)"
+    assert error_line("one line") == "one line"
+
+
 def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
     """A node's samples as its FedAvg handler has them: a DataLoader of (input, label)
     batches or of dicts (Flower's quickstart), or a Dataset, give the same round as the

@@ -1,1 +1,1 @@
-"""Flower's quickstart-pytorch with DCCO: see ../pyproject.toml."""
+"""A FedAvg-style Flower app switched to DCCO (dcco's examples/flower-quickstart)."""

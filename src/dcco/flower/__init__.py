@@ -6,7 +6,9 @@ imports Flower; the rest of dcco never does. See ``docs/flower.md``. By role:
   ``app.server_app``, its nodes, worker and federation (``dcco.flower.app``).
 - For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
   starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``,
-  what your ClientApp's ``train`` handler returns (``userapp``), with ``ImageViews``, a ready
+  what your ClientApp's ``train`` handler returns (``userapp``), and
+  ``dcco.flower.evaluate_encoder``, what its ``evaluate`` handler returns for an encoder
+  (``evaluation``), with ``ImageViews``, a ready
   image augmentation; ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+
   (``secure_round``, ``mods``). They are imported on first use, so that a ClientApp's module
   stays free of torch.
@@ -41,6 +43,10 @@ def __getattr__(name: str) -> Any:
         from dcco.flower.userapp import answer
 
         return answer
+    if name == "evaluate_encoder":
+        from dcco.flower.evaluation import evaluate_encoder
+
+        return evaluate_encoder
     if name == "RoundsSkipped":
         from dcco.flower.strategy import RoundsSkipped
 
@@ -52,7 +58,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dcco.flower' has no attribute {name!r}")
 
 
-__all__ = ["DCCO", "ImageViews", "RoundsSkipped", "SecAgg", "answer",
+__all__ = ["DCCO", "ImageViews", "RoundsSkipped", "SecAgg", "answer", "evaluate_encoder",
            "secure_aggregation_mod"]
 
 

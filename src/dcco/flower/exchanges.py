@@ -21,6 +21,8 @@ answers with ``dcco.flower.answer``, one client a node (``dcco.flower.userwire.U
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -38,6 +40,8 @@ from dcco.core.stats import EncodingStats, Moments, StatsSpec, merge
 from dcco.flower import secagg, timing
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
+
+LOG = logging.getLogger("flwr.dcco")
 
 Send = Callable[..., Iterable[Message]]
 """``send(messages, timeout=seconds)``: push messages and return their replies that came
@@ -85,6 +89,20 @@ class Wire(Protocol):
         ...
 
 
+def error_line(reason: str) -> str:
+    """A node's error report in one line: a traceback's last line (the exception and its
+    message), with how many lines the whole report had; a one-line report as it is. (Under
+    Flower's simulation a node's error is a Ray traceback of up to 36 lines.)"""
+    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else reason
+    last = next((line for line in reversed(lines) if _EXCEPTION.match(line)), lines[-1])
+    return f"{last} (the last line of {len(lines)}; logged whole at DEBUG)"
+
+
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+
+
 def replies_by_node(replies: Iterable[Message], asked: set[int],
                     tally: ReplyTally) -> dict[int, RecordDict]:
     """The contents of the replies without an error, by node in the order of the node ids (so
@@ -99,7 +117,8 @@ def replies_by_node(replies: Iterable[Message], asked: set[int],
             continue
         if reply.has_error():
             failed.add(node)
-            tally.problems.append(f"node {node} failed: {reply.error.reason}")
+            LOG.debug("node %d's error, whole: %s", node, reply.error.reason)
+            tally.problems.append(f"node {node} failed: {error_line(reply.error.reason)}")
         else:
             got[node] = reply.content
     tally.failed += len(failed)
@@ -325,4 +344,5 @@ class SecureExchanges(PlainExchanges):
                        sum(len(self.targets[k]) for k in res.counts), int(n), fresh)
 
 
-__all__ = ["PlainExchanges", "SecureExchanges", "Send", "Wire", "exchange", "replies_by_node"]
+__all__ = ["PlainExchanges", "SecureExchanges", "Send", "Wire", "error_line", "exchange",
+           "replies_by_node"]

@@ -55,6 +55,8 @@ from dcco.core.statistics_cache import StatisticsCache
 from dcco.core.stats import Moments
 from dcco.flower import codec, polling, secure_round
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
+from dcco.flower.failures import causes, every_node_failed, hint
+from dcco.flower.roundlog import metrics_line, round_line, run_summary, tally_metrics
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.strategy_checkpoint import resume_strategy, save_strategy
 from dcco.flower.userwire import LAMBDA, LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, UserWire
@@ -218,6 +220,7 @@ class DCCO(Strategy):
         self._asked_nodes: set[int] | None = None
         self._skipped: dict | None = None
         self._skip_reason = ""
+        self._all_failed: frozenset[str] = frozenset()
 
     # Flower's hooks. ``configure_train`` gives a round's first exchange (the statistics, or
     # the update for methods without them) and ``aggregate_train`` the server's step from
@@ -255,7 +258,7 @@ class DCCO(Strategy):
         try:
             updates = exchanges.take_updates(replies_by_node(replies, asked, tally), tally)
         except RoundSkipped:
-            self._skipped = _tally("update", tally)
+            self._skipped = tally_metrics("update", tally)
             return None, None
         return self._apply(server_round, exchanges, updates.pseudo_gradient, updates.loss,
                            updates.num_samples)
@@ -263,13 +266,15 @@ class DCCO(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """Federated evaluation, as ``FedAvg``'s: the model and ``config`` (with
-        ``server-round``) to ``fraction_evaluate`` of the nodes (at least
-        ``min_evaluate_nodes``), for your ClientApp's ``@app.evaluate``; none once a round's
-        every reply said the ClientApp has none (``aggregate_evaluate``)."""
+        ``server-round``, and the loss's λ for ``dcco.flower.evaluate_encoder``) to
+        ``fraction_evaluate`` of the nodes (at least ``min_evaluate_nodes``), for your
+        ClientApp's ``@app.evaluate``; none once a round's every reply said the ClientApp
+        has none (``aggregate_evaluate``)."""
         if self.fraction_evaluate == 0 or self._no_evaluate:
             return []
         nodes = self._sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
-        config = ConfigRecord(dict(config) | {"server-round": server_round})
+        config = ConfigRecord(dict(config) | {"server-round": server_round,
+                                              LAMBDA: float(self.method.loss.lambd)})
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return [Message(content, dst_node_id=n, message_type=MessageType.EVALUATE,
                         group_id=str(server_round)) for n in nodes]
@@ -338,7 +343,9 @@ class DCCO(Strategy):
             ValueError: ``num_rounds`` < 1, a ``lr`` in ``train_config``, or arrays that do
                 not fit ``trained`` or ``secagg``.
             RoundsSkipped: every round was skipped: nothing was trained, and the reasons are
-                in the message.
+                in the message; or, before any round trained, two rounds in a row failed on
+                every node with the same error (a fault of the nodes' code or data, which
+                every later round would meet), and the run stopped there.
         """
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
@@ -350,9 +357,11 @@ class DCCO(Strategy):
                              f"(DCCO(lr={self.optim.lr:g})); remove 'lr' from train_config "
                              f"and set DCCO(lr=...) instead")
         self.summary()
+        began = time.perf_counter()
         result = Result(arrays=initial_arrays)
         self.begin(initial_arrays, num_rounds)
         first, skipped = 1, []
+        failing: list[frozenset[str]] = []  # the errors of consecutive rounds every node failed
         if self.checkpoint is not None and self.checkpoint.is_file():
             first, skipped = resume_strategy(self, self.checkpoint, result, num_rounds)
             LOG.info("DCCO: resuming from %s after round %d of %d (initial_arrays ignored)",
@@ -368,16 +377,30 @@ class DCCO(Strategy):
             result.train_metrics_clientapp[r] = MetricRecord(record)
             if arrays is not None:
                 result.arrays = arrays
-                LOG.info("DCCO round %d/%d: loss %.4g", r, num_rounds, record["loss"])
+                LOG.info("DCCO round %d/%d: %s", r, num_rounds, round_line(record))
             else:
                 LOG.warning("DCCO round %d/%d: skipped, the model unchanged: %s", r,
                             num_rounds, self._skip_reason)
                 skipped.append(f"round {r}: {self._skip_reason}")
+                failing = (failing + [self._all_failed])[-2:] if self._all_failed else []
+                if (len(failing) == 2 and failing[0] == failing[1] and r < num_rounds
+                        and all(m["skipped"] for m in result.train_metrics_clientapp.values())):
+                    raise RoundsSkipped(
+                        f"no round has trained, and rounds {r - 1} and {r} failed on every "
+                        f"node with the same error, which the other {num_rounds - r} would "
+                        f"meet too; stopped after round {r}: " + "; ".join(skipped[-2:]),
+                        result)
             self._evaluate(grid, r, result, evaluate_config, timeout)
+            if (res := result.evaluate_metrics_clientapp.get(r)) is not None:
+                LOG.info("DCCO round %d/%d, federated evaluation: %s", r, num_rounds,
+                         metrics_line(res))
             if evaluate_fn is not None and (res := evaluate_fn(r, result.arrays)) is not None:
                 result.evaluate_metrics_serverapp[r] = res
+                LOG.info("DCCO round %d/%d, server evaluation: %s", r, num_rounds,
+                         metrics_line(res))
             if self.checkpoint is not None:
                 save_strategy(self, self.checkpoint, r, num_rounds, result, skipped)
+        LOG.info("DCCO: %s", run_summary(result, num_rounds, time.perf_counter() - began))
         if len(skipped) == num_rounds:
             raise RoundsSkipped(
                 f"every one of the {num_rounds} rounds was skipped, so the model was never "
@@ -432,7 +455,8 @@ class DCCO(Strategy):
         except RoundSkipped as e:
             self._log_problems(r, exchanges)
             self._skipped = self._metrics(exchanges)
-            self._skip_reason = f"{e.reason}{_hint(exchanges)}"
+            self._skip_reason = f"{e.reason}{causes(exchanges)}{hint(exchanges)}"
+            self._all_failed = every_node_failed(exchanges)
             return None, None
         self._log_problems(r, exchanges)
         arrays, metrics = self._apply(r, exchanges, result.pseudo_gradient, result.loss,
@@ -488,7 +512,7 @@ class DCCO(Strategy):
     def _metrics(exchanges: PlainExchanges) -> dict:
         out = {}
         for phase, tally in exchanges.replies.items():
-            out |= _tally(phase, tally)
+            out |= tally_metrics(phase, tally)
             if isinstance(exchanges, SecureExchanges):
                 out[f"{phase}-clipped"] = exchanges.clipped.get(phase, 0.0)
         return out
@@ -555,7 +579,8 @@ class DCCO(Strategy):
 
 
 class RoundsSkipped(RuntimeError):
-    """Every round of ``DCCO.start`` was skipped: the model was never trained.
+    """Every round of ``DCCO.start`` was skipped, or, before any trained, two rounds in a row
+    failed on every node with the same error: the model was never trained.
 
     Attributes:
         result: the run's ``Result`` (its metrics say, round by round, what became of the
@@ -565,29 +590,6 @@ class RoundsSkipped(RuntimeError):
     def __init__(self, message: str, result: Result) -> None:
         super().__init__(message)
         self.result = result
-
-
-NOT_ANSWERED = ("layout", "packed", "state_dict", "statistics", "arrays")
-"""Words of a node's error, or of a rejected reply, that point to a ClientApp that does not
-answer with ``dcco.flower.answer`` (it loads DCCO's packed arrays as its own state_dict, or
-replies with weights and no statistics)."""
-
-
-def _hint(exchanges: PlainExchanges) -> str:
-    """A hint when the round's problems look like a ClientApp that does not call
-    ``dcco.flower.answer``, else ""."""
-    problems = [p for t in exchanges.replies.values() for p in t.problems]
-    if problems and any(word in p for p in problems for word in NOT_ANSWERED):
-        return (". The nodes' replies look like a ClientApp that does not answer with "
-                "dcco.flower.answer: its @app.train() must return dcco.flower.answer(msg, "
-                "context, model, samples, augment=...) (docs/own_code.md, \"Flower\")")
-    return ""
-
-
-def _tally(phase: str, tally: ReplyTally) -> dict:
-    out = {f"{phase}-{k}": float(v) for k, v in tally.as_dict().items() if k != "rejected"}
-    out |= {f"{phase}-rejected-{k}": float(v) for k, v in tally.rejected.items()}
-    return out
 
 
 __all__ = ["DCCO", "RoundsSkipped", "SecAgg"]
