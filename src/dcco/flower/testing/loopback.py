@@ -281,10 +281,12 @@ class Loopback:
                                   + (f": {said[-1].strip()}" if said else ""))
         return done.stdout
 
-    def submit(self, run_config: Mapping[str, FlowerValue]) -> int:
-        """``flwr run`` the project; returns the run id."""
+    def submit(self, run_config: Mapping[str, FlowerValue], project: Path | None = None
+               ) -> int:
+        """``flwr run`` the project (or another app's, on the same deployment); returns the
+        run id."""
         overrides = " ".join(f"{k}={toml_value(v)}" for k, v in run_config.items())
-        args = ["run", str(self.project), self.connection]
+        args = ["run", str(project or self.project), self.connection]
         if overrides:
             args += ["--run-config", overrides]
         text = self.flwr(*args)
