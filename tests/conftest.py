@@ -14,6 +14,38 @@ import numpy as np
 import pytest
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, each worker's first share starts with its own of the ``slow``
+    tests (real deployments, minutes each), dealt round-robin in collection order.
+
+    ``--dist worksteal`` hands the i-th worker the i-th contiguous third of the collection
+    and lets an idle worker steal the *end* of a busy one's queue. In collection order the
+    slow tests sat wherever their files fell, several in one worker's share, so one worker
+    could still be running minutes of deployments after the others had run dry. Dealt to the
+    front of every share, they start at once, side by side, and the short tests fill in
+    around them. Every worker collects the same order (the hook is deterministic), as
+    xdist requires."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers < 2:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    rest = [item for item in items if item.get_closest_marker("slow") is None]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for i, item in enumerate(slow):
+        shares[i % workers].append(item)
+    # xdist's first split: the first worker takes n // workers, each next an even share of
+    # what is left; fill each share with the short tests up to its size
+    left, at = len(items), 0
+    for i, share in enumerate(shares):
+        size = left // (workers - i)
+        take = max(0, size - len(share))
+        share += rest[at:at + take]
+        at += take
+        left -= len(share)
+    shares[-1] += rest[at:]
+    items[:] = [item for share in shares for item in share]
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     """Write a uint8 array as a gzipped IDX file (the MNIST / Fashion-MNIST format)."""
     header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", n) for n in array.shape)
