@@ -32,11 +32,8 @@ from dcco.core.losses import cco_loss
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import encoding_stats
 from dcco.flower import codec
-from dcco.flower.userapp import _input_of, default_augment, load_weights
+from dcco.flower.userapp import LABEL_KEYS, default_augment, load_weights, samples_and_labels
 from dcco.flower.userwire import LAMBDA
-
-LABEL_KEYS = ("label", "labels", "fine_label", "y", "target", "targets")
-"""The keys a data loader's dict batches hold their labels under, tried in this order."""
 
 KNN_K, KNN_TEMPERATURE = 20, EvalConfig().knn_temperature
 """The k-NN's neighbours and temperature: the monitor's temperature (``EvalConfig``), and
@@ -102,33 +99,6 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
             if train_y is not None:
                 metrics["knn-acc"] = _knn_accuracy(model, train_x, x, train_y, test_y, dtype)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
-
-
-def samples_and_labels(samples: Samples) -> tuple[Tensor, Tensor | None]:
-    """A node's samples as one tensor, as ``answer`` reads them (``node_samples``), and
-    their labels as one int64 tensor read in the same pass (a shuffling loader's order is new
-    every pass): a tuple's second element, or a dict's entry under one of ``LABEL_KEYS``.
-    The labels are None when the samples carry none (a tensor, or items without labels)."""
-    if isinstance(samples, Tensor):
-        return samples, None
-    items = (list(samples) if isinstance(samples, DataLoader)
-             else [samples[i] for i in range(len(samples))])
-    if not items:
-        raise ValueError("this node's data set is empty: a node needs samples")
-    stack = torch.cat if isinstance(samples, DataLoader) else torch.stack
-    x = stack([_input_of(item) for item in items])
-    labels = [_label_of(item) for item in items]
-    if any(y is None for y in labels):
-        return x, None
-    return x, torch.cat([torch.as_tensor(y).reshape(-1) for y in labels]).long()
-
-
-def _label_of(item: object) -> object | None:
-    if isinstance(item, (tuple, list)) and len(item) >= 2:
-        return item[1]
-    if isinstance(item, dict):
-        return next((item[k] for k in LABEL_KEYS if k in item), None)
-    return None
 
 
 def _knn_accuracy(model: nn.Module, train_x: Tensor, test_x: Tensor, train_y: Tensor,

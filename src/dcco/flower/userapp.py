@@ -192,14 +192,56 @@ def node_samples(samples: Tensor | DataLoader | TorchDataset) -> Tensor:
     """
     if isinstance(samples, Tensor):
         return samples
+    items, join = _items(samples)
+    return join([_input_of(item) for item in items])
+
+
+def samples_and_labels(samples: Tensor | DataLoader | TorchDataset
+                       ) -> tuple[Tensor, Tensor | None]:
+    """A node's samples as ``node_samples`` reads them, and their labels as one int64
+    tensor read in the same pass (a shuffling loader's order is new every pass): a tuple's
+    second element, or a dict's entry under one of ``LABEL_KEYS``. The labels are None when
+    the samples carry none (a tensor, or items without labels)."""
+    if isinstance(samples, Tensor):
+        return samples, None
+    items, join = _items(samples)
+    x = join([_input_of(item) for item in items])
+    labels = [_label_of(item) for item in items]
+    if any(y is None for y in labels):
+        return x, None
+    return x, torch.cat([torch.as_tensor(y).reshape(-1) for y in labels]).long()
+
+
+LABEL_KEYS = ("label", "labels", "fine_label", "y", "target", "targets")
+"""The keys a data loader's dict batches hold their labels under, tried in this order."""
+
+
+def _items(samples: DataLoader | TorchDataset) -> tuple[list, Callable[[list], Tensor]]:
+    """A loader's batches (joined by ``torch.cat``) or a data set's items (by
+    ``torch.stack``), read once.
+
+    Raises:
+        ValueError: an empty data set.
+        TypeError: samples of another kind.
+    """
     if isinstance(samples, DataLoader):
-        return torch.cat([_input_of(batch) for batch in samples])
-    if hasattr(samples, "__getitem__") and hasattr(samples, "__len__"):
-        if len(samples) == 0:
-            raise ValueError("this node's data set is empty: a node needs samples")
-        return torch.stack([_input_of(samples[i]) for i in range(len(samples))])
-    raise TypeError(f"samples must be a tensor, a torch DataLoader or a Dataset, got "
-                    f"{type(samples).__name__}")
+        items, join = list(samples), torch.cat
+    elif hasattr(samples, "__getitem__") and hasattr(samples, "__len__"):
+        items, join = [samples[i] for i in range(len(samples))], torch.stack
+    else:
+        raise TypeError(f"samples must be a tensor, a torch DataLoader or a Dataset, got "
+                        f"{type(samples).__name__}")
+    if not items:
+        raise ValueError("this node's data set is empty: a node needs samples")
+    return items, join
+
+
+def _label_of(item: object) -> object | None:
+    if isinstance(item, (tuple, list)) and len(item) >= 2:
+        return item[1]
+    if isinstance(item, dict):
+        return next((item[k] for k in LABEL_KEYS if k in item), None)
+    return None
 
 
 def _count(samples: Tensor | DataLoader | TorchDataset) -> int:
@@ -278,4 +320,4 @@ def _views(samples: Tensor, augment: Callable[[Tensor], Tensor], seed: int, node
     return user_views(augment, samples, derive_seed(seed, "node", node), 0, dtype)
 
 
-__all__ = ["answer", "default_augment", "node_samples"]
+__all__ = ["LABEL_KEYS", "answer", "default_augment", "node_samples", "samples_and_labels"]
