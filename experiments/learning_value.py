@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import platform
 import sys
@@ -94,8 +95,8 @@ class DeepCNN(nn.Module):
         super().__init__()
         layers, c_in = [], 1
         for c in (width, 2 * width, 4 * width):
-            layers += [nn.Conv2d(c_in, c, 3, stride=2, padding=1), nn.GroupNorm(8, c),
-                       nn.ReLU()]
+            layers += [nn.Conv2d(c_in, c, 3, stride=2, padding=1),
+                       nn.GroupNorm(math.gcd(8, c), c), nn.ReLU()]
             c_in = c
         self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(grid), nn.Flatten())
 

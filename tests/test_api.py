@@ -381,6 +381,38 @@ def test_client_functions__leave_the_global_models_buffers_and_weights_as_they_w
         dcco.local_update(model, x1, x2, shared, steps=0)
 
 
+@pytest.mark.parametrize("make", [lambda: UserCNN(out=16).double(), lambda: BNNet().double()])
+def test_kept_forward__gives_the_statistics_and_the_update_of_two_forwards_to_the_bit(make):
+    """Phase 1's forward kept with its graph (``answer(reuse_forward=True)``): the same
+    statistics and the same delta as ``statistics`` then ``local_update``, bit for bit, the
+    model's buffers untouched, and the kept activations counted."""
+    from dcco.api import statistics_kept, update_from_kept
+
+    torch.manual_seed(3)
+    model = make()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x1, x2 = _views([5], seed=4)
+    want_stats = dcco.statistics(model, x1, x2)
+    stats, kept = statistics_kept(model, x1, x2)
+    got_stats, want_items = dict(stats.items()), dict(want_stats.items())
+    assert got_stats.keys() == want_items.keys()
+    assert all(torch.equal(torch.as_tensor(got_stats[k]), torch.as_tensor(want_items[k]))
+               for k in want_items)
+    assert kept.saved_bytes >= x1.numel() * x1.element_size()  # at least the views themselves
+    other = dcco.statistics(model, *_views([3], seed=5))
+    width = int(dict(other.items())["sum_f"].shape[0])
+    shared = dcco.merge_statistics([want_stats, other], width).aggregate
+    want = dcco.local_update(model, x1, x2, shared, lr=0.7)
+    got = update_from_kept(kept, shared, lr=0.7)
+    assert got.delta.keys() == want.delta.keys() and got.loss == want.loss
+    assert all(torch.equal(got.delta[k], want.delta[k]) for k in want.delta)
+    assert got.num_samples == 5
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(ValueError, match="needs the round's aggregate"):
+        update_from_kept(statistics_kept(model, x1, x2)[1], None)
+
+
 def test_merge_statistics__replies_that_are_not_mappings_and_plain_lists():
     model = UserCNN(out=16).double()
     x1, x2 = _views([3])

@@ -440,3 +440,36 @@ def test_rotation__views_are_rotated_within_the_configured_range_and_reproducibl
     assert not torch.allclose(a[0], b[0])
     with pytest.raises(ValueError, match="augment.rotate_degrees"):
         AugmentConfig(rotate_degrees=200.0)
+
+
+def test_image_views__ranges_seeding_and_the_identity_at_no_crop_and_no_jitter():
+    """``dcco.ImageViews`` (the batched pipeline with torch's random state): a view keeps the
+    input's shape and range (uint8 → [−1, 1]), follows torch's seed, differs between calls;
+    with the whole image as its crop and no jitter, each view is its image or its mirror."""
+    from dcco.data.image_views import ImageViews
+
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8, generator=gen)
+    views = ImageViews()
+    torch.manual_seed(1)
+    a = views(images)
+    torch.manual_seed(1)
+    assert torch.equal(views(images), a)
+    assert not torch.equal(views(images), a)
+    assert a.shape == images.shape and a.dtype == torch.float32
+    assert float(a.min()) >= -1 and float(a.max()) <= 1
+    unit = images.double() / 255
+    for given, low in ((unit, 0.0), (unit * 2 - 1, -1.0)):
+        out = views(given)
+        assert out.dtype == torch.float64 and float(out.min()) >= low and float(out.max()) <= 1
+    plain = ImageViews(crop_scale=(1.0, 1.0), jitter=0.0, jitter_p=0.0)
+    grey = images[:, :1]
+    out = plain(grey)
+    want = grey.float() / 127.5 - 1
+    for view, image in zip(out, want, strict=True):
+        assert min(float((view - image).abs().max()),
+                   float((view - image.flip(-1)).abs().max())) < 1e-5
+    with pytest.raises(ValueError, match="jitter and jitter_p must lie in"):
+        ImageViews(jitter=1.5)
+    with pytest.raises(ValueError, match="ImageViews takes images"):
+        views(images.permute(0, 2, 3, 1))

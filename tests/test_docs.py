@@ -133,11 +133,16 @@ def test_config_command__plain_prints_the_list_as_list_does(capsys):
 
 
 def test_readme__stops_early_and_its_links_resolve():
-    """The README is a short tour (at most 250 lines), and every file it links exists."""
+    """The README is a short tour (at most 250 lines), every file it links exists, and its
+    one outside link is the paper's."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
-    for target in re.findall(r"\]\(([^)#]+)", readme):
-        assert (ROOT / target).exists(), target
+    targets = re.findall(r"\]\(([^)#]+)", readme)
+    assert [t for t in targets if t.startswith("https://")] == [
+        "https://arxiv.org/abs/2210.00092"]
+    for target in targets:
+        assert target.startswith("https://") or (ROOT / target).exists(), target
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
 
 
 RUN_ELSEWHERE = {  # blocks that a test runs as written: (file, the block's first line)

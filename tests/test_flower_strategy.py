@@ -147,6 +147,28 @@ def test_strategy_rounds__equal_the_reference_round_with_the_users_model(method)
         assert 0 <= m["dead_dims"] <= 1 and m["eff_rank"] >= 1  # the figures of its S_A
 
 
+def test_answer__the_kept_forward_and_a_second_forward_give_the_same_run_to_the_bit(
+        monkeypatch):
+    """``answer`` keeps phase 1's forward for phase 2 (in one process, as here): two rounds
+    with it, and with none kept (``KEPT_BYTES = 0``, as when phase 2 reaches another process
+    or the activations are over the bound), end in the same weights, bit for bit, and leave
+    nothing kept behind."""
+    from dcco.flower import userapp
+
+    _, initial = _initial()
+
+    def run() -> dict:
+        strategy = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4,
+                        fraction_evaluate=0.0)
+        result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
+        return result.arrays.to_torch_state_dict()
+
+    kept = run()
+    assert not any(k[0] in (1, 2, 3, 4) and k[2] == 2 for k in userapp._forwards)
+    monkeypatch.setattr(userapp, "KEPT_BYTES", 0)
+    again = run()
+    assert all(torch.equal(kept[k], again[k]) for k in kept)
+
 
 def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():
     _, initial = _initial()

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from dcco.config import USER
-from dcco.core.client import ClientUpdate, client_update, trainable_parameters
+from dcco.core.client import ClientUpdate, client_update, sgd_delta, trainable_parameters
 from dcco.core.optim import apply_pseudo_gradient
 from dcco.core.server import (
     ReplyError,
@@ -229,6 +229,60 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
     return encoding_stats(f, g, m.stats)
+
+
+@dataclass(frozen=True)
+class KeptForward:
+    """A client's phase-1 forward with its graph, for phase 2 to differentiate instead of
+    encoding the views again (``statistics_kept``, ``update_from_kept``). It holds the
+    activations of both views until then: ``saved_bytes`` says how much."""
+
+    dual: nn.Module
+    back: Callable[[str], str]
+    f: Tensor
+    g: Tensor
+    saved_bytes: int
+
+
+def statistics_kept(model: Model, x1: Tensor, x2: Tensor, method: str | Method = "dcco"
+                    ) -> tuple[EncodingStats, KeptForward]:
+    """``statistics``, from a forward whose graph is kept for ``update_from_kept``: phase 2
+    then costs a backward pass alone. The statistics are ``statistics``' to the bit (the same
+    forward, with gradients recorded)."""
+    m = _method(method, statistics=True)
+    dual, back = dual_view(model)
+    n = int(x1.shape[0])
+    if n == 0:
+        raise ValueError("a client with no samples has no statistics; leave it out of the "
+                         "round")
+    saved = [0]
+
+    def pack(t: Tensor) -> Tensor:  # the activations, not the weights the graph also holds
+        if not (t.is_leaf and t.requires_grad):
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), buffers_kept(dual):
+        f, g = dual(x1, x2)
+    _encodings_checked(f, g, n)
+    return encoding_stats(f.detach(), g.detach(), m.stats), KeptForward(dual, back, f, g,
+                                                                        saved[0])
+
+
+def update_from_kept(kept: KeptForward, aggregate: Moments | None,
+                     method: str | Method = "dcco", lr: float = 1.0) -> ClientUpdate:
+    """``local_update``'s one step (all samples, rate ``lr``) from phase 1's kept forward:
+    the same delta to the bit, without the second forward. The graph is freed."""
+    m = _method(method)
+    if m.stats is not None and aggregate is None:
+        raise ValueError(f"{m.name} needs the round's aggregate S_A (merge_statistics)")
+    if int(kept.f.shape[0]) < m.min_client_samples:
+        raise ValueError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
+                         f"got {int(kept.f.shape[0])}")
+    loss = m.client_loss(kept.f, kept.g, aggregate)
+    delta = sgd_delta(trainable_parameters(kept.dual), loss, lr)
+    return ClientUpdate(delta={kept.back(k): v for k, v in delta.items()},
+                        num_samples=int(kept.f.shape[0]), loss=float(loss.detach()))
 
 
 def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None,

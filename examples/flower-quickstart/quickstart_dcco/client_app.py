@@ -1,6 +1,7 @@
 """The ClientApp: under DCCO, both of a round's exchanges answered by ``dcco.flower.answer``
 and the evaluation by ``dcco.flower.evaluate_encoder``; under FedAvg, a supervised epoch and
-the classifier's accuracy."""
+the classifier's accuracy; under contrastive FedAvg, an epoch of NT-Xent on DCCO's two views
+(``ImageViews``), evaluated as DCCO's encoder is."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from dcco.flower import ImageViews, answer, evaluate_encoder
-from quickstart_dcco.task import Net, accuracy, load_data, train_supervised
+from quickstart_dcco.task import Net, accuracy, load_data, train_contrastive, train_supervised
 
 app = ClientApp()
 
@@ -29,8 +30,11 @@ def train(msg: Message, context: Context) -> Message:
         return answer(msg, context, Net(), trainloader, augment=ImageViews(), views_key=pid)
     net = Net()
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    loss = train_supervised(net, trainloader, int(context.run_config["local-epochs"]),
-                            float(msg.content["config"]["lr"]))
+    epochs, lr = int(context.run_config["local-epochs"]), float(msg.content["config"]["lr"])
+    if context.run_config["strategy"] == "contrastive":
+        loss = train_contrastive(net, trainloader, ImageViews(), epochs, lr)
+    else:
+        loss = train_supervised(net, trainloader, epochs, lr)
     return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": MetricRecord(
         {"train_loss": loss, "num-examples": len(trainloader.dataset)})}), reply_to=msg)
 
@@ -38,7 +42,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     pid, trainloader, testloader = _node(context)
-    if context.run_config["strategy"] == "dcco":  # an encoder: no class scores to count
+    if context.run_config["strategy"] != "fedavg":  # an encoder: no class scores to count
         return evaluate_encoder(msg, context, Net(), testloader, train=trainloader,
                                 augment=ImageViews(), views_key=pid)
     net = Net()

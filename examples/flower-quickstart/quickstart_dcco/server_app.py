@@ -1,9 +1,11 @@
 """The ServerApp: ``dcco.flower.DCCO`` where a FedAvg app starts ``FedAvg`` (``strategy`` in
-the run config picks), the final model and the rounds' metrics written to ``out``."""
+the run config picks: ``dcco``, ``fedavg`` or ``contrastive``, FedAvg over contrastive nodes),
+the final model and the rounds' metrics and wall seconds written to ``out``."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -29,11 +31,17 @@ def main(grid: Grid, context: Context) -> None:
         strategy, train_config = DCCO(**fractions, seed=seed), None
     else:
         strategy, train_config = FedAvg(**fractions), ConfigRecord({"lr": float(cfg["lr"])})
+    stamps = {0: time.perf_counter()}  # the server's evaluation after each round ends it
+
+    def stamp(server_round: int, arrays: ArrayRecord) -> None:
+        stamps[server_round] = time.perf_counter()
+
     result = strategy.start(grid=grid, initial_arrays=initial, train_config=train_config,
-                            num_rounds=int(cfg["num-server-rounds"]))
+                            num_rounds=int(cfg["num-server-rounds"]), evaluate_fn=stamp)
     out = Path(str(cfg["out"]) or ".")
     out.mkdir(parents=True, exist_ok=True)
     torch.save(result.arrays.to_torch_state_dict(), out / "final_model.pt")
     metrics = {"train": {r: dict(m) for r, m in result.train_metrics_clientapp.items()},
-               "evaluate": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}}
+               "evaluate": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()},
+               "seconds": {r: stamps[r] - stamps[r - 1] for r in sorted(stamps)[1:]}}
     (out / "rounds.json").write_text(json.dumps(metrics, indent=1))

@@ -1,6 +1,7 @@
-"""The app's model, data and supervised loops: a FedAvg tutorial's shape (a small CNN with no
+"""The app's model, data and loops: a FedAvg tutorial's shape (a small CNN with no
 normalisation, an IID partition of a labelled image set, loaders of dict batches, one epoch
-of SGD and an accuracy), written for this example.
+of SGD and an accuracy), written for this example, and a contrastive node's epoch (NT-Xent on
+two views of each batch) to set DCCO beside.
 
 Its data is Fashion-MNIST from this machine (dcco's loader), padded to 32 × 32 and repeated
 to 3 channels, stored as a Hugging Face ``datasets.Image`` column (PNG bytes decoded as each
@@ -85,6 +86,37 @@ def train_supervised(net: nn.Module, loader: DataLoader, epochs: int, lr: float)
     for _ in range(epochs):
         for batch in loader:
             loss = nn.functional.cross_entropy(net(batch["img"]), batch["label"])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            losses.append(float(loss.detach()))
+    return sum(losses) / max(len(losses), 1)
+
+
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
+    """SimCLR's loss on a batch of pairs: each of the 2B encodings should pick its partner
+    out of the other 2B − 1 by cosine similarity (a softmax at ``temperature``)."""
+    z = nn.functional.normalize(torch.cat([z1, z2]), dim=1)
+    scores = z @ z.T / temperature
+    scores.fill_diagonal_(float("-inf"))  # an encoding is not its own partner
+    b = len(z1)
+    partners = torch.cat([torch.arange(b, 2 * b), torch.arange(b)])
+    return nn.functional.cross_entropy(scores, partners)
+
+
+def train_contrastive(net: nn.Module, loader: DataLoader, views, epochs: int,
+                      lr: float) -> float:
+    """``epochs`` of SGD (momentum 0.9) on NT-Xent between two ``views`` of each batch: the
+    contrastive FedAvg node, with DCCO's two views and the supervised node's loop; the mean
+    loss of the batches."""
+    optimiser = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    net.train()
+    losses = []
+    for _ in range(epochs):
+        for batch in loader:
+            if len(batch["img"]) < 2:  # a pair needs another sample to be told apart from
+                continue
+            loss = nt_xent(net(views(batch["img"])), net(views(batch["img"])))
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()

@@ -99,6 +99,15 @@ def client_statistics(model: nn.Module, x1: Tensor, x2: Tensor,
     return encoding_stats(f, g, spec)
 
 
+def sgd_delta(named: list[tuple[str, nn.Parameter]], loss: Tensor,
+              local_lr: float) -> dict[str, Tensor]:
+    """One SGD step of rate ``local_lr`` on ``loss`` as a delta, −local_lr·∇loss, for each of
+    the ``named`` parameters (zeros where the loss does not reach one)."""
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
+            for (name, p), gr in zip(named, grads, strict=True)}
+
+
 def local_batches(num_samples: int, steps: int, batch: int | None) -> list[Tensor]:
     """The sample positions of each of a client's E local steps: consecutive slices of size
     ``batch`` (all samples when None or larger), wrapping around, so every sample is used
@@ -170,11 +179,7 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         # the mix's loss / w: its gradient ∇L(mix)·∂S_k, on the anchored loss's scale
         loss = (method.refreshed_loss(f, g, shared, shared, w) if mix
                 else method.client_loss(f, g, shared))
-        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        delta = {
-            name: (torch.zeros_like(p) if gr is None else -local_lr * gr)
-            for (name, p), gr in zip(named, grads)
-        }
+        delta = sgd_delta(named, loss, local_lr)
         if clip is not None:
             delta = clip_update(delta, clip)
         return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()) * w)

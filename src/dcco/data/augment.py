@@ -320,7 +320,7 @@ def _render(images: Tensor, grid: Tensor, u: Tensor, view: int, cfg: AugmentConf
     """Steps 1-5 of the module docs for a chunk of images.
 
     Args:
-        images: uint8 (B, C, H, W).
+        images: uint8 (B, C, H, W), or floating in [0, 1] (``drawn_view``'s).
         grid: (B, out_h, out_w, 2) from ``_crop_grid`` in the output dtype.
         u: float64 (``_N_SLOTS``, B) uniforms indexed by ``Slot``.
         view: 0 or 1 (selects ``blur_p`` and ``solarize_p``).
@@ -329,7 +329,7 @@ def _render(images: Tensor, grid: Tensor, u: Tensor, view: int, cfg: AugmentConf
     Returns:
         (B, C, out_h, out_w) in [0, 1], in ``grid``'s dtype.
     """
-    x = images.to(grid.dtype) / 255
+    x = images.to(grid.dtype) / 255 if images.dtype == torch.uint8 else images.to(grid.dtype)
     x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
     x = x.clamp_(0, 1)
     factors = (_factor(u[Slot.BRIGHTNESS], cfg.brightness), _factor(u[Slot.CONTRAST], cfg.contrast),
@@ -366,11 +366,40 @@ def augment_view(images: Tensor, sample_ids: Tensor, seed: int, round_index: int
     _check_batch(images, sample_ids, dtype)
     if view not in (0, 1):
         raise ValueError(f"view must be 0 or 1, got {view}")
-    b, c, h, w = images.shape
+    h, w = images.shape[2:]
     if size is not None and (len(size) != 2 or min(size) < 1):
         raise ValueError(f"size must be (height, width) in positive pixels, got {size}")
     out_h, out_w = (h, w) if size is None else size
     u = uniforms(seed, round_index, sample_ids.to(images.device), view, range(_N_SLOTS))
+    return _view(images, u, view, cfg, dtype, out_h, out_w).sub_(0.5).div_(0.5)
+
+
+def drawn_view(images: Tensor, cfg: AugmentConfig, dtype: torch.dtype = torch.float32,
+               generator: torch.Generator | None = None) -> Tensor:
+    """One augmented view of each image, its random parameters drawn from torch's random
+    state (or ``generator``) instead of the counters: the same batched pipeline for code that
+    seeds torch itself (``dcco.ImageViews``).
+
+    Args:
+        images: (B, C, H, W), C = 1 or 3: uint8, or floating in [0, 1].
+        cfg: the augmentation parameters (view 0's blur and solarisation).
+
+    Returns:
+        (B, C, H, W) in [0, 1], in ``dtype``.
+    """
+    if images.ndim != 4 or images.shape[1] not in (1, 3):
+        raise ValueError(f"images must be (B, C, H, W) with C = 1 or 3, got "
+                         f"{tuple(images.shape)}")
+    u = torch.rand((_N_SLOTS, images.shape[0]), dtype=torch.float64, generator=generator,
+                   device=images.device)
+    return _view(images, u, 0, cfg, dtype, *images.shape[2:])
+
+
+def _view(images: Tensor, u: Tensor, view: int, cfg: AugmentConfig, dtype: torch.dtype,
+          out_h: int, out_w: int) -> Tensor:
+    """Steps 1-5 for a batch from its uniforms ``u`` (``_N_SLOTS``, B), chunked on the CPU:
+    (B, C, out_h, out_w) in [0, 1]."""
+    b, c, h, w = images.shape
     flip = u[Slot.FLIP] < cfg.flip_p
     angle = (math.radians(cfg.rotate_degrees) * (2 * u[Slot.ROTATION] - 1)
              if cfg.rotate_degrees else None)
@@ -380,7 +409,7 @@ def augment_view(images: Tensor, sample_ids: Tensor, seed: int, round_index: int
     for i in range(0, b, step):
         j = min(i + step, b)
         out[i:j] = _render(images[i:j], grid[i:j], u[:, i:j], view, cfg)
-    return out.sub_(0.5).div_(0.5)
+    return out
 
 
 def augment_pair(images: Tensor, sample_ids: Tensor, seed: int, round_index: int,

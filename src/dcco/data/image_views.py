@@ -1,19 +1,23 @@
 """A ready image augmentation for your own code: ``ImageViews`` makes one augmented view of
-each image of a batch (BYOL's crop, flip and colour jitter, with kornia), for images as your
-data loader gives them. ``dcco.fit(..., augment=ImageViews())`` and
+each image of a batch (BYOL's crop, flip and colour jitter), for images as your data loader
+gives them. ``dcco.fit(..., augment=ImageViews())`` and
 ``dcco.flower.answer(..., augment=ImageViews())`` take it; ``answer`` uses it by default for
 image tensors.
 
-dcco's own runs use ``dcco.data.augment`` instead (counter-based randomness, a pure function of
-the seed, round and sample); this one draws from torch's random state, which ``dcco.fit`` and
+It runs dcco's own batched pipeline (``dcco.data.augment``: one ``grid_sample`` for the crop
+and flip of the whole batch, a fused hue rotation), whose ops the tests check against kornia's.
+dcco's own runs draw that pipeline's random parameters from counters (a pure function of the
+seed, round and sample); this one draws them from torch's random state, which ``dcco.fit`` and
 ``answer`` seed from the round.
 """
 
 from __future__ import annotations
 
-import kornia.augmentation as K
 import torch
 from torch import Tensor, nn
+
+from dcco.config.augment import AugmentConfig
+from dcco.data.augment import drawn_view
 
 
 def looks_like_images(x: Tensor) -> bool:
@@ -27,7 +31,8 @@ class ImageViews(nn.Module):
     """One augmented view of each image of a batch: a random resized crop (area fraction in
     ``crop_scale``) back to the image's size, a horizontal flip, colour jitter with
     probability ``jitter_p`` (brightness and contrast ``jitter``; with 3 channels also
-    saturation, and hue 0.1) and, with 3 channels, grayscale with probability 0.2.
+    saturation, and hue 0.1 turns) and, with 3 channels, grayscale with probability 0.2. The
+    crop's aspect ratio is log-uniform in [3/4, 4/3], torchvision's.
 
     Inputs are uint8 (N, C, H, W) images, or floating ones in [0, 1] or normalised to
     [−1, 1] (told apart by their smallest value, or fixed by ``value_range``). A view comes
@@ -48,6 +53,9 @@ class ImageViews(nn.Module):
         super().__init__()
         if not 0 < crop_scale[0] <= crop_scale[1] <= 1:
             raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale}")
+        if not 0 <= jitter <= 1 or not 0 <= jitter_p <= 1:
+            raise ValueError(f"jitter and jitter_p must lie in [0, 1], got jitter = {jitter}, "
+                             f"jitter_p = {jitter_p}")
         self.crop_scale, self.jitter, self.jitter_p = tuple(crop_scale), jitter, jitter_p
         self.value_range = value_range
 
@@ -62,18 +70,15 @@ class ImageViews(nn.Module):
             low, high = self.value_range or ((-1.0, 1.0) if bool(images.min() < 0)
                                              else (0.0, 1.0))
             out = (low, high)
-        x = (images.float() - low) / (high - low)
+        x = images if images.dtype == torch.uint8 else (images.float() - low) / (high - low)
         colour = images.shape[1] == 3
-        steps = [K.RandomResizedCrop(tuple(images.shape[2:]), scale=self.crop_scale),
-                 K.RandomHorizontalFlip(),
-                 K.ColorJitter(self.jitter, self.jitter, self.jitter if colour else 0.0,
-                               0.1 if colour else 0.0, p=self.jitter_p)]
-        if colour:
-            steps.append(K.RandomGrayscale(p=0.2))
-        for step in steps:
-            x = step(x)
-        x = x.clamp(0, 1)
-        return (x * (out[1] - out[0]) + out[0]).to(images.dtype if images.is_floating_point()
+        config = AugmentConfig(
+            crop_scale=self.crop_scale, jitter_p=self.jitter_p, brightness=self.jitter,
+            contrast=self.jitter, saturation=self.jitter if colour else 0.0,
+            hue=0.1 if colour else 0.0, grayscale_p=0.2 if colour else 0.0,
+            blur_p=(0.0, 0.0), solarize_p=(0.0, 0.0))
+        x = drawn_view(x, config)
+        return x.mul_(out[1] - out[0]).add_(out[0]).to(images.dtype if images.is_floating_point()
                                                    else torch.float32)
 
 

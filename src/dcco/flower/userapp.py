@@ -25,7 +25,14 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from dcco.api import local_update, statistics
+from dcco.api import (
+    KeptForward,
+    dual_view,
+    local_update,
+    statistics,
+    statistics_kept,
+    update_from_kept,
+)
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
@@ -41,12 +48,21 @@ KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"
 """What a node keeps in ``context.state`` from phase ``stats`` to phase ``update``: the
 round's model, and its two views (the same the round's seed would make again, without the
 augmentation's cost)."""
+KEPT_BYTES = 1 << 30
+"""The most activation bytes the phase-1 forwards this process keeps may hold together
+(``answer(reuse_forward=True)``), the oldest dropped first (a node that fails between the
+phases leaves one behind); a forward larger than this alone is not kept."""
+_forwards: dict[tuple[int, int, int, int], tuple[KeptForward, Tensor, Tensor]] = {}
+"""Phase 1's forward of each node this process answered, with its views, by (node id, run
+id, round, views seed), for that node's phase 2 if it reaches the same process (an
+in-process or single-worker simulation, a node process that answers both phases) with the
+same model and views; elsewhere phase 2 encodes again."""
 
 
 def answer(msg: Message, context: Context, model: nn.Module,
            samples: Tensor | DataLoader | TorchDataset,
            augment: Callable[[Tensor], Tensor] | None = None,
-           views_key: int | None = None) -> Message:
+           views_key: int | None = None, reuse_forward: bool = True) -> Message:
     """The node's reply to one of the strategy's ``train`` messages.
 
     Args:
@@ -65,6 +81,13 @@ def answer(msg: Message, context: Context, model: nn.Module,
             simulation draws at random in every run, so no two simulated runs train on the
             same views. Your partition id (``context.node_config["partition-id"]``) makes a
             simulated run repeat (at the same CPU and thread count).
+        reuse_forward: keep phase ``stats``' forward, with its graph, in this process's
+            memory until phase ``update``, which is then a backward pass alone (the same
+            update to the bit); it holds both views' activations between the phases (456
+            MiB for the quickstart's 1,600 images of 32 × 32: ``benchmarks/quickstart_speed.py``
+            measures them; at most ``KEPT_BYTES``, 1 GiB, in a process). False, phase
+            ``update`` answered by another process, or a forward over that bound: the views
+            are encoded again.
 
     Under SecAgg+ (``DCCO(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
@@ -112,7 +135,17 @@ def answer(msg: Message, context: Context, model: nn.Module,
     if phase == "stats":
         context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
-        stats = statistics(model, x1, x2, method)
+        if reuse_forward:
+            stats, kept = statistics_kept(model, x1, x2, method)
+            key = _forward_key(context, r, seed)
+            for old in [k for k in _forwards if k[0] == key[0]]:  # a node's earlier rounds
+                del _forwards[old]
+            if kept.saved_bytes <= KEPT_BYTES:
+                _forwards[key] = (kept, x1, x2)
+            while sum(k[0].saved_bytes for k in _forwards.values()) > KEPT_BYTES:
+                del _forwards[next(iter(_forwards))]
+        else:
+            stats = statistics(model, x1, x2, method)
         if params is not None:
             return Message(secagg.secure_stats_reply(stats, params, method.stats),
                            reply_to=msg)
@@ -120,7 +153,9 @@ def answer(msg: Message, context: Context, model: nn.Module,
         return Message(RecordDict({"statistics": codec.array_record(sums),
                                    "metrics": MetricRecord({"num-examples": int(stats.count)})}),
                        reply_to=msg)
-    update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr)
+    kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2)
+    update = (update_from_kept(kept, ask.shared, method, lr=ask.lr) if kept is not None
+              else local_update(model, x1, x2, ask.shared, method, lr=ask.lr))
     for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
@@ -138,6 +173,25 @@ def answer(msg: Message, context: Context, model: nn.Module,
     if buffers:  # batch norm's running statistics after this node's step, to be averaged
         reply["buffers"] = codec.array_record(buffers)
     return Message(RecordDict(reply), reply_to=msg)
+
+
+def _forward_key(context: Context, r: int, seed: int) -> tuple[int, int, int, int]:
+    return int(context.node_id), int(context.run_id), r, seed
+
+
+def _kept_forward(entry: tuple[KeptForward, Tensor, Tensor] | None, model: nn.Module,
+                  x1: Tensor, x2: Tensor) -> KeptForward | None:
+    """Phase 1's kept forward if it was made from this model's weights and these views
+    (another run in the same process may have left one under the same key), else None."""
+    if entry is None:
+        return None
+    kept, k1, k2 = entry
+    weights = dict(kept.dual.named_parameters())
+    same = (k1.shape == x1.shape and k2.shape == x2.shape and torch.equal(k1, x1)
+            and torch.equal(k2, x2) and all(
+                name in weights and torch.equal(weights[name], p)
+                for name, p in dual_view(model)[0].named_parameters()))
+    return kept if same else None
 
 
 @dataclass(frozen=True)
