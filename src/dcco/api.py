@@ -220,15 +220,24 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
         method: a statistics method's name (``dcco``, ``dvicreg``) or object.
     """
     m = _method(method, statistics=True)
-    dual, _ = dual_view(model)
+    with torch.no_grad():
+        f, g, _ = _phase1_forward(model, x1, x2)
+    return encoding_stats(f, g, m.stats)
+
+
+def _phase1_forward(model: Model, x1: Tensor, x2: Tensor
+                    ) -> tuple[Tensor, Tensor, tuple[nn.Module, Callable[[str], str]]]:
+    """A client's encodings of its two views at the global model (its buffers left as they
+    were), checked, with the model as (x1, x2) → (F, G) and its names' way back."""
+    dual, back = dual_view(model)
     n = int(x1.shape[0])
     if n == 0:
         raise ValueError("a client with no samples has no statistics; leave it out of the "
                          "round")
-    with torch.no_grad(), buffers_kept(dual):
+    with buffers_kept(dual):
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
-    return encoding_stats(f, g, m.stats)
+    return f, g, (dual, back)
 
 
 @dataclass(frozen=True)
@@ -250,11 +259,6 @@ def statistics_kept(model: Model, x1: Tensor, x2: Tensor, method: str | Method =
     then costs a backward pass alone. The statistics are ``statistics``' to the bit (the same
     forward, with gradients recorded)."""
     m = _method(method, statistics=True)
-    dual, back = dual_view(model)
-    n = int(x1.shape[0])
-    if n == 0:
-        raise ValueError("a client with no samples has no statistics; leave it out of the "
-                         "round")
     saved = [0]
 
     def pack(t: Tensor) -> Tensor:  # the activations, not the weights the graph also holds
@@ -262,23 +266,29 @@ def statistics_kept(model: Model, x1: Tensor, x2: Tensor, method: str | Method =
             saved[0] += t.numel() * t.element_size()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), buffers_kept(dual):
-        f, g = dual(x1, x2)
-    _encodings_checked(f, g, n)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f, g, (dual, back) = _phase1_forward(model, x1, x2)
     return encoding_stats(f.detach(), g.detach(), m.stats), KeptForward(dual, back, f, g,
                                                                         saved[0])
+
+
+def _update_checked(method: str | Method, aggregate: Moments | None, n: int) -> Method:
+    """The method of a phase-2 step, refused without the S_A it needs or with too few
+    samples."""
+    m = _method(method)
+    if m.stats is not None and aggregate is None:
+        raise ValueError(f"{m.name} needs the round's aggregate S_A (merge_statistics)")
+    if n < m.min_client_samples:
+        raise ValueError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
+                         f"got {n}")
+    return m
 
 
 def update_from_kept(kept: KeptForward, aggregate: Moments | None,
                      method: str | Method = "dcco", lr: float = 1.0) -> ClientUpdate:
     """``local_update``'s one step (all samples, rate ``lr``) from phase 1's kept forward:
     the same delta to the bit, without the second forward. The graph is freed."""
-    m = _method(method)
-    if m.stats is not None and aggregate is None:
-        raise ValueError(f"{m.name} needs the round's aggregate S_A (merge_statistics)")
-    if int(kept.f.shape[0]) < m.min_client_samples:
-        raise ValueError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
-                         f"got {int(kept.f.shape[0])}")
+    m = _update_checked(method, aggregate, int(kept.f.shape[0]))
     loss = m.client_loss(kept.f, kept.g, aggregate)
     delta = sgd_delta(trainable_parameters(kept.dual), loss, lr)
     return ClientUpdate(delta={kept.back(k): v for k, v in delta.items()},
@@ -306,12 +316,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
         ``ClientUpdate``: ``delta`` (parameter name of ``model`` → θ_k − θ), ``num_samples``
         and the client's ``loss`` before its step.
     """
-    m = _method(method)
-    if m.stats is not None and aggregate is None:
-        raise ValueError(f"{m.name} needs the round's aggregate S_A (merge_statistics)")
-    if int(x1.shape[0]) < m.min_client_samples:
-        raise ValueError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
-                         f"got {int(x1.shape[0])}")
+    m = _update_checked(method, aggregate, int(x1.shape[0]))
     if steps < 1 or (batch is not None and batch < 1):
         raise ValueError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = dual_view(model)
