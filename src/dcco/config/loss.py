@@ -11,6 +11,8 @@ BN_EPS = 1e-5
 """Added to each variance before the square root, as ``torch.nn.BatchNorm1d`` does."""
 TEMPERATURE = 0.1
 """NT-Xent temperature (paper appendix B, following SimCLR)."""
+MOCO_TEMPERATURE = 0.2
+"""MoCo v2's InfoNCE temperature (Chen, Fan, Girshick & He 2020)."""
 VICREG_COEFFS = (25.0, 25.0, 1.0)
 """VICReg's invariance, variance and covariance coefficients (Bardes et al. 2022, §4)."""
 
@@ -39,6 +41,23 @@ class LossConfig:
     the run (``dcco.methods.predictive.target_decay``). Grill et al. use 0.996 for 1000
     epochs; 0.99 suits runs of a few hundred rounds."""
 
+    fedema_tau: float = 0.7
+    """FedEMA's τ, μ at a client's first mix: its λ is set to τ / ‖W_g − W_k‖ then
+    (``dcco.methods.divergence``; Zhuang et al. 2022's autoscaler, 0.7 as its authors run it)."""
+    fedu_threshold: float = 0.4
+    """FedU's divergence threshold: a returning client takes the global predictor when
+    ‖W_g − W_k‖ of the online networks is below it, else keeps its own (Zhuang et al. 2021;
+    0.4, its authors' code's default, which measures the divergence per layer: set it for
+    your network, ``dcco.methods.divergence``)."""
+
+    moco_queue: int = 0
+    """The keys a MoCo client keeps in its queue as extra negatives, its own keys of earlier
+    rounds (``dcco.methods.moco``). 0 by default: a client of a few photos would queue the
+    keys of the very photos it sees again, negatives that are its positives; for clients of
+    hundreds of samples (cross-silo), a few thousand."""
+    moco_temperature: float = MOCO_TEMPERATURE
+    """MoCo's InfoNCE temperature (v2: 0.2)."""
+
     def __post_init__(self) -> None:
         if not self.lambd >= 0:
             raise ValueError(f"loss.lambd must be >= 0, got {self.lambd}")
@@ -53,3 +72,11 @@ class LossConfig:
                              f"{self.spectral_form!r}")
         if not 0 <= self.target_decay < 1:
             raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
+        if not 0 < self.fedema_tau <= 1:
+            raise ValueError(f"loss.fedema_tau must be in (0, 1], got {self.fedema_tau}")
+        if self.moco_queue < 0:
+            raise ValueError(f"loss.moco_queue must be >= 0, got {self.moco_queue}")
+        if not self.moco_temperature > 0:
+            raise ValueError(f"loss.moco_temperature must be > 0, got {self.moco_temperature}")
+        if not self.fedu_threshold >= 0:
+            raise ValueError(f"loss.fedu_threshold must be >= 0, got {self.fedu_threshold}")

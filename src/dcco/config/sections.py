@@ -26,7 +26,8 @@ PAIRED_DATASETS = ("fashion_mnist_halves", "paired_npz", "pairs")
 
 METHOD_NAMES = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco", "dvicreg",
                 "vicreg_fedavg", "centralized_byol", "byol_fedavg", "centralized_simsiam",
-                "simsiam_fedavg", "clip_fedavg", "fedsc", "spectral_fedavg")
+                "simsiam_fedavg", "clip_fedavg", "fedsc", "spectral_fedavg", "fedu", "fedema",
+                "moco_fedavg")
 """The names ``train.method`` takes: those of ``dcco.methods.registry.METHODS``, which checks
 that the two agree when it is imported (the config imports no method)."""
 
@@ -98,7 +99,9 @@ class TrainConfig:
     method: str = "dcco"
     """The method (``dcco.methods.registry``): dcco, cco_fedavg, contrastive_fedavg,
     centralized_cco (the paper's); dvicreg, vicreg_fedavg, fedsc, spectral_fedavg,
-    centralized_byol, byol_fedavg, centralized_simsiam, simsiam_fedavg, clip_fedavg."""
+    centralized_byol, byol_fedavg, centralized_simsiam, simsiam_fedavg, clip_fedavg; fedu,
+    fedema (BYOL clients that keep their own model, ``dcco.methods.divergence``);
+    moco_fedavg (MoCo v2 with FedAvg, ``dcco.methods.moco``)."""
     rounds: int = 100_000
     """Federated rounds, or centralized steps (paper: 100K rounds on CIFAR-100)."""
     clients_per_round: int = 128
@@ -168,6 +171,10 @@ class TrainConfig:
     in one process or over torch.distributed's ranks, each keeping the same copy, and over
     Flower's plain exchanges, whose nodes then send each client's statistics; not under
     SecAgg+, which shows the server only their sum)."""
+    client_state_dtype: Literal["float32", "float16"] = "float32"
+    """FedU and FedEMA: how the simulator holds each client's own model between its rounds
+    (``dcco.core.client_state``): "float32", as the client left it; "float16", half the
+    memory, each value rounded once when stored."""
     backend: Literal["batched", "reference"] = "batched"
     """"batched": a round's clients in one forward and backward (exact for one local step on
     all of a client's samples); "reference": client by client, as a deployment runs them."""

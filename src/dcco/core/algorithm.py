@@ -28,7 +28,14 @@ from typing import Protocol
 from torch import Tensor
 from torch.nn import Module
 
-from dcco.core.client import PLAIN_SGD, ClientUpdate, LocalSGD, client_update
+from dcco.core.client import (
+    PLAIN_SGD,
+    ClientUpdate,
+    LocalSGD,
+    client_update,
+    stateful_update,
+)
+from dcco.core.client_state import Layout
 from dcco.core.privacy import RoundNoise
 from dcco.core.stats import EncodingStats, Moments, StatsSpec, moving_average
 from dcco.methods.base import Method
@@ -233,20 +240,38 @@ class Algorithm:
                              f"train.local_momentum, local_weight_decay or local_grad_clip)")
 
     def client_update(self, model: Module, x1: Tensor, x2: Tensor,
-                      shared: Moments | None) -> ClientUpdate:
+                      shared: Moments | None,
+                      after_step: Callable[[dict[str, Tensor]], None] | None = None
+                      ) -> ClientUpdate:
         """One client's local steps with this algorithm's settings (``dcco.core.client``)."""
         return client_update(model, self.method, x1, x2, shared, self.local_lr,
                              self.local_steps, self.local_batch, self.update_clip,
                              self.local_statistics == "own",
                              self.local_optimizer == "layerwise", self.mixes, self.own_alpha,
-                             self.local_sgd)
+                             self.local_sgd, after_step)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the method's clients keep their model between rounds (FedU, FedEMA)."""
+        return bool(getattr(self.method, "stateful", False))
+
+    def stateful_update(self, model: Module, work: Module, layout: Layout, x1: Tensor,
+                        x2: Tensor, state: dict[str, Tensor] | None,
+                        decay: float) -> tuple[ClientUpdate, dict[str, Tensor]]:
+        """A stateful client's round with this algorithm's local steps
+        (``dcco.core.client.stateful_update``): its update and its new state."""
+        return stateful_update(
+            model, work, layout, self.method, x1, x2, state, decay,
+            lambda m, hook, method: replace(self, method=method).client_update(
+                m, x1, x2, None, hook))
 
     def batched_exact(self, smallest_client: int, largest_client: int | None = None) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
-        step on all of each client's samples, the updates weighted by sample count (or
-        uniformly, over clients of one size)."""
+        step on all of each client's samples from the global model, the updates weighted by
+        sample count (or uniformly, over clients of one size); never for clients that start
+        from their own model (``stateful``)."""
         equal = largest_client is None or largest_client == smallest_client
-        return self.update_clip is None and self.local_steps == 1 and not self.mixes and (
+        return not self.stateful and self.update_clip is None and self.local_steps == 1 and not self.mixes and (
             self.local_batch is None or self.local_batch >= smallest_client) and (
             self.local_sgd.one_step_is_sgd) and (self.client_weighting == "samples" or equal)
 

@@ -5,12 +5,14 @@ The simulator's ``reference`` backend and the Flower client app call these same 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from dcco.core.client_state import Layout
 from dcco.core.optim import trust_ratio
 from dcco.core.privacy import clip_update
 from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, encoding_stats
@@ -121,7 +123,9 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
                   local_batch: int | None = None, clip: float | None = None,
                   own_statistics: bool = False, layerwise: bool = False,
                   mix: bool = False, alpha: float | None = None,
-                  sgd: LocalSGD = PLAIN_SGD) -> ClientUpdate:
+                  sgd: LocalSGD = PLAIN_SGD,
+                  after_step: Callable[[dict[str, Tensor]], None] | None = None
+                  ) -> ClientUpdate:
     """Phase 2: E local SGD steps on the method's client loss, returned as a model delta.
 
     One step on all the client's samples (the paper's setting) gives −local_lr·∇L_k exactly:
@@ -157,6 +161,10 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
             None: N_k/N, the exact weight. Any other α is not the centralized step.
         sgd: momentum, weight decay and gradient clipping of the local steps (``LocalSGD``;
             FedSC's recipe); one step with neither decay nor clipping is the SGD step.
+        after_step: called after each local step with the weights it reached, θ + Δ by
+            name (a stateful client's target network follows them:
+            ``stateful_update``); it may change the model's other tensors in place, never
+            the trainable parameters.
         mix: ``shared`` is a stale aggregate A, and the loss is taken at the mix
             (N_k/N)·S_k + (1 − N_k/N)·A (``AnchoredMethod.refreshed_loss`` with S_k⁰ = A),
             N = A's count: the client's own statistics fresh, the others' stale
@@ -180,6 +188,8 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         loss = (method.refreshed_loss(f, g, shared, shared, w) if mix
                 else method.client_loss(f, g, shared))
         delta = sgd_delta(named, loss, local_lr)
+        if after_step is not None:
+            after_step({name: p.detach() + delta[name] for name, p in named})
         if clip is not None:
             delta = clip_update(delta, clip)
         return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()) * w)
@@ -227,8 +237,59 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
         for (name, _), gr in zip(named, grads):
             if gr is not None:
                 delta[name] = delta[name] - (local_lr * step[name]) * gr
+        if after_step is not None:
+            after_step({name: p.detach() + delta[name] for name, p in named})
     if layerwise:  # in the first step's SGD units
         delta = {name: d / ratios[name] for name, d in delta.items()}
     if clip is not None:
         delta = clip_update(delta, clip)
     return ClientUpdate(delta=delta, num_samples=n, loss=float(first_loss))
+
+
+LocalSteps = Callable[[nn.Module, Callable[[dict[str, Tensor]], None], object], ClientUpdate]
+"""A client's local steps on a model, calling a hook after each step, with a method
+(``client_update`` with the round's settings, ``after_step`` and that method)."""
+
+
+def stateful_update(model: nn.Module, work: nn.Module, layout: Layout, method: object,
+                    x1: Tensor, x2: Tensor, state: dict[str, Tensor] | None, decay: float,
+                    steps: LocalSteps) -> tuple[ClientUpdate, dict[str, Tensor]]:
+    """The round of a client that keeps state between rounds (FedU, FedEMA:
+    ``dcco.methods.divergence``; MoCo's queue: ``dcco.methods.moco``).
+
+    The client starts from ``method.client_start`` of the global model and its ``state``
+    (None: never seen), takes its local ``steps`` on ``work`` (a copy of the model that
+    this function overwrites), its target network following the online network by BYOL's
+    (MoCo's) average after each step, ξ ← τ ξ + (1 − τ) θ with τ = ``decay``, and keeps
+    ``method.client_end`` of where it ends.
+
+    Returns:
+        The update against the global model, W_k − W_g = (start − W_g) + Δ_local (exactly
+        the local Δ for a client that starts from the global model), and the client's new
+        state.
+    """
+    with torch.no_grad():
+        for (_, w), (_, v) in zip(work.state_dict(keep_vars=True).items(),
+                                  model.state_dict(keep_vars=True).items(), strict=True):
+            w.copy_(v)  # every buffer as the global model's: a client's forward may move them
+        global_weights = {n: p.detach() for n, p in model.named_parameters()}
+        start = method.client_start(global_weights, state, layout)
+        own = dict(work.named_parameters())
+        for name, value in start.weights.items():
+            own[name].copy_(value)
+
+    @torch.no_grad()
+    def follow(current: dict[str, Tensor]) -> None:
+        for target, online in layout.target:
+            own[target].lerp_(current[online], 1.0 - decay)
+
+    update = steps(work, follow, start.method or method)
+    with torch.no_grad():  # running statistics as a client's forwards of the global model
+        for (_, v), (_, w) in zip(model.named_buffers(), work.named_buffers(), strict=True):
+            v.copy_(w)  # leave them on the reference backend (batch norm)
+    named = trainable_parameters(model)
+    delta = {n: (start.weights[n] - p.detach()) + update.delta[n] for n, p in named}
+    end = {n: start.weights[n] + update.delta[n] for n, _ in named}
+    end |= {t: own[t].detach().clone() for t, _ in layout.target}
+    kept = method.client_end(end, start, work, x1, x2)
+    return ClientUpdate(delta, update.num_samples, update.loss), kept

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dcco.config.loss import BN_EPS, LAMBDA, TEMPERATURE, VICREG_COEFFS
+from dcco.config.loss import BN_EPS, LAMBDA, MOCO_TEMPERATURE, TEMPERATURE, VICREG_COEFFS
 from dcco.core.stats import STATS_DTYPE, Moments
 
 VICREG_EPS = 1e-4
@@ -153,6 +153,37 @@ def clip_loss_per_anchor(f: Tensor, g: Tensor, temperature: float = TEMPERATURE,
 def clip_loss(f: Tensor, g: Tensor, temperature: float = TEMPERATURE) -> Tensor:
     """The symmetric CLIP loss of a batch: the mean over its 2N anchors."""
     return clip_loss_per_anchor(f, g, temperature).mean()
+
+
+def moco_loss_per_sample(q1: Tensor, q2: Tensor, k1: Tensor, k2: Tensor,
+                         queue: Tensor | None = None,
+                         temperature: float = MOCO_TEMPERATURE) -> Tensor:
+    """MoCo's InfoNCE (He et al. 2020, eq. 1; v2's τ = 0.2, Chen et al. 2020), symmetrised,
+    of each sample: ½ (ℓ(q₁, k₂) + ℓ(q₂, k₁)), with
+
+        ℓ(q, k)_n = −log exp(q̄_n·k̄_n/τ) / (Σ_m exp(q̄_n·k̄_m/τ) + Σ_j exp(q̄_n·u_j/τ)),
+
+    x̄ = x/‖x‖: a query's positive is the key of its sample's other view; its negatives are
+    the keys of the batch's other samples (that view) and the queue's keys u_j.
+
+    Args:
+        q1, q2: the queries of both views, (N, d), with gradients.
+        k1, k2: the keys of both views, (N, d), from the key encoder (no gradient).
+        queue: (Q, d) unit keys of earlier batches, or None.
+        temperature: τ.
+
+    Returns:
+        (N,) losses.
+    """
+    def one_way(q: Tensor, k: Tensor) -> Tensor:
+        q, k = F.normalize(q, dim=1), F.normalize(k.detach(), dim=1)
+        logits = q @ k.T
+        if queue is not None and queue.shape[0]:
+            logits = torch.cat([logits, q @ queue.detach().T.to(q.dtype)], dim=1)
+        labels = torch.arange(q.shape[0], device=q.device)
+        return F.cross_entropy(logits / temperature, labels, reduction="none")
+
+    return (one_way(q1, k2) + one_way(q2, k1)) / 2
 
 
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = TEMPERATURE) -> Tensor:

@@ -30,6 +30,7 @@ speed, keeps them; a ``max_batch`` set to bound memory does not.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Literal
 
@@ -37,7 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from dcco.core.algorithm import Absent, Algorithm, RoundResult, Updates
-from dcco.core.client import client_statistics, trainable_parameters
+from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
+from dcco.core.client_state import Layout, RoundStates
 from dcco.core.privacy import RoundNoise
 from dcco.core.server import pooled_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
@@ -57,11 +59,15 @@ class ReferenceExecutor:
         x1, x2: both views of every sample of the round, (N, C, H, W), grouped by client in
             the order of ``segments``.
         segments: the client of each sample.
+        states: the round's client ids and the store of what each client keeps, for a
+            method whose clients keep their model (FedU, FedEMA); None otherwise.
     """
 
-    def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments) -> None:
+    def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments,
+                 states: RoundStates | None = None) -> None:
         self.model = model
         self.x1, self.x2, self.segments = x1, x2, segments
+        self.states = states
 
     @property
     def views(self) -> list[tuple[Tensor, Tensor]]:
@@ -82,12 +88,33 @@ class ReferenceExecutor:
         # client by client, also when the batched executor falls back here
         fresh = (ReferenceExecutor.statistics(self, with_stats) if with_stats is not None
                  else None)
-        updates = [algorithm.client_update(self.model, a, b, shared) for a, b in self.views]
+        updates = (self._stateful_updates(algorithm) if algorithm.stateful else
+                   [algorithm.client_update(self.model, a, b, shared) for a, b in self.views])
         weighed = (updates if algorithm.client_weighting == "samples"
                    else [replace(u, num_samples=1) for u in updates])  # 1/K each
         pooled = pooled_update(weighed, dict(trainable_parameters(self.model)))
         pseudo = {k: -v for k, v in pooled.delta.items()}
         return Updates(pseudo, pooled.loss, len(updates), self.segments.num_samples, fresh)
+
+
+    def _stateful_updates(self, algorithm: Algorithm) -> list[ClientUpdate]:
+        """Each client's round from its own kept model (``Algorithm.stateful_update``), its
+        new state put back in the store."""
+        states = self.states
+        if states is None or len(states.clients) != self.segments.num_clients:
+            raise ValueError(f"{algorithm.method.name}'s clients keep their model between "
+                             f"rounds: the round needs their ids and the store "
+                             f"(RoundStates), one id a client")
+        layout, work = Layout.of(self.model), copy.deepcopy(self.model)
+        probe = next(iter(self.model.parameters()))
+        updates = []
+        for client, (a, b) in zip(states.clients, self.views, strict=True):
+            kept = states.store.get(client, probe.device, probe.dtype)
+            update, new = algorithm.stateful_update(self.model, work, layout, a, b, kept,
+                                                    states.target_decay)
+            states.store.put(client, new)
+            updates.append(update)
+        return updates
 
 
 class BatchedExecutor(ReferenceExecutor):
@@ -96,8 +123,9 @@ class BatchedExecutor(ReferenceExecutor):
     client (``ReferenceExecutor``)."""
 
     def __init__(self, model: nn.Module, x1: Tensor, x2: Tensor, segments: Segments,
-                 chunk: int | None = None, keep_graphs: bool = False) -> None:
-        super().__init__(model, x1, x2, segments)
+                 chunk: int | None = None, keep_graphs: bool = False,
+                 states: RoundStates | None = None) -> None:
+        super().__init__(model, x1, x2, segments, states)
         self._encodings: tuple[Tensor, Tensor] | None = None
         # batch norm couples a forward's samples: several clients run client by client
         self._per_client = getattr(model, "batch_norm", False) and segments.num_clients > 1
@@ -219,21 +247,22 @@ def keeps_graphs_for(algorithm: Algorithm, segments: Segments, keep_graphs: bool
 
 def executor_for(backend: Backend, model: nn.Module, x1: Tensor, x2: Tensor,
                  segments: Segments, chunk: int | None = None,
-                 keep_graphs: bool = False) -> ReferenceExecutor:
+                 keep_graphs: bool = False,
+                 states: RoundStates | None = None) -> ReferenceExecutor:
     """The backend's executor of a round's views (``chunk``, ``keep_graphs``:
-    ``BatchedExecutor``'s groups)."""
+    ``BatchedExecutor``'s groups; ``states``: stateful clients')."""
     if backend not in EXECUTORS:
         raise ValueError(f"unknown backend {backend!r}; choose 'batched' or 'reference'")
     if backend == "batched":
-        return BatchedExecutor(model, x1, x2, segments, chunk, keep_graphs)
-    return ReferenceExecutor(model, x1, x2, segments)
+        return BatchedExecutor(model, x1, x2, segments, chunk, keep_graphs, states)
+    return ReferenceExecutor(model, x1, x2, segments, states)
 
 
 def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tensor,
               segments: Segments, backend: Backend = "batched", local_lr: float = 1.0,
               previous: Moments | None = None, noise: RoundNoise | None = None,
               absent: Absent | None = None, chunk: int | None = None,
-              keep_graphs: bool = False) -> RoundResult:
+              keep_graphs: bool = False, states: RoundStates | None = None) -> RoundResult:
     """One round (or, for centralized methods, one step) on a round's views.
 
     Args:
@@ -254,6 +283,8 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
         keep_graphs: with ``chunk``, each group forwarded once, its graph kept from the
             statistics to its backward (the whole round's forward in memory), where the
             round's updates run batched; else forwarded again for the update.
+        states: the round's client ids and the store of their kept models, for a method
+            whose clients keep them (FedU, FedEMA; ``dcco.core.client_state``).
     """
     algorithm = method if isinstance(method, Algorithm) else Algorithm(method, local_lr)
     small = int(segments.counts.min())
@@ -264,5 +295,5 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
             f"client of this round has {small}; use a partition with more samples per client"
         )
     keep = keeps_graphs_for(algorithm, segments, keep_graphs)
-    return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk, keep),
-                               previous, noise, absent)
+    return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk, keep,
+                                            states), previous, noise, absent)

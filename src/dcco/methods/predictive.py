@@ -43,6 +43,8 @@ class PredictiveMethod(MethodBase):
     loss: LossConfig = field(default_factory=LossConfig)
 
     min_client_samples: ClassVar[int] = 1
+    has_predictor: ClassVar[bool] = True
+    """Whether the method has a predictor head (``model.predictor``; MoCo has none)."""
     target: ClassVar[Literal["stopgrad", "ema"]]
     per_sample: ClassVar[Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]]
     default_predictor: ClassVar[Callable[[tuple[int, ...]], tuple[int, ...]]]

@@ -9,15 +9,18 @@ from dcco.methods.centralized_cco import CentralizedCCO
 from dcco.methods.clip_fedavg import ClipFedAvg
 from dcco.methods.contrastive_fedavg import ContrastiveFedAvg
 from dcco.methods.dcco import DCCO
+from dcco.methods.divergence import FedEMA, FedU
 from dcco.methods.dvicreg import DVICReg
 from dcco.methods.fedsc import FedSC, SpectralFedAvg
+from dcco.methods.moco import MoCoFedAvg
 from dcco.methods.predictive import BYOLFedAvg, CentralizedBYOL, CentralizedSimSiam, SimSiamFedAvg
 from dcco.methods.vicreg_fedavg import VICRegFedAvg
 
 METHODS: dict[str, type] = {
     cls.name: cls for cls in (DCCO, CCOFedAvg, ContrastiveFedAvg, CentralizedCCO, DVICReg,
                               VICRegFedAvg, CentralizedBYOL, BYOLFedAvg, CentralizedSimSiam,
-                              SimSiamFedAvg, ClipFedAvg, FedSC, SpectralFedAvg)
+                              SimSiamFedAvg, ClipFedAvg, FedSC, SpectralFedAvg, FedU, FedEMA,
+                              MoCoFedAvg)
 }
 if sorted(METHODS) != sorted(METHOD_NAMES):  # pragma: no cover (a method added in one place)
     raise ImportError(f"dcco.config.sections.METHOD_NAMES {sorted(METHOD_NAMES)} must name the "

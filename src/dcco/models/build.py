@@ -148,7 +148,7 @@ def build_dual_encoder(cfg: ModelConfig, in_channels: InputShape,
     predictor = target = None
     if head is not None:
         predictor = build_projector(cfg, projector_dims[-1], head.predictor, seed, 0,
-                                    name="predictor")
+                                    name="predictor") if head.predictor else None
         if head.target == "ema":
             target = (copy.deepcopy(towers[0][0]), copy.deepcopy(towers[0][1]))
     model = DualEncoder(*towers[0], second=towers[1] if len(towers) > 1 else None,

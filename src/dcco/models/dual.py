@@ -21,7 +21,8 @@ class Head:
     """What BYOL and SimSiam add to a shared dual encoder (``dcco.methods.predictive``).
 
     Attributes:
-        predictor: the predictor MLP's widths; the last is the projection width d.
+        predictor: the predictor MLP's widths; the last is the projection width d. Empty:
+            none (MoCo's key encoder, a target network without a predictor).
         target: where the regression targets come from: "stopgrad", the online projections
             with their gradient stopped (SimSiam); "ema", a moving-average copy of the online
             backbone and projector (BYOL's target network, ``DualEncoder.update_target``).
@@ -107,8 +108,6 @@ class DualEncoder(nn.Module):
         if (predictor is not None or target is not None) and second is not None:
             raise ValueError("a predictor or target network needs a shared dual encoder "
                              "(model.shared = true)")
-        if target is not None and predictor is None:
-            raise ValueError("a target network comes with a predictor (BYOL)")
         if predictor is not None and (predictor.in_dim, predictor.out_dim) != (
                 projector.out_dim, projector.out_dim):
             raise ValueError(f"the predictor must map the projection width "
@@ -134,7 +133,8 @@ class DualEncoder(nn.Module):
 
     @property
     def projection_dim(self) -> int:
-        """d, the width of the projections (F and G are 2d wide with a predictor)."""
+        """d, the width of the projections (F and G are 2d wide with a predictor or a
+        target network)."""
         return self.projector.out_dim
 
     def _tower(self, tower: int) -> tuple[nn.Module, nn.Module]:
@@ -152,16 +152,18 @@ class DualEncoder(nn.Module):
                 tower's input (shapes and kinds may differ).
 
         Returns:
-            F (N1, d) and G (N2, d); (N1, 2d) and (N2, 2d) with a predictor.
+            F (N1, d) and G (N2, d); (N1, 2d) and (N2, 2d) with a predictor or a target
+            network.
         """
         if not self.shared:
             return (self._unit(self.projector(self._backbone_features(self.backbone, x1))),
                     self._unit(self.projector2(self._backbone_features(self.backbone2, x2))))
         z1, z2 = self._pair(lambda x: self.projector(self._backbone_features(self.backbone, x)),
                             x1, x2)
-        if self.predictor is None:
+        if self.predictor is None and self.target is None:
             return self._unit(z1), self._unit(z2)
-        q1, q2 = self._pair(self.predictor, z1, z2)
+        # MoCo's key encoder comes without a predictor: its queries are the projections
+        q1, q2 = self._pair(self.predictor, z1, z2) if self.predictor is not None else (z1, z2)
         if self.target is None:
             y1, y2 = z1.detach(), z2.detach()
         else:
@@ -190,6 +192,17 @@ class DualEncoder(nn.Module):
         online = [*self.backbone.parameters(), *self.projector.parameters()]
         for xi, theta in zip(self.target.parameters(), online, strict=True):
             xi.lerp_(theta, 1.0 - tau)
+
+    def target_pairs(self) -> list[tuple[str, str]]:
+        """(target parameter name, online parameter name) for each parameter of BYOL's target
+        network, in the order ``update_target`` pairs them: ``target.0.*`` with
+        ``backbone.*``, ``target.1.*`` with ``projector.*``."""
+        if self.target is None:
+            raise ValueError("this dual encoder has no target network")
+        online = [*(f"backbone.{n}" for n, _ in self.backbone.named_parameters()),
+                  *(f"projector.{n}" for n, _ in self.projector.named_parameters())]
+        target = [f"target.{n}" for n, _ in self.target.named_parameters()]
+        return list(zip(target, online, strict=True))
 
     def _unit(self, z: Tensor) -> Tensor:
         """The encodings as the loss sees them: unit norm under differential privacy, clipped

@@ -124,7 +124,9 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     meta = {"method": t_cfg.method} | pt.inputs_record | (meta or {})
     w, latest, started = window(), {}, time.perf_counter()
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
-    state_bytes = sum(v.numel() * v.element_size() for v in pt.model.state_dict().values())
+    kept = pt.algorithm.stateful  # FedU's and FedEMA's clients keep their own target network
+    state_bytes = sum(v.numel() * v.element_size() for n, v in pt.model.state_dict().items()
+                      if not (kept and n.startswith("target.")))
     d = pt.model.projection_dim
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
                                                state_bytes=state_bytes - model_bytes)

@@ -18,6 +18,14 @@ from torch import Tensor
 from dcco.config import ConfigError, RunConfig
 from dcco.core.algorithm import Algorithm, RoundResult
 from dcco.core.client import trainable_parameters
+from dcco.core.client_state import (
+    DTYPES,
+    MAX_STATE_BYTES,
+    ClientStates,
+    RoundStates,
+    state_bytes,
+    store_bytes,
+)
 from dcco.core.collapse import (
     collapse_figures,
     encoding_figures,
@@ -157,6 +165,9 @@ class Pretraining:
         self.cache = self._statistics_cache()
         """The server's cache of every client's last statistics
         (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
+        self.client_states = self._client_states()
+        """What each client that has taken part keeps between its rounds, for a method whose
+        clients keep their model (FedU, FedEMA; saved in checkpoints), else None."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
@@ -223,10 +234,15 @@ class Pretraining:
         if self.cache is not None:
             clients = plan.clients.tolist()
             absent = functools.partial(self.cache.merge_round, clients)
+        states = None
+        if self.client_states is not None:
+            states = RoundStates(plan.clients.tolist(), self.client_states,
+                                 target_decay(self.cfg.loss.target_decay, r,
+                                              self.cfg.train.rounds))
         result = run_round(self.model, self.round_algorithm(r), x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
                            previous=self.previous(r), noise=self.round_noise(r), absent=absent,
-                           chunk=self.chunk, keep_graphs=self.keep_graphs)
+                           chunk=self.chunk, keep_graphs=self.keep_graphs, states=states)
         return self.apply(result, lr, start)
 
     def round_algorithm(self, round_index: int) -> Algorithm:
@@ -281,7 +297,9 @@ class Pretraining:
         set_lr(self.optimizer, lr)
         grads = [result.pseudo_gradient[name] for name, _ in self.params]
         apply_pseudo_gradient(self.optimizer, [p for _, p in self.params], grads)
-        if self.model.target is not None:  # BYOL: the server moves its target network
+        if self.model.target is not None and self.client_states is None:
+            # BYOL: the server moves its target network (FedU's and FedEMA's clients each
+            # keep their own)
             self.model.update_target(target_decay(self.cfg.loss.target_decay, r,
                                                   self.cfg.train.rounds))
         self.aggregate = result.aggregate
@@ -362,10 +380,38 @@ class Pretraining:
                 f"(FedSC: 10 to 20), or use 'drop'")
         return StatisticsCache()
 
+    def _client_states(self) -> ClientStates | None:
+        """A new store for a method whose clients keep their model, refused where it cannot
+        run or would not fit; None for the other methods."""
+        if not getattr(self.method, "stateful", False):
+            return None
+        if self.world > 1:
+            raise ConfigError(
+                f"{self.method.name}'s clients keep their own model between rounds, which "
+                f"runs in the simulator in one process; over torch.distributed it is not "
+                f"implemented yet")
+        t = self.cfg.train
+        dtype = DTYPES[t.client_state_dtype]
+        entry = state_bytes(self.method.state_shapes(self.model), dtype)
+        size = store_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, entry)
+        if size > MAX_STATE_BYTES:
+            half = "" if t.client_state_dtype == "float16" else (
+                " or train.client_state_dtype = 'float16' (half of it)")
+            raise ConfigError(
+                f"{self.method.name} keeps each client's model between its rounds: "
+                f"{entry / 2**20:.2f} MiB a client, for up to "
+                f"{min(self.partition.num_clients, t.rounds * t.clients_per_round)} clients "
+                f"that {t.rounds} rounds of {t.clients_per_round} can see, "
+                f"{size / 2**30:.1f} GiB, over the {MAX_STATE_BYTES / 2**30:.0f} GiB "
+                f"limit; use fewer rounds or clients, a smaller model{half}")
+        return ClientStates(dtype)
+
     def round_state(self) -> dict[str, Tensor]:
-        """What a checkpoint must keep besides model and optimiser: the last aggregate, and
-        the cache of clients' statistics."""
+        """What a checkpoint must keep besides model and optimiser: the last aggregate, the
+        cache of clients' statistics, and the clients' kept models."""
         cache = self.cache.state() if self.cache is not None else {}
+        if self.client_states is not None:
+            cache = cache | self.client_states.state()
         if self.aggregate is None:
             return cache
         return {f"aggregate.{k}": v for k, v in self.aggregate.items()} | {
@@ -379,6 +425,8 @@ class Pretraining:
         self.aggregate = Moments(values, count=count) if values else None
         if self.cache is not None:
             self.cache = StatisticsCache.from_state(state)
+        if self.client_states is not None:
+            self.client_states = ClientStates.from_state(state, self.client_states.dtype)
 
 
 def read_numbers(values: list[float | Tensor]) -> list[float]:

@@ -52,8 +52,14 @@ def _validate(cfg: RunConfig) -> None:
                           f"methods; {method.name} is centralized (set "
                           f"privacy.noise_multiplier = 0 and privacy.target_epsilon = "
                           f"\"none\")")
+    if cfg.privacy.enabled and getattr(method, "stateful", False):
+        raise ConfigError(f"{method.name}'s clients keep their own model and send it mixed "
+                          f"with the global one; client-level differential privacy clips "
+                          f"and noises updates from the global model, which is not "
+                          f"implemented for it (set privacy.noise_multiplier = 0 and "
+                          f"privacy.target_epsilon = \"none\")")
     predictive = issubclass(method, PredictiveMethod)
-    if cfg.model.predictor is not None and not predictive:
+    if cfg.model.predictor is not None and not (predictive and method.has_predictor):
         raise ConfigError(f"model.predictor is BYOL's and SimSiam's head; {method.name} has "
                           f"none (leave model.predictor unset)")
     if cfg.model.predictor is not None and cfg.model.predictor[-1] != projector(cfg)[-1]:

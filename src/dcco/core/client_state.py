@@ -1,0 +1,170 @@
+"""What a client keeps between the rounds it takes part in (FedU, FedEMA: its own online
+network, predictor and target network), held for it by the simulator.
+
+A real client keeps its model on its device; the simulator keeps it for the clients that
+have taken part, in one store, on the CPU. A client never seen has no entry and starts from
+the global model. The store is saved whole in every checkpoint, so a resumed run gives
+every client back the state it had at the checkpoint, to the bit.
+
+Memory: one entry holds the client's tensors (``state_bytes``), and a run can see
+min(clients, rounds × K) clients. ``store_bytes`` is that bound; a run whose bound is over
+``MAX_STATE_BYTES`` is refused before it starts (``dcco.run.pretraining``), and float16
+entries (``train.client_state_dtype``) halve it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+MAX_STATE_BYTES = 8 << 30
+"""The largest store a run may plan for (``store_bytes``): beyond it the run is refused."""
+
+PREFIX = "client_state."
+"""The store's keys in a checkpoint: ``client_state.<client>.<name>``."""
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+"""``train.client_state_dtype``: how the store holds each client's floating tensors."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which of a BYOL dual encoder's parameters are which, by name: what a stateful client
+    mixes, keeps and follows.
+
+    Attributes:
+        online: the online network's trainable parameters (backbone and projector).
+        predictor: the predictor's (none for MoCo).
+        target: (target name, online name) of each target-network parameter, which follows
+            its online parameter by BYOL's moving average.
+    """
+
+    online: tuple[str, ...]
+    predictor: tuple[str, ...]
+    target: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Layout:
+        """The layout of a dual encoder with a predictor and a target network
+        (``dcco.models.DualEncoder.target_pairs``)."""
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        predictor = tuple(n for n in names if n.startswith("predictor."))
+        if getattr(model, "target", None) is None:
+            raise ValueError("a stateful client needs a dual encoder with a target network "
+                             "(BYOL's, MoCo's key encoder)")
+        return cls(tuple(n for n in names if not n.startswith("predictor.")), predictor,
+                   tuple(model.target_pairs()))
+
+
+@dataclass(frozen=True)
+class ClientStart:
+    """Where a stateful client starts its round (a method's ``client_start``).
+
+    Attributes:
+        weights: by parameter name, the client's trainable parameters and target network at
+            the round's start.
+        keep: what the method carries in the client's state besides (FedEMA's λ, MoCo's
+            queue), for its ``client_end``.
+        method: the method the client's local steps optimise, when it is not the run's
+            own (MoCo's, holding the client's queue); None: the run's.
+    """
+
+    weights: dict[str, Tensor]
+    keep: dict[str, Tensor]
+    method: object | None = None
+
+
+@dataclass(frozen=True)
+class RoundStates:
+    """What a round's stateful clients need from the simulator.
+
+    Attributes:
+        clients: the round's client ids, in the order of its segments.
+        store: every client's kept state; the round's clients' entries are replaced.
+        target_decay: τ of the target network's average after each local step this round.
+    """
+
+    clients: list[int]
+    store: ClientStates
+    target_decay: float
+
+
+def store_bytes(num_clients: int, rounds: int, clients_per_round: int, entry: int) -> int:
+    """Bytes the store can grow to: an entry of ``entry`` bytes for each client a run of
+    ``rounds`` rounds of ``clients_per_round`` can see."""
+    return min(num_clients, rounds * clients_per_round) * entry
+
+
+def state_bytes(shapes: Mapping[str, torch.Size], dtype: torch.dtype) -> int:
+    """Bytes of one entry of tensors of ``shapes`` held in ``dtype``."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(int(torch.Size(s).numel()) for s in shapes.values()) * size
+
+
+class ClientStates:
+    """Each client's own tensors, by client id, for the clients that have taken part.
+
+    Args:
+        dtype: how floating tensors are held (float32: exactly as the client left them;
+            float16: half the memory, each value rounded once when stored).
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype
+        self._entries: dict[int, dict[str, Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, client: int) -> bool:
+        return int(client) in self._entries
+
+    def get(self, client: int, device: torch.device | str = "cpu",
+            dtype: torch.dtype = torch.float32) -> dict[str, Tensor] | None:
+        """Client ``client``'s tensors on ``device`` (those held in the store's dtype in
+        ``dtype``), or None for a client never seen."""
+        entry = self._entries.get(int(client))
+        if entry is None:
+            return None
+        return {k: v.to(device, dtype) if v.dtype == self.dtype else v.to(device)
+                for k, v in entry.items()}
+
+    def put(self, client: int, state: Mapping[str, Tensor]) -> None:
+        """Keep ``state`` as client ``client``'s (a copy on the CPU, float32 tensors in the
+        store's dtype; float64 ones, a method's scalars, as they are), replacing what it
+        had."""
+        self._entries[int(client)] = {
+            k: (v.detach().to("cpu", self.dtype) if v.dtype == torch.float32
+                else v.detach().to("cpu")).clone()
+            for k, v in state.items()}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the store holds now."""
+        return sum(v.numel() * v.element_size() for e in self._entries.values()
+                   for v in e.values())
+
+    def state(self) -> dict[str, Tensor]:
+        """The store as named tensors for a checkpoint."""
+        return {f"{PREFIX}{client}.{name}": v for client, entry in sorted(self._entries.items())
+                for name, v in entry.items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Tensor],
+                   dtype: torch.dtype = torch.float32) -> ClientStates:
+        """The store saved in ``state`` (empty when it holds none)."""
+        store = cls(dtype)
+        for key, value in state.items():
+            if not key.startswith(PREFIX):
+                continue
+            client, _, name = key[len(PREFIX):].partition(".")
+            if not client.isdigit() or not name:
+                raise ValueError(f"checkpoint key {key!r} is not {PREFIX}<client>.<name>")
+            store._entries.setdefault(int(client), {})[name] = value.to("cpu")
+        return store
+
+
+__all__ = ["DTYPES", "MAX_STATE_BYTES", "ClientStart", "ClientStates", "Layout", "RoundStates", "state_bytes", "store_bytes"]

@@ -1,0 +1,144 @@
+"""FedU (Zhuang et al., ICCV 2021) and FedEMA (Zhuang, Wen & Zhang, ICLR 2022): federated BYOL
+whose clients keep their own model between the rounds they take part in, and mix it with the
+global one by how far the two have drifted apart.
+
+Both are BYOL with FedAvg underneath: a client regresses its predictor's output of one view
+onto its target network's projection of the other (``predictive.BYOLBase``'s loss), takes its
+local SGD steps, moves its target network toward its online network after each step by
+BYOL's moving average, and sends the server its online network and predictor; the server
+averages them (``optim.name = "sgd"``, ``optim.lr = 1`` for the papers' plain average). The
+target network never leaves the client. What differs is where a client starts its round
+(``client_start``), from the global model W_g and what it kept from its last round, W_k:
+
+- **FedU** (its "divergence-aware predictor update"): the online network is replaced by the
+  global one; the predictor is replaced by the global one only when the divergence
+  ‖W_g − W_k‖ of the online networks is below a threshold (``loss.fedu_threshold``), else the
+  client keeps its own.
+- **FedEMA**: online network and predictor both move toward the global model by a moving
+  average, W_k ← μ W_k + (1 − μ) W_g, with μ = min(λ ‖W_g − W_k‖, 1): the further the client
+  has drifted, the more of its own model it keeps. λ is set once per client, the first time
+  it comes back with a model to mix, so that μ starts at τ (``loss.fedema_tau``):
+  λ = τ / ‖W_g − W_k‖ (the paper's autoscaler, τ = 0.7 as its authors' code runs it).
+
+Choices the papers leave open, and the ones made here:
+
+- ‖·‖ is the L2 norm of the difference of all the online network's parameters (backbone and
+  projector) as one vector, as the papers write it. The authors' code (EasyFL's ``fedssl``)
+  averages per-layer distances of the convolutions instead, so a threshold does not carry
+  over between the two; FedEMA's λ makes its own μ independent of the norm's scale, FedU's
+  threshold is not.
+- The divergence is taken when the client receives W_g, between W_g and the model it kept,
+  as the papers' formulas read (the authors' code uses the distance its model travelled in
+  its last local training, a stand-in for the same quantity).
+- A client seen for the first time has nothing to mix: it starts from the global online
+  network and predictor, with a target network copied from the global online network.
+  Where most clients take part once (60,000 one-sample clients, K = 32), FedU and FedEMA
+  then are BYOL + FedAvg with a target network that starts each client's round as a copy
+  of its online network.
+- FedEMA's λ needs a nonzero divergence: while ‖W_g − W_k‖ = 0 (a client alone in its
+  rounds, whose model the server's average returns unchanged), μ = 0 and λ stays unset.
+- The target network's moving-average rate after each local step is BYOL's schedule at the
+  round (``predictive.target_decay`` of ``loss.target_decay``), the same for every step of a
+  round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from dcco.core.client_state import ClientStart, Layout
+from dcco.methods.predictive import BYOLBase
+
+SCALE = "fedema.lambda"
+"""FedEMA's λ_k in a client's state: a float64 scalar, set at its first mix."""
+
+
+def divergence(global_weights: Mapping[str, Tensor], local: Mapping[str, Tensor],
+               names: tuple[str, ...]) -> float:
+    """‖W_g − W_k‖₂ over the parameters ``names``, all of them as one vector (float64)."""
+    total = sum(float(torch.sum((global_weights[n].to(torch.float64)
+                                 - local[n].to(torch.float64)) ** 2)) for n in names)
+    return math.sqrt(total)
+
+
+def fedema_mu(distance: float, scale: float | None, tau: float) -> tuple[float, float | None]:
+    """FedEMA's μ = min(λ ‖W_g − W_k‖, 1) and the client's λ after it: λ = τ / ‖W_g − W_k‖
+    the first time the divergence is nonzero (so μ = τ then), kept after; μ = 0 and λ unset
+    while the divergence is 0."""
+    if scale is None:
+        if distance == 0.0:
+            return 0.0, None
+        scale = tau / distance
+    return min(scale * distance, 1.0), scale
+
+
+class DivergenceAware(BYOLBase):
+    """Shared by FedU and FedEMA: BYOL clients that keep their model (``stateful``); a
+    subclass says how a returning client mixes its model with the global one (``mixed``)."""
+
+    federated: ClassVar[bool] = True
+    stateful: ClassVar[bool] = True
+
+    def client_start(self, global_weights: Mapping[str, Tensor],
+                     state: Mapping[str, Tensor] | None, layout: Layout) -> ClientStart:
+        """The client's weights at the round's start: the global model's (and a target
+        network copied from its online network) for a client without state, else the
+        method's mix of the global model with the client's own (``mixed``)."""
+        if state is None:
+            weights = {n: global_weights[n] for n in (*layout.online, *layout.predictor)}
+            weights |= {t: global_weights[o] for t, o in layout.target}
+            return ClientStart(weights, {})
+        return self.mixed(global_weights, state, layout)
+
+    def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+              layout: Layout) -> ClientStart:
+        raise NotImplementedError
+
+    def client_end(self, end: dict[str, Tensor], start: ClientStart, work: nn.Module,
+                   x1: Tensor, x2: Tensor) -> dict[str, Tensor]:
+        """What the client keeps: its weights at the round's end, and the method's own."""
+        return end | start.keep
+
+    def state_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
+        """The shapes of one client's state: its trainable parameters and target network."""
+        return {n: p.shape for n, p in model.named_parameters()
+                if p.requires_grad or n.startswith("target.")} | {SCALE: torch.Size([])}
+
+
+class FedU(DivergenceAware):
+    name: ClassVar[str] = "fedu"
+    loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
+
+    def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+              layout: Layout) -> ClientStart:
+        """The global online network; the global predictor if ‖W_g − W_k‖ < the threshold,
+        else the client's own; the client's own target network."""
+        close = divergence(global_weights, state, layout.online) < self.loss.fedu_threshold
+        predictor = global_weights if close else state
+        weights = {n: global_weights[n] for n in layout.online}
+        weights |= {n: predictor[n] for n in layout.predictor}
+        weights |= {t: state[t] for t, _ in layout.target}
+        return ClientStart(weights, {})
+
+
+class FedEMA(DivergenceAware):
+    name: ClassVar[str] = "fedema"
+    loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
+
+    def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+              layout: Layout) -> ClientStart:
+        """Online network and predictor at μ W_k + (1 − μ) W_g, μ from the online networks'
+        divergence (``fedema_mu``); the client's own target network."""
+        scale = float(state[SCALE]) if SCALE in state else None
+        mu, scale = fedema_mu(divergence(global_weights, state, layout.online), scale,
+                              self.loss.fedema_tau)
+        weights = {n: mu * state[n] + (1.0 - mu) * global_weights[n]
+                   for n in (*layout.online, *layout.predictor)}
+        weights |= {t: state[t] for t, _ in layout.target}
+        keep = {} if scale is None else {SCALE: torch.tensor(scale, dtype=torch.float64)}
+        return ClientStart(weights, keep)

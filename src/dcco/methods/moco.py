@@ -1,0 +1,107 @@
+"""MoCo v2 with FedAvg (He et al., CVPR 2020; Chen, Fan, Girshick & He 2020), the
+queue-based contrastive baseline of FedU's and FedEMA's papers.
+
+A client's query encoder is the global model (backbone and projector); its key encoder is a
+copy of the global query encoder at the round's start that follows the query encoder after
+each local step by a moving average (``loss.target_decay``'s schedule, as BYOL's target:
+``dcco.core.client.stateful_update``). Each query's positive is the key of its sample's
+other view; its negatives are the keys of the client's other samples and the client's
+queue (``dcco.core.losses.moco_loss_per_sample``, InfoNCE at τ = ``loss.moco_temperature``,
+0.2 as v2). The server averages the query encoders; keys and queue never leave the client.
+
+Choices the papers leave open, and the ones made here:
+
+- **The key encoder restarts from the global query encoder every round**, as the authors'
+  federated code does (EasyFL's ``fedssl``: ``reset_key_encoder``): a client that takes part
+  once has no key encoder of its own to keep, and one kept for a returning client would be
+  an average of an old global model.
+- **The queue is the client's own** (``loss.moco_queue`` keys, its state between rounds,
+  ``dcco.core.client_state``): a server-side queue would gather clients' encodings at the
+  server, which is what federated learning exists to avoid. After its local steps a client
+  pushes the keys of both views of its samples, from its key encoder as the round leaves
+  it, and keeps the newest ``moco_queue``.
+- **Its size is 0 by default**, so the negatives are the client's own batch (MoCo v3's
+  in-batch keys). A client of 1 to 16 photos that queued its keys would meet, in its next
+  round, the keys of the very photos it then sees: negatives that are its positives. For
+  clients of hundreds of samples (the cross-silo setting) set a queue of a few thousand.
+- **In-batch negatives as well as the queue**: with an empty queue, MoCo's queue-only
+  negatives leave a query nothing to contrast with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dcco.core.client_state import ClientStart, Layout
+from dcco.core.losses import moco_loss_per_sample, split_prediction
+from dcco.core.stats import Moments
+from dcco.methods.base import LossConfig, MethodBase
+from dcco.methods.predictive import PredictiveMethod
+
+QUEUE = "moco.queue"
+"""A MoCo client's queue in its state: (Q, d) unit keys, the newest first."""
+
+
+def _no_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
+    """MoCo has no predictor: its queries are the projections."""
+    return ()
+
+
+@dataclass(frozen=True)
+class MoCoFedAvg(PredictiveMethod):
+    loss: LossConfig = field(default_factory=LossConfig)
+    queue: Tensor | None = field(default=None, compare=False, repr=False)
+    """The client's queue during its local steps (set per client by ``client_start``)."""
+
+    name: ClassVar[str] = "moco_fedavg"
+    federated: ClassVar[bool] = True
+    stateful: ClassVar[bool] = True
+    has_predictor: ClassVar[bool] = False
+    min_client_samples: ClassVar[int] = 2
+    target: ClassVar[str] = "ema"
+    default_projector: ClassVar[tuple[int, ...]] = (2048, 128)  # MoCo v2's MLP head
+    default_predictor = staticmethod(_no_predictor)
+    loss_kind: ClassVar[str] = "MoCo InfoNCE within each client (weighted mean)"
+    similarity: ClassVar[str] = "cosine"
+
+    round_loss = MethodBase.round_loss  # client by client: negatives stay within a client
+
+    def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
+        """The mean InfoNCE over the client's samples; F = [q₁, k₁], G = [q₂, k₂]."""
+        (q1, k1), (q2, k2) = split_prediction(f), split_prediction(g)
+        return moco_loss_per_sample(q1, q2, k1, k2, self.queue,
+                                    self.loss.moco_temperature).mean()
+
+    def client_start(self, global_weights: Mapping[str, Tensor],
+                     state: Mapping[str, Tensor] | None, layout: Layout) -> ClientStart:
+        """The global query encoder, a key encoder copied from it, and the client's queue."""
+        weights = {n: global_weights[n] for n in layout.online}
+        weights |= {t: global_weights[o] for t, o in layout.target}
+        queue = None if state is None else state.get(QUEUE)
+        return ClientStart(weights, {} if queue is None else {QUEUE: queue},
+                           replace(self, queue=queue))
+
+    @torch.no_grad()
+    def client_end(self, end: dict[str, Tensor], start: ClientStart, work: nn.Module,
+                   x1: Tensor, x2: Tensor) -> dict[str, Tensor]:
+        """The client's queue with its keys of this round pushed in, the newest
+        ``loss.moco_queue`` kept (nothing without a queue)."""
+        size = self.loss.moco_queue
+        if not size:
+            return {}
+        f, g = work(x1, x2)
+        keys = F.normalize(torch.cat([split_prediction(f)[1], split_prediction(g)[1]]), dim=1)
+        old = start.keep.get(QUEUE)
+        queue = keys if old is None else torch.cat([keys, old.to(keys.dtype)])
+        return {QUEUE: queue[:size].clone()}
+
+    def state_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
+        """One client's state: its queue of ``loss.moco_queue`` keys of width d."""
+        size = self.loss.moco_queue
+        return {QUEUE: torch.Size([size, model.projection_dim])} if size else {}

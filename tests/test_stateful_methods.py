@@ -1,0 +1,281 @@
+"""FedU and FedEMA (``dcco.methods.divergence``): BYOL clients that keep their own model.
+
+Oracles written here: the papers' formulas for FedEMA's μ and λ on hand-built weights, FedU's
+threshold at its exact value, one client with one local step against a centralized BYOL step
+on its batch, and a resume from a checkpoint against the uninterrupted run, to the bit."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from dcco.config import ConfigError, load_config
+from dcco.core.algorithm import Algorithm
+from dcco.core.client_state import ClientStates, Layout, RoundStates, state_bytes, store_bytes
+from dcco.core.simulator import run_round
+from dcco.methods.base import LossConfig, Segments
+from dcco.methods.divergence import SCALE, FedEMA, FedU, divergence, fedema_mu
+from dcco.methods.predictive import CentralizedBYOL
+from dcco.run.loop import run_pretraining
+from dcco.run.pretraining import Pretraining
+from dcco.run.rounds import plan_round
+from dcco.run.rundir import RunDir
+from dcco.run.setup import build_model, validate
+from dcco.run.splits import load_splits
+
+LAYOUT = Layout(online=("backbone.w",), predictor=("predictor.w",),
+                target=(("target.0.w", "backbone.w"),))
+
+
+def _weights(online, predictor, target=None):
+    out = {"backbone.w": torch.tensor(online, dtype=torch.float64),
+           "predictor.w": torch.tensor(predictor, dtype=torch.float64)}
+    if target is not None:
+        out["target.0.w"] = torch.tensor(target, dtype=torch.float64)
+    return out
+
+
+def test_fedema_mu__follows_the_papers_formulas_on_hand_built_weights():
+    method = FedEMA(LossConfig(fedema_tau=0.7))
+    g = _weights([3.0, 0.0], [1.0, 2.0])
+    kept = _weights([0.0, 4.0], [5.0, -1.0], target=[7.0, 7.0])  # ‖W_g − W_k‖ = 5
+    assert divergence(g, kept, LAYOUT.online) == 5.0
+    first = method.client_start(g, kept, LAYOUT)  # λ = τ / 5, so μ = τ = 0.7
+    lam = float(first.keep[SCALE])
+    assert lam == pytest.approx(0.7 / 5, rel=1e-15)
+    torch.testing.assert_close(first.weights["backbone.w"],
+                               torch.tensor([0.3 * 3.0, 0.7 * 4.0], dtype=torch.float64))
+    torch.testing.assert_close(first.weights["predictor.w"],
+                               torch.tensor([0.7 * 5 + 0.3 * 1, 0.7 * -1 + 0.3 * 2],
+                                            dtype=torch.float64))
+    assert torch.equal(first.weights["target.0.w"], kept["target.0.w"])  # the client's own
+    # later rounds keep λ: μ = min(λ ‖W_g − W_k‖, 1)
+    later = kept | first.keep | {"backbone.w": torch.tensor([3.0, 2.5], dtype=torch.float64)}
+    mu = lam * 2.5
+    mixed = method.client_start(g, later, LAYOUT)
+    torch.testing.assert_close(mixed.weights["backbone.w"],
+                               torch.tensor([3.0, mu * 2.5], dtype=torch.float64))
+    assert float(mixed.keep[SCALE]) == lam
+    far = kept | first.keep | {"backbone.w": torch.tensor([3.0, 100.0], dtype=torch.float64)}
+    assert torch.equal(method.client_start(g, far, LAYOUT).weights["backbone.w"],
+                       far["backbone.w"])  # μ = 1: the client keeps its own
+    assert fedema_mu(0.0, None, 0.7) == (0.0, None)  # no divergence yet: λ stays unset
+    assert fedema_mu(2.0, None, 0.7) == (0.7, 0.35)
+    assert fedema_mu(10.0, 0.35, 0.7) == (1.0, 0.35)
+    fresh = method.client_start(g, None, LAYOUT)  # never seen: the global model
+    assert torch.equal(fresh.weights["target.0.w"], g["backbone.w"]) and fresh.keep == {}
+
+
+def test_fedu_threshold__switches_exactly_at_its_value():
+    g = _weights([3.0, 4.0], [1.0, 1.0])
+    kept = _weights([0.0, 0.0], [9.0, 9.0], target=[2.0, 2.0])  # ‖W_g − W_k‖ = 5 exactly
+    at = FedU(LossConfig(fedu_threshold=5.0)).client_start(g, kept, LAYOUT)
+    above = FedU(LossConfig(fedu_threshold=math.nextafter(5.0, 6.0))).client_start(g, kept,
+                                                                                  LAYOUT)
+    assert torch.equal(at.weights["predictor.w"], kept["predictor.w"])  # not below: its own
+    assert torch.equal(above.weights["predictor.w"], g["predictor.w"])  # below: the global
+    for start in (at, above):  # the online network is always the global one
+        assert torch.equal(start.weights["backbone.w"], g["backbone.w"])
+        assert torch.equal(start.weights["target.0.w"], kept["target.0.w"])
+
+
+def _byol_model(tiny_config, method):
+    cfg = load_config(tiny_config(method=method))
+    return build_model(cfg, 1).to(torch.float64)
+
+
+@pytest.mark.parametrize("method", [FedU, FedEMA])
+def test_one_client_one_step__is_a_centralized_byol_step_on_its_batch(tiny_config, method):
+    torch.manual_seed(0)
+    model = _byol_model(tiny_config, method.name)
+    x1, x2 = (torch.randn(4, 1, 28, 28, dtype=torch.float64) for _ in range(2))
+    store, lr, tau = ClientStates(), 0.5, 0.9
+    result = run_round(model, Algorithm(method(LossConfig()), local_lr=lr), x1, x2,
+                       Segments.from_counts([4]), "reference",
+                       states=RoundStates([7], store, tau))
+    # the oracle: BYOL's loss on the batch, one SGD step, then the target's moving average
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    loss = CentralizedBYOL(LossConfig()).client_loss(*model(x1, x2), None)
+    grads = torch.autograd.grad(loss, [p for _, p in named])
+    central = copy.deepcopy(model)
+    with torch.no_grad():
+        for (name, p), g in zip(named, grads, strict=True):
+            torch.testing.assert_close(result.pseudo_gradient[name], lr * g, rtol=1e-12,
+                                       atol=1e-15)
+            dict(central.named_parameters())[name].sub_(lr * g)
+    central.update_target(tau)
+    assert result.loss == pytest.approx(float(loss.detach()), rel=1e-12)
+    kept = store.get(7, dtype=torch.float64)
+    assert list(store.state()) == [f"client_state.7.{n}" for n in kept]
+    for name, value in central.named_parameters():
+        torch.testing.assert_close(kept[name], value.detach(), rtol=1e-12, atol=1e-14)
+    # the global model is untouched by the client (the server applies the update)
+    assert torch.equal(dict(model.named_parameters())["predictor.0.weight"],
+                       dict(_byol_model(tiny_config, method.name).to(torch.float64)
+                            .named_parameters())["predictor.0.weight"])
+
+
+def test_stateful_round__needs_the_clients_ids(tiny_config):
+    model = _byol_model(tiny_config, "fedema")
+    x = torch.randn(4, 1, 28, 28, dtype=torch.float64)
+    with pytest.raises(ValueError, match="keep their model between rounds"):
+        run_round(model, FedEMA(LossConfig()), x, x, Segments.from_counts([2, 2]))
+
+
+def test_client_states__hold_participants_only_in_their_dtype():
+    store = ClientStates(torch.float16)
+    entry = {"w": torch.full((3,), 1 / 3), SCALE: torch.tensor(0.1, dtype=torch.float64)}
+    store.put(5, entry)
+    assert 5 in store and 6 not in store and store.get(6) is None and len(store) == 1
+    got = store.get(5)
+    assert got["w"].dtype == torch.float32 and got[SCALE].dtype == torch.float64
+    assert torch.equal(got["w"], entry["w"].half().float())  # rounded once, when stored
+    assert float(got[SCALE]) == 0.1
+    assert store.nbytes == 3 * 2 + 8
+    again = ClientStates.from_state(store.state(), torch.float16)
+    assert torch.equal(again.get(5)["w"], got["w"])
+    assert state_bytes({"a": torch.Size([2, 3]), "b": torch.Size([4])}, torch.float16) == 20
+    assert store_bytes(15000, 300, 32, 100) == 9600 * 100  # at most rounds × K clients
+    with pytest.raises(ValueError, match="client_state.<client>.<name>"):
+        ClientStates.from_state({"client_state.x.w": torch.zeros(1)})
+
+
+def _run(cfg, train, rounds):
+    pt = Pretraining(cfg, train)
+    for _ in range(rounds):
+        pt.step()
+    return pt
+
+
+@pytest.mark.parametrize("method", ["fedu", "fedema", "moco_fedavg"])
+def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
+        tiny_config, tmp_path, method):
+    from safetensors.torch import load_file
+
+    from dcco.run.checkpoint import save_checkpoint
+
+    cfg = load_config(tiny_config(method=method, rounds=4, checkpoint_every=2),
+                      ["data.num_clients=6", "train.local_steps=2", "optim.name=\"sgd\"",
+                       "optim.lr=1.0", "train.local_lr=0.05", "loss.moco_queue=5"])
+    train, _ = load_splits(cfg)
+    pt = _run(cfg, train, 4)
+    seen = set()
+    for r in range(4):
+        seen |= set(plan_round(cfg, pt.partition, r).clients.tolist())
+    assert len(pt.client_states) == len(seen) > 4  # some came back
+    if method == "fedema":  # a returning client's λ was set at its first mix
+        assert any(k.endswith(f".{SCALE}") for k in pt.client_states.state())
+    if method == "moco_fedavg":  # each client's queue: 4 keys a round, the newest 5 kept
+        queues = [v for k, v in pt.client_states.state().items() if k.endswith(".moco.queue")]
+        assert len(queues) == len(seen)
+        assert {q.shape for q in queues} == {torch.Size([4, 16]), torch.Size([5, 16])}
+    whole = RunDir.create(tmp_path / "whole", cfg)
+    run_pretraining(cfg, whole, train)
+    stopped = RunDir.create(tmp_path / "stopped", cfg)
+    half = _run(cfg, train, 2)
+    save_checkpoint(stopped.checkpoint_path, half.model, half.optimizer, 2,
+                    state=half.round_state())
+    run_pretraining(cfg, stopped, train, resume=True)
+    a, b = load_file(whole.checkpoint_path), load_file(stopped.checkpoint_path)
+    assert a.keys() == b.keys() and any(k.startswith("state.client_state.") for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch):
+    from dcco.flower import DCCO as Strategy
+    from dcco.flower.appconfig import parse_run_config
+
+    path = tiny_config(method="fedema")
+    with pytest.raises(ConfigError, match="differential privacy"):
+        validate(load_config(path, ["privacy.noise_multiplier=1.0",
+                                    "privacy.target_epsilon=\"none\""]))
+    with pytest.raises(ConfigError, match="over Flower it is not implemented"):
+        parse_run_config({"train.method": "fedu"})
+    with pytest.raises(ValueError, match="over Flower it is not implemented"):
+        Strategy(method="fedema")
+    cfg = load_config(path)
+    train, _ = load_splits(cfg)
+    monkeypatch.setattr("dcco.run.pretraining.rank_and_size", lambda: (0, 2))
+    with pytest.raises(ConfigError, match="over torch.distributed it is not implemented"):
+        Pretraining(cfg, train)
+    monkeypatch.undo()
+    monkeypatch.setattr("dcco.run.pretraining.MAX_STATE_BYTES", 1 << 10)
+    with pytest.raises(ConfigError, match="client_state_dtype = 'float16'"):
+        Pretraining(cfg, train)
+
+
+def _infonce_written_out(q1, q2, k1, k2, queue, tau):
+    """MoCo's symmetrised InfoNCE, one query at a time, from its definition."""
+    total, n = 0.0, q1.shape[0]
+    for i in range(n):
+        for q, keys in ((q1[i], k2), (q2[i], k1)):
+            q = q / q.norm()
+            cands = [k / k.norm() for k in keys] + list(queue)
+            logits = torch.stack([q @ c / tau for c in cands])
+            total = total - (logits[i] - torch.logsumexp(logits, 0))
+    return total / (2 * n)
+
+
+def test_moco_loss__is_infonce_written_out():
+    from dcco.core.losses import moco_loss_per_sample
+
+    gen = torch.Generator().manual_seed(3)
+    q1, q2, k1, k2 = (torch.randn(5, 6, generator=gen, dtype=torch.float64) for _ in range(4))
+    queue = torch.nn.functional.normalize(torch.randn(7, 6, generator=gen,
+                                                      dtype=torch.float64), dim=1)
+    for u in (queue, queue[:0]):
+        got = moco_loss_per_sample(q1, q2, k1, k2, u, 0.2).mean()
+        torch.testing.assert_close(got, _infonce_written_out(q1, q2, k1, k2, u, 0.2),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_moco_one_client_one_step__is_a_centralized_moco_step_and_queues_its_keys(
+        tiny_config):
+    from dcco.core.losses import split_prediction
+    from dcco.methods.moco import QUEUE, MoCoFedAvg
+
+    torch.manual_seed(1)
+    model = _byol_model(tiny_config, "moco_fedavg")
+    assert model.predictor is None and model.target is not None
+    x1, x2 = (torch.randn(4, 1, 28, 28, dtype=torch.float64) for _ in range(2))
+    store, lr, tau = ClientStates(), 0.5, 0.9
+    method = MoCoFedAvg(LossConfig(moco_queue=10))
+    result = run_round(model, Algorithm(method, local_lr=lr), x1, x2, Segments.from_counts([4]),
+                       "reference", states=RoundStates([3], store, tau))
+    # the oracle: InfoNCE with the keys of a key encoder equal to the query encoder
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    f, g = model(x1, x2)
+    (q1, k1), (q2, k2) = split_prediction(f), split_prediction(g)
+    loss = _infonce_written_out(q1, q2, k1.detach(), k2.detach(), [], 0.2)
+    grads = torch.autograd.grad(loss, [p for _, p in named])
+    for (name, _), gr in zip(named, grads, strict=True):
+        torch.testing.assert_close(result.pseudo_gradient[name], lr * gr, rtol=1e-10,
+                                   atol=1e-13)
+    # the queue: both views' keys from the key encoder one average step after the round's start
+    key = copy.deepcopy(model)
+    with torch.no_grad():
+        for (name, p), gr in zip(named, grads, strict=True):
+            dict(key.named_parameters())[name].sub_(lr * gr)
+    target = copy.deepcopy(model.target)
+    with torch.no_grad():
+        online = [*key.backbone.parameters(), *key.projector.parameters()]
+        for xi, theta in zip(target.parameters(), online, strict=True):
+            xi.lerp_(theta, 1 - tau)
+        keys = torch.nn.functional.normalize(torch.cat([target(x1), target(x2)]), dim=1)
+    queue = store.get(3, dtype=torch.float64)[QUEUE]
+    assert queue.shape == (8, 16)  # 4 samples, 2 views: 8 keys of the 10 the queue holds
+    torch.testing.assert_close(queue, keys, rtol=1e-10, atol=1e-12)
+    # the next round's loss contrasts with that queue as well
+    again = run_round(model, Algorithm(method, local_lr=lr), x1, x2, Segments.from_counts([4]),
+                      "reference", states=RoundStates([3], store, tau))
+    f, g = model(x1, x2)
+    (q1, k1), (q2, k2) = split_prediction(f), split_prediction(g)
+    with torch.no_grad():
+        expected = _infonce_written_out(q1, q2, k1, k2, list(queue), 0.2)
+    assert again.loss == pytest.approx(float(expected), rel=1e-10)
+    pushed = store.get(3, dtype=torch.float64)[QUEUE]  # 8 new keys, then the 2 newest old
+    assert pushed.shape == (10, 16) and torch.equal(pushed[8:], queue[:2])
