@@ -188,6 +188,38 @@ def _assert_rounds_equal(cfg, pt: Pretraining, fed: Federation, method: str) -> 
                             dict(ref.model.target.named_parameters())) < 1e-9
 
 
+@pytest.mark.parametrize("method", ["fedu", "fedema", "moco_fedavg"])
+def test_flower_stateful_rounds__equal_the_simulators_and_nodes_keep_the_clients_state(
+        make_federation, method):
+    """FedU, FedEMA and MoCo over dcco's Flower app: each node keeps its clients' states in
+    its context.state, and three rounds of 4 of 6 clients (most of them come back) give the
+    simulator's model, and on the nodes the simulator's store, client by client."""
+    from dcco.flower.app.nodes import CLIENT_STATE
+    from dcco.flower.codec import tensors_of
+
+    cfg, pt, fed = make_federation(method, overrides=(
+        "data.num_clients=6", "train.clients_per_round=4", "train.local_steps=2",
+        "train.local_lr=0.05", 'optim.name="sgd"', "optim.lr=1.0", "loss.moco_queue=5"))
+    train, _ = load_splits(cfg)
+    ref = Pretraining(cfg, train)
+    for _ in range(3):
+        agg = fed.step()
+        metrics = ref.step()
+        assert agg.skipped is None
+        assert agg.loss == pytest.approx(float(metrics.loss), rel=1e-9)
+        assert params_err(pt, ref) < 1e-9
+    held = {}
+    for context in fed.grid.contexts.values():
+        for key, record in context.state.array_records.items():
+            if key.startswith(CLIENT_STATE):
+                held[int(key[len(CLIENT_STATE):])] = tensors_of(record)
+    assert len(held) == len(ref.client_states) > 4
+    for client, state in held.items():
+        expected = ref.client_states.get(client, dtype=torch.float64)
+        assert set(state) == set(expected)
+        assert dict_err(state, expected) < 1e-9
+
+
 CACHED = ('train.absent_statistics="cached"',)
 """FedSC's cache of absent clients: 12 of the tiny data's 150 clients a round."""
 

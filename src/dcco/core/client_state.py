@@ -104,6 +104,22 @@ def state_bytes(shapes: Mapping[str, torch.Size], dtype: torch.dtype) -> int:
     return sum(int(torch.Size(s).numel()) for s in shapes.values()) * size
 
 
+def stored(state: Mapping[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    """A client's state as it is held: on the CPU, float32 tensors in ``dtype``, float64
+    ones (a method's scalars) and the others as they are, each a copy."""
+    return {k: (v.detach().to("cpu", dtype) if v.dtype == torch.float32
+                else v.detach().to("cpu")).clone()
+            for k, v in state.items()}
+
+
+def restored(entry: Mapping[str, Tensor], held: torch.dtype, device: torch.device | str,
+             dtype: torch.dtype) -> dict[str, Tensor]:
+    """A held state (``stored`` in ``held``) for a client's round: on ``device``, the
+    tensors held in ``held`` in ``dtype``."""
+    return {k: v.to(device, dtype) if v.dtype == held else v.to(device)
+            for k, v in entry.items()}
+
+
 class ClientStates:
     """Each client's own tensors, by client id, for the clients that have taken part.
 
@@ -127,19 +143,13 @@ class ClientStates:
         """Client ``client``'s tensors on ``device`` (those held in the store's dtype in
         ``dtype``), or None for a client never seen."""
         entry = self._entries.get(int(client))
-        if entry is None:
-            return None
-        return {k: v.to(device, dtype) if v.dtype == self.dtype else v.to(device)
-                for k, v in entry.items()}
+        return None if entry is None else restored(entry, self.dtype, device, dtype)
 
     def put(self, client: int, state: Mapping[str, Tensor]) -> None:
         """Keep ``state`` as client ``client``'s (a copy on the CPU, float32 tensors in the
         store's dtype; float64 ones, a method's scalars, as they are), replacing what it
         had."""
-        self._entries[int(client)] = {
-            k: (v.detach().to("cpu", self.dtype) if v.dtype == torch.float32
-                else v.detach().to("cpu")).clone()
-            for k, v in state.items()}
+        self._entries[int(client)] = stored(state, self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -167,4 +177,5 @@ class ClientStates:
         return store
 
 
-__all__ = ["DTYPES", "MAX_STATE_BYTES", "ClientStart", "ClientStates", "Layout", "RoundStates", "state_bytes", "store_bytes"]
+__all__ = ["DTYPES", "MAX_STATE_BYTES", "ClientStart", "ClientStates", "Layout", "RoundStates",
+           "restored", "state_bytes", "store_bytes", "stored"]

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 from dcco.config import ConfigError, RunConfig, from_dict, load_config
-from dcco.methods.registry import METHODS
 from dcco.run.setup import resolved
 
 FlowerValue = bool | int | float | str
@@ -98,15 +97,6 @@ class FlowerConfig:
                              f"got {self.secagg_threshold}")
 
 
-def stateful_not_on_flower(method: str) -> None:
-    """Refuse a method whose clients keep their model between rounds (FedU, FedEMA): a
-    node would keep it in ``context.state``, which is not implemented yet."""
-    if getattr(METHODS.get(method), "stateful", False):
-        raise ConfigError(f"{method}'s clients keep their own model between rounds, which "
-                          f"runs in dcco's simulator (dcco pretrain); over Flower it is not "
-                          f"implemented yet")
-
-
 def parse_run_config(run_config: Mapping[str, FlowerValue]) -> tuple[RunConfig, FlowerConfig]:
     """Flower's flat run config → (dcco run config, adapter settings), fully validated.
 
@@ -139,7 +129,6 @@ def parse_run_config(run_config: Mapping[str, FlowerValue]) -> tuple[RunConfig, 
         raise ConfigError("train.client_weighting = 'uniform' is not supported over Flower: "
                           "a node replies with its clients' sample-weighted update; use "
                           "'samples' (the same over clients of one size)")
-    stateful_not_on_flower(cfg.train.method)
     fcfg = from_dict(FlowerConfig, flower, SECTION)
     if cfg.train.absent_statistics == "cached" and fcfg.secagg:
         raise ConfigError("train.absent_statistics = 'cached' is not supported with "

@@ -170,9 +170,9 @@ class DCCO(Strategy):
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
         if getattr(self.method, "stateful", False):
-            raise ValueError(f"{method}'s clients keep their own model between rounds, which "
-                             f"runs in dcco's simulator; over Flower it is not implemented "
-                             f"yet")
+            raise ValueError(f"{method}'s clients keep state between rounds, which runs in "
+                             f"dcco's simulator and dcco's own Flower app (dcco.flower.app); "
+                             f"in a Flower app of your own it is not implemented yet")
         self.algorithm = Algorithm(self.method, local_lr=local_lr)
         if absent_statistics not in ("drop", "cached"):
             raise ValueError(f"absent_statistics must be 'drop' or 'cached', got "

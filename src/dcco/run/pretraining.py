@@ -111,11 +111,15 @@ class Pretraining:
             It may draw from torch's global random state: the round seeds it from the
             run's seed and the round (``user_views``) and restores it after, so runs are
             reproducible and resume exactly. Its views are cast to the run's dtype when floating.
+        holds_client_states: whether this process keeps what the clients of a stateful method
+            keep between rounds (FedU, FedEMA, MoCo's queue): the simulator does; a Flower
+            server does not, its nodes do.
     """
 
     def __init__(self, cfg: RunConfig, train_set: Dataset,
                  partition: Partition | None = None, model: DualEncoder | None = None,
-                 augment: Callable[[Tensor], Tensor] | None = None) -> None:
+                 augment: Callable[[Tensor], Tensor] | None = None,
+                 holds_client_states: bool = True) -> None:
         self.cfg = validate(cfg)
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
@@ -165,7 +169,7 @@ class Pretraining:
         self.cache = self._statistics_cache()
         """The server's cache of every client's last statistics
         (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
-        self.client_states = self._client_states()
+        self.client_states = self._client_states() if holds_client_states else None
         """What each client that has taken part keeps between its rounds, for a method whose
         clients keep their model (FedU, FedEMA; saved in checkpoints), else None."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
@@ -297,7 +301,7 @@ class Pretraining:
         set_lr(self.optimizer, lr)
         grads = [result.pseudo_gradient[name] for name, _ in self.params]
         apply_pseudo_gradient(self.optimizer, [p for _, p in self.params], grads)
-        if self.model.target is not None and self.client_states is None:
+        if self.model.target is not None and not self.algorithm.stateful:
             # BYOL: the server moves its target network (FedU's and FedEMA's clients each
             # keep their own)
             self.model.update_target(target_decay(self.cfg.loss.target_decay, r,

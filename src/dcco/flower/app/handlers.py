@@ -95,7 +95,7 @@ def train(content: RecordDict, context: Context) -> RecordDict:
         # a stale round's update carries its model (no statistics exchange came before it)
         stale = algorithm.staleness == 1 and ins.with_stats and ins.model is not None
         update = node_update(cfg, algorithm_of(cfg, ins.round).for_update(stale), data, model,
-                             ins.clients, ins.round, ins.shared)
+                             ins.clients, ins.round, ins.shared, context.state)
         reply = (secagg.secure_update_reply(update, params, stats, spec) if params
                  else codec.encode_update_reply(update, stats))
     if timing.enabled():

@@ -14,8 +14,9 @@ message, calls these functions and encodes the reply.
 
 from __future__ import annotations
 
+import copy
 import functools
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 from dcco.config import RunConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
+from dcco.core.client_state import DTYPES, Layout, restored, stored
 from dcco.core.precision import prepare_model
 from dcco.core.seeding import derive_seed
 from dcco.core.server import pooled_update
@@ -31,7 +33,9 @@ from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
 from dcco.data.augment import training_views
 from dcco.data.partition import Partition
 from dcco.data.sources import load_split
+from dcco.flower import codec
 from dcco.methods.base import Method
+from dcco.methods.predictive import target_decay
 from dcco.models import DualEncoder
 from dcco.run import setup
 from dcco.run.rounds import algorithm_of, build_partition, resolve_device
@@ -119,9 +123,12 @@ def each_client_statistics(cfg: RunConfig, data: NodeData, model: nn.Module,
 
 def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
                 model: nn.Module, clients: Sequence[int], round_index: int,
-                shared: Moments | None) -> ClientUpdate:
+                shared: Moments | None,
+                state: MutableMapping[str, object] | None = None) -> ClientUpdate:
     """Phase 2 for a node's sampled clients: each one's ``client_update`` (the algorithm's
-    local steps; a method alone takes the run's, ``train.local_*``), pooled.
+    local steps; a method alone takes the run's, ``train.local_*``), pooled. A method whose
+    clients keep state between rounds (FedU, FedEMA, MoCo's queue) keeps it in the node's
+    ``state`` (``context.state``; ``stateful_updates``).
 
     Returns:
         Δ = Σ_k (N_k / N)·Δ_k over the node's clients, N = Σ_k N_k, and their
@@ -129,9 +136,43 @@ def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
     """
     if not isinstance(algorithm, Algorithm):
         algorithm = replace(algorithm_of(cfg), method=algorithm)
-    updates = [algorithm.client_update(model, *client_views(cfg, data, k, round_index), shared)
-               for k in clients]
+    if algorithm.stateful:
+        updates = stateful_updates(cfg, algorithm, data, model, clients, round_index, state)
+    else:
+        updates = [algorithm.client_update(model, *client_views(cfg, data, k, round_index),
+                                           shared) for k in clients]
     return pooled_update(updates, dict(trainable_parameters(model)))
+
+
+CLIENT_STATE = "dcco.client-state."
+"""A hosted client's state in the node's ``context.state``: ``dcco.client-state.<client>``."""
+
+
+def stateful_updates(cfg: RunConfig, algorithm: Algorithm, data: NodeData, model: nn.Module,
+                     clients: Sequence[int], round_index: int,
+                     state: MutableMapping[str, object] | None) -> list[ClientUpdate]:
+    """Each sampled client's round from what it kept (``Algorithm.stateful_update``), as the
+    simulator runs it; its new state replaces the old in the node's ``state``, held as
+    ``train.client_state_dtype`` says. The node keeps it for as long as Flower keeps the
+    node's context: a run that Flower restarts starts its clients afresh."""
+    if state is None:
+        raise ValueError(f"{algorithm.method.name}'s clients keep state between rounds; the "
+                         f"node needs its context.state to hold it")
+    held = DTYPES[cfg.train.client_state_dtype]
+    layout, work = Layout.of(model), copy.deepcopy(model)
+    probe = next(iter(model.parameters()))
+    decay = target_decay(cfg.loss.target_decay, round_index, cfg.train.rounds)
+    updates = []
+    for k in clients:
+        record = state.get(f"{CLIENT_STATE}{k}")
+        kept = None if record is None else restored(codec.tensors_of(record), held,
+                                                    probe.device, probe.dtype)
+        update, new = algorithm.stateful_update(model, work, layout,
+                                                *client_views(cfg, data, k, round_index),
+                                                kept, decay)
+        state[f"{CLIENT_STATE}{k}"] = codec.array_record(stored(new, held))
+        updates.append(update)
+    return updates
 
 
 def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
