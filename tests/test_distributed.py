@@ -22,7 +22,7 @@ from dcco.core.statistics_cache import StatisticsCache
 from dcco.methods import Segments
 from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import checkpoint_state, load_checkpoint
-from dcco.run.setup import projector
+from dcco.run.setup import head, projector
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = ROOT / "tests" / "helpers" / "dist_round.py"
@@ -105,8 +105,11 @@ def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path
 @pytest.mark.parametrize("method,optimiser,tolerance,extra", [
     ("dcco", "lars", 1e-10, []), ("centralized_cco", "lars", 1e-10, []),
     ("dcco", "adam", 1e-5, []),
-    ("fedsc", "lars", 1e-10, ["--set", 'train.absent_statistics="cached"'])],
-    ids=["dcco-lars", "centralized_cco-lars", "dcco-adam", "fedsc-cached-lars"])
+    ("fedsc", "lars", 1e-10, ["--set", 'train.absent_statistics="cached"']),
+    ("fedema", "sgd", 1e-10, ["--set", "data.num_clients=6", "--set", "optim.lr=1.0",
+                              "--set", "train.local_steps=2", "--set", "train.local_lr=0.05"])],
+    ids=["dcco-lars", "centralized_cco-lars", "dcco-adam", "fedsc-cached-lars",
+         "fedema-kept-models"])
 def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_config, method,
                                                             optimiser, tolerance, extra):
     """``torchrun --nproc_per_node 2 -m dcco pretrain`` (float64, 5 rounds): rank 0 writes
@@ -115,7 +118,8 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
     process sums its clients, which changes the pseudo-gradient in its last digits (1e-12,
     above); LARS carries that through, Adam's first steps divide by |g| and amplify it in
     near-zero gradients (to about 1e-7 here). FedSC with the server's cache of absent
-    clients: every rank keeps the same copy, saved with the checkpoint by rank 0."""
+    clients, FedEMA with its clients' kept models: every rank keeps the same copy, saved
+    with the checkpoint by rank 0."""
     config = tiny_config(method=method, rounds=5, checkpoint_every=5)
     sets = ["--set", 'train.precision="float64"', "--set", f'optim.name="{optimiser}"',
             "--set", f"optim.lr={0.5 if optimiser == 'lars' else 0.005}", "--no-progress",
@@ -130,14 +134,15 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
     cfg = load_config(tmp_path / "one" / "config.toml")
     nets = []
     for name in ("one", "two"):
-        net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0).double()
+        net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0, head=head(cfg)).double()
         assert load_checkpoint(tmp_path / name / "checkpoint.safetensors", net) == 5
         nets.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
     assert float((nets[0] - nets[1]).abs().max()) <= tolerance * float(nets[0].abs().max())
-    if extra:  # the cache of every client seen (4 a round, 5 rounds), as one process keeps it
-        caches = [checkpoint_state(tmp_path / name / "checkpoint.safetensors")
-                  for name in ("one", "two")]
-        assert len(caches[1]["cache.clients"]) > 4
+    if extra:  # the cache of every client seen (4 a round, 5 rounds), as one process keeps
+        caches = [checkpoint_state(tmp_path / name / "checkpoint.safetensors")  # it; or the
+                  for name in ("one", "two")]  # clients' kept models
+        assert (len(caches[1]["cache.clients"]) > 4 if method == "fedsc" else
+                len({k.split(".")[1] for k in caches[1]}) == 6)
         assert caches[0].keys() == caches[1].keys()
         assert all(torch.allclose(caches[0][k], caches[1][k], rtol=1e-10, atol=0)
                    for k in caches[0])
@@ -149,8 +154,8 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
     figures = ("dead_dims", "corr_diag", "eff_rank")
     for a, b in zip([r for r in records if "loss" in r], [r for r in single if "loss" in r],
                     strict=True):
-        assert ("eff_rank" in a) == ("eff_rank" in b) == (method != "centralized_cco"
-                                                           or a["round"] == 5), (a, b)
+        shares = method not in ("centralized_cco", "fedema")  # the others: a probe batch's
+        assert ("eff_rank" in a) == ("eff_rank" in b) == (shares or a["round"] == 5), (a, b)
         for key in figures if "eff_rank" in a else ():
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-9), key
 

@@ -198,10 +198,6 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
         Strategy(method="fedema")
     cfg = load_config(path)
     train, _ = load_splits(cfg)
-    monkeypatch.setattr("dcco.run.pretraining.rank_and_size", lambda: (0, 2))
-    with pytest.raises(ConfigError, match="over torch.distributed it is not implemented"):
-        Pretraining(cfg, train)
-    monkeypatch.undo()
     monkeypatch.setattr("dcco.run.pretraining.MAX_STATE_BYTES", 1 << 10)
     with pytest.raises(ConfigError, match="client_state_dtype = 'float16'"):
         Pretraining(cfg, train)

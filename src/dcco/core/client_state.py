@@ -151,6 +151,14 @@ class ClientStates:
         had."""
         self._entries[int(client)] = stored(state, self.dtype)
 
+    def held(self, client: int) -> dict[str, Tensor] | None:
+        """Client ``client``'s entry as it is held (no copy), or None."""
+        return self._entries.get(int(client))
+
+    def hold(self, client: int, entry: Mapping[str, Tensor]) -> None:
+        """Hold ``entry``, as another store's ``held`` gave it, as client ``client``'s."""
+        self._entries[int(client)] = dict(entry)
+
     @property
     def nbytes(self) -> int:
         """Bytes the store holds now."""

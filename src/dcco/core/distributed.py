@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from dcco.core.algorithm import Algorithm, Executor, Updates
+from dcco.core.client_state import ClientStates
 from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.methods.base import Segments
 
@@ -138,6 +139,20 @@ class AllReduceExecutor:
         return Updates(pseudo, _sum(loss), int(_sum(clients)), self.total, stats)
 
 
+def share_client_states(store: ClientStates, mine: list[int]) -> None:
+    """After a round over the ranks, every rank's ``store`` takes the states that each
+    rank's clients (``mine``, this rank's) were left with, so that every rank holds the
+    same store as one process would (FedU, FedEMA, MoCo's queue): each rank's entries
+    gathered to all (``all_gather_object``; exact, they are copied, not summed)."""
+    entries = {c: store.held(c) for c in mine}
+    gathered: list[dict[int, dict[str, Tensor]] | None] = [None] * rank_and_size()[1]
+    dist.all_gather_object(gathered, entries)
+    for part in gathered:
+        for client, entry in (part or {}).items():
+            if entry is not None:
+                store.hold(client, entry)
+
+
 def local_segments(segments: Segments, rank: int, size: int) -> tuple[slice, Segments]:
     """The sample positions (a slice of the round's batch) and segments of this rank's
     clients."""
@@ -155,4 +170,4 @@ def split_batch(num_samples: int, rank: int, size: int) -> tuple[slice, Segments
 
 
 __all__ = ["AllReduceExecutor", "init_from_env", "launched", "local_segments", "rank_and_size",
-           "share", "split_batch"]
+           "share", "share_client_states", "split_batch"]

@@ -31,7 +31,14 @@ from dcco.core.collapse import (
     encoding_figures,
 )
 from dcco.core.devices import to_device
-from dcco.core.distributed import AllReduceExecutor, local_segments, rank_and_size, split_batch
+from dcco.core.distributed import (
+    AllReduceExecutor,
+    local_segments,
+    rank_and_size,
+    share,
+    share_client_states,
+    split_batch,
+)
 from dcco.core.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.core.precision import prepare_model
 from dcco.core.privacy import RoundNoise
@@ -271,15 +278,23 @@ class Pretraining:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
         x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
+        states = mine = None
+        if self.client_states is not None:  # every rank holds the whole store (see below)
+            mine = plan.clients[share(plan.segments.num_clients, self.rank, self.world)]
+            states = RoundStates(mine.tolist(), self.client_states, target_decay(
+                self.cfg.loss.target_decay, r, self.cfg.train.rounds))
         inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
                              segments.to(self.device), self.chunk,
-                             keeps_graphs_for(algorithm, segments, self.keep_graphs))
+                             keeps_graphs_for(algorithm, segments, self.keep_graphs), states)
         executor = AllReduceExecutor(inner, segments.num_samples, plan.segments.num_samples,
                                      clients)
         absent = None  # every rank merges the same statistics into its copy of the cache
         if self.cache is not None:
             absent = functools.partial(self.cache.merge_round, plan.clients.tolist())
-        return algorithm.run_round(executor, self.previous(r), self.round_noise(r), absent)
+        result = algorithm.run_round(executor, self.previous(r), self.round_noise(r), absent)
+        if states is not None:  # each rank's clients' new states, to every rank's store
+            share_client_states(self.client_states, states.clients)
+        return result
 
     def apply(self, result: RoundResult, lr: float, start: float) -> RoundMetrics:
         """Apply a round's pseudo-gradient with the server optimiser (at ``lr``) and keep its
@@ -385,15 +400,11 @@ class Pretraining:
         return StatisticsCache()
 
     def _client_states(self) -> ClientStates | None:
-        """A new store for a method whose clients keep their model, refused where it cannot
-        run or would not fit; None for the other methods."""
+        """A new store for a method whose clients keep their model, refused where it would
+        not fit; None for the other methods. Over torch.distributed every rank holds the
+        whole store (``share_client_states``), so the limit is each process's."""
         if not getattr(self.method, "stateful", False):
             return None
-        if self.world > 1:
-            raise ConfigError(
-                f"{self.method.name}'s clients keep their own model between rounds, which "
-                f"runs in the simulator in one process; over torch.distributed it is not "
-                f"implemented yet")
         t = self.cfg.train
         dtype = DTYPES[t.client_state_dtype]
         entry = state_bytes(self.method.state_shapes(self.model), dtype)
