@@ -14,14 +14,14 @@ import torch
 
 from dcco.config import ConfigError, load_config
 from dcco.core.algorithm import Algorithm
-from dcco.core.client_state import ClientStates, Layout, RoundStates, state_bytes, store_bytes
+from dcco.core.client_state import ClientStates, Layout, RoundStates, state_bytes
 from dcco.core.simulator import run_round
 from dcco.methods.base import LossConfig, Segments
 from dcco.methods.divergence import SCALE, FedEMA, FedU, divergence, fedema_mu
 from dcco.methods.predictive import CentralizedBYOL
 from dcco.run.loop import run_pretraining
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import plan_round
+from dcco.run.rounds import clients_seen, plan_round, sample_clients
 from dcco.run.rundir import RunDir
 from dcco.run.setup import build_model, validate
 from dcco.run.splits import load_splits
@@ -138,7 +138,19 @@ def test_client_states__hold_participants_only_in_their_dtype():
     again = ClientStates.from_state(store.state(), torch.float16)
     assert torch.equal(again.get(5)["w"], got["w"])
     assert state_bytes({"a": torch.Size([2, 3]), "b": torch.Size([4])}, torch.float16) == 20
-    assert store_bytes(15000, 300, 32, 100) == 9600 * 100  # at most rounds × K clients
+    # the clients a run's rounds sample, exactly: 7,102 of 15,000 in 300 rounds of 32
+    assert clients_seen(0, 300, 15000, 32) == len({c for r in range(300) for c in
+                                                   sample_clients(0, r, 15000, 32).tolist()})
+    assert clients_seen(0, 300, 15000, 32, limit=100) == min(
+        15000, len({c for r in range(100) for c in sample_clients(0, r, 15000, 32).tolist()})
+        + 200 * 32)  # past the limit: one new client a draw at most
+    assert clients_seen(0, 50, 6, 4) == 6  # every client, early
+    # docs/guide.md's share of first visits in 300 rounds (74 %, 74 %, 74 %, 93 %)
+    for clients, k, distinct in ((15000, 32, 7102), (3750, 8, 1765), (60000, 128, 28268),
+                                 (60000, 32, 8889)):
+        assert clients_seen(0, 300, clients, k) == distinct
+        assert round(100 * distinct / (300 * k)) == (93 if k == 32 and clients == 60000
+                                                     else 74)
     with pytest.raises(ValueError, match="client_state.<client>.<name>"):
         ClientStates.from_state({"client_state.x.w": torch.zeros(1)})
 
@@ -185,7 +197,7 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
         assert torch.equal(a[key], b[key]), key
 
 
-def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch):
+def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch, tmp_path):
     from dcco.flower import DCCO as Strategy
     from dcco.flower.appconfig import parse_run_config
 
@@ -196,6 +208,14 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
     assert parse_run_config({"train.method": "fedu"})[0].train.method == "fedu"  # dcco's app
     with pytest.raises(ValueError, match="in a Flower app of your own it is not implemented"):
         Strategy(method="fedema")
+    import dcco
+
+    clients = {f"c{i}": torch.randn(4, 16) for i in range(40)}
+    for method in ("fedu", "fedema", "moco_fedavg"):  # refused before a folder is written
+        with pytest.raises(ConfigError, match="fit does not build around your encoder"):
+            dcco.fit(torch.nn.Linear(16, 8), clients, rounds=2, augment=lambda x: x,
+                     method=method, run_dir=tmp_path / method, progress=False)
+        assert not (tmp_path / method).exists()
     cfg = load_config(path)
     train, _ = load_splits(cfg)
     monkeypatch.setattr("dcco.run.pretraining.MAX_STATE_BYTES", 1 << 10)
@@ -274,3 +294,29 @@ def test_moco_one_client_one_step__is_a_centralized_moco_step_and_queues_its_key
     assert again.loss == pytest.approx(float(expected), rel=1e-10)
     pushed = store.get(3, dtype=torch.float64)[QUEUE]  # 8 new keys, then the 2 newest old
     assert pushed.shape == (10, 16) and torch.equal(pushed[8:], queue[:2])
+
+
+@pytest.mark.parametrize("scale", ["one-step-bn", "paper-local-bn"])
+def test_fedssl_grid__every_cell_is_valid_and_its_store_fits(scale, tmp_path):
+    """experiments/fedssl_fmnist.toml: every cell's config validates, and the clients' store
+    of a stateful cell (the clients its rounds sample, exactly) stays under the limit."""
+    from pathlib import Path
+
+    from dcco.core.client_state import DTYPES, MAX_STATE_BYTES
+    from dcco.methods.registry import build_method
+    from dcco.reproduce.grid import load_grid
+    from dcco.reproduce.plan import plan_cells
+
+    grid = load_grid(Path(__file__).parents[1] / "experiments" / "fedssl_fmnist.toml", scale)
+    cells = plan_cells(grid, tmp_path)
+    assert len(cells) == 5 * 2 * 3 and all(c.na is None for c in cells)
+    for cell in cells:
+        cfg = validate(cell.cfg)
+        method = build_method(cfg.train.method, cfg.loss)
+        if getattr(method, "stateful", False):
+            t = cfg.train
+            entry = state_bytes(method.state_shapes(build_model(cfg, 1)),
+                                DTYPES[t.client_state_dtype])
+            seen = clients_seen(t.seed, t.rounds, 60_000 // cfg.data.samples_per_client,
+                                t.clients_per_round)
+            assert seen * entry <= MAX_STATE_BYTES, cell.path.name

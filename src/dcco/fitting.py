@@ -200,6 +200,10 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
                      own_augment=augment is not None)
     check_run(cfg, data, towers=False)
+    if getattr(METHODS[method], "stateful", False):
+        raise ConfigError(f"{method} needs a dual encoder with a target network (BYOL's, "
+                          f"MoCo's key encoder), which fit does not build around your encoder "
+                          f"yet; run it on dcco's networks with dcco pretrain")
     model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed)
     record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
               "projector": dims, "augment": "yours" if augment is not None else "dcco",

@@ -6,10 +6,11 @@ have taken part, in one store, on the CPU. A client never seen has no entry and 
 the global model. The store is saved whole in every checkpoint, so a resumed run gives
 every client back the state it had at the checkpoint, to the bit.
 
-Memory: one entry holds the client's tensors (``state_bytes``), and a run can see
-min(clients, rounds × K) clients. ``store_bytes`` is that bound; a run whose bound is over
-``MAX_STATE_BYTES`` is refused before it starts (``dcco.run.pretraining``), and float16
-entries (``train.client_state_dtype``) halve it.
+Memory: one entry holds the client's tensors (``state_bytes``), for each client a run's
+rounds sample (``dcco.run.rounds.clients_seen``: the plan is a function of the seed, so the
+count is exact); a run whose store would pass ``MAX_STATE_BYTES`` is refused before it
+starts (``dcco.run.pretraining``), and float16 entries (``train.client_state_dtype``) halve
+it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 MAX_STATE_BYTES = 8 << 30
-"""The largest store a run may plan for (``store_bytes``): beyond it the run is refused."""
+"""The largest store a run may plan for: beyond it the run is refused."""
 
 PREFIX = "client_state."
 """The store's keys in a checkpoint: ``client_state.<client>.<name>``."""
@@ -90,12 +91,6 @@ class RoundStates:
     clients: list[int]
     store: ClientStates
     target_decay: float
-
-
-def store_bytes(num_clients: int, rounds: int, clients_per_round: int, entry: int) -> int:
-    """Bytes the store can grow to: an entry of ``entry`` bytes for each client a run of
-    ``rounds`` rounds of ``clients_per_round`` can see."""
-    return min(num_clients, rounds * clients_per_round) * entry
 
 
 def state_bytes(shapes: Mapping[str, torch.Size], dtype: torch.dtype) -> int:
@@ -186,4 +181,4 @@ class ClientStates:
 
 
 __all__ = ["DTYPES", "MAX_STATE_BYTES", "ClientStart", "ClientStates", "Layout", "RoundStates",
-           "restored", "state_bytes", "store_bytes", "stored"]
+           "restored", "state_bytes", "stored"]

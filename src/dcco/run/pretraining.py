@@ -24,7 +24,6 @@ from dcco.core.client_state import (
     ClientStates,
     RoundStates,
     state_bytes,
-    store_bytes,
 )
 from dcco.core.collapse import (
     collapse_figures,
@@ -60,6 +59,7 @@ from dcco.run.rounds import (
     RoundPlan,
     algorithm_of,
     build_partition,
+    clients_seen,
     input_record,
     keeps_graphs,
     max_batch_of,
@@ -408,17 +408,18 @@ class Pretraining:
         t = self.cfg.train
         dtype = DTYPES[t.client_state_dtype]
         entry = state_bytes(self.method.state_shapes(self.model), dtype)
-        size = store_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, entry)
+        seen = clients_seen(t.seed, t.rounds, self.partition.num_clients,
+                            t.clients_per_round)
+        size = seen * entry
         if size > MAX_STATE_BYTES:
             half = "" if t.client_state_dtype == "float16" else (
                 " or train.client_state_dtype = 'float16' (half of it)")
             raise ConfigError(
-                f"{self.method.name} keeps each client's model between its rounds: "
-                f"{entry / 2**20:.2f} MiB a client, for up to "
-                f"{min(self.partition.num_clients, t.rounds * t.clients_per_round)} clients "
-                f"that {t.rounds} rounds of {t.clients_per_round} can see, "
-                f"{size / 2**30:.1f} GiB, over the {MAX_STATE_BYTES / 2**30:.0f} GiB "
-                f"limit; use fewer rounds or clients, a smaller model{half}")
+                f"{self.method.name}'s clients keep state between their rounds: "
+                f"{entry / 2**20:.2f} MiB a client, for the {seen} clients that "
+                f"{t.rounds} rounds of {t.clients_per_round} sample, {size / 2**30:.1f} GiB, "
+                f"over the {MAX_STATE_BYTES / 2**30:.0f} GiB limit; use fewer rounds or "
+                f"clients, a smaller model{half}")
         return ClientStates(dtype)
 
     def round_state(self) -> dict[str, Tensor]:

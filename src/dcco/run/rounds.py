@@ -60,6 +60,19 @@ def sample_clients(seed: int, round_index: int, num_clients: int, k: int) -> Ten
     return torch.randperm(num_clients, generator=generator(seed, "sample", round_index))[:k]
 
 
+def clients_seen(seed: int, rounds: int, num_clients: int, k: int,
+                 limit: int = 20_000) -> int:
+    """How many distinct clients ``rounds`` rounds of ``k`` sample (``sample_clients``, a
+    function of (seed, r)): counted round by round, exactly, up to ``limit`` rounds or until
+    every client is seen; past ``limit`` rounds, bounded by one new client a draw."""
+    seen: set[int] = set()
+    for r in range(min(rounds, limit)):
+        seen.update(sample_clients(seed, r, num_clients, k).tolist())
+        if len(seen) == num_clients:
+            return num_clients
+    return min(num_clients, len(seen) + max(0, rounds - limit) * k)
+
+
 def centralized_batch(seed: int, step: int, pool: Tensor, batch_size: int) -> Tensor:
     """Sample ids of centralized step ``step``: epochs of shuffled pool, last partial batch dropped."""
     per_epoch = pool.shape[0] // batch_size
