@@ -15,7 +15,7 @@ LAYERS = (
     ("core", "core.seeding", "core.devices"),
     ("core.stats", "core.losses", "core.collapse"),
     ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",
-     "core.privacy", "core.precision", "core.statistics_cache"),
+     "core.privacy", "core.precision", "core.statistics_cache", "core.client_state"),
     ("core.algorithm", "core.simulator", "core.distributed"),
     ("run", "evaluate.runs", "reproduce", "flower", "api", "fitting"),
     ("cli", "demo", "__main__", "__init__"),
@@ -44,39 +44,93 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: set[str]) -> list[tuple[int, str]]:
-    """(line, module) of every dcco import, function-level ones included, those under
-    ``if TYPE_CHECKING:`` (names for annotations) left out; ``from dcco.core import stats``
-    is an import of ``core.stats``."""
-    tree = ast.parse(path.read_text())
+    """(line, module) of every dcco import of the file at ``path`` (``_imports_of``)."""
+    name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    return _imports_of(path.read_text(), name, modules)
+
+
+def _imports_of(source: str, name: str, modules: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every dcco import in ``source``, the text of module ``name``
+    (dotted, below ``dcco``; a package's ``__init__`` as ``pkg.__init__``): absolute and
+    relative ``import``/``from ... import``, and ``importlib.import_module`` of a constant
+    name; function-level ones included, those under ``if TYPE_CHECKING:`` (names for
+    annotations) left out. ``from dcco.core import stats`` is an import of ``core.stats``."""
+    tree = ast.parse(source)
     skipped = {id(n) for node in ast.walk(tree)
                if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
                for n in ast.walk(node)}
+    package = name.split(".")[:-1]  # a module's package (an __init__'s is its own)
     found = []
+
+    def named(line: int, base: str, names: list[str]) -> None:
+        for a in names:
+            sub = f"{base}.{a}" if base else a
+            if sub in modules:
+                found.append((line, sub))
+            elif base:
+                found.append((line, base))
+
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            up = package[:len(package) - (node.level - 1)] if node.level - 1 <= len(
+                package) else []
+            base = ".".join([*up, *([node.module] if node.module else [])])
+            named(node.lineno, base, [a.name for a in node.names])
+        elif isinstance(node, ast.ImportFrom) and node.module:
             if node.module == "dcco" or node.module.startswith("dcco."):
-                base = node.module.removeprefix("dcco").removeprefix(".")
-                for a in node.names:
-                    sub = f"{base}.{a.name}" if base else a.name
-                    if sub in modules:
-                        found.append((node.lineno, sub))
-                    elif base:
-                        found.append((node.lineno, base))
+                named(node.lineno, node.module.removeprefix("dcco").removeprefix("."),
+                      [a.name for a in node.names])
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name.removeprefix("dcco."))
                       for a in node.names if a.name.startswith("dcco.")]
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) == "import_module"
+                   or getattr(node.func, "id", None) == "import_module")
+              and node.args[0].value.startswith("dcco.")):
+            found.append((node.lineno, node.args[0].value.removeprefix("dcco.")))
     return found
+
+
+def _upward(module: str, imports: list[tuple[int, str]]) -> list[str]:
+    own = _layer(module)
+    return [f"dcco.{module} (line {line}) imports dcco.{target}"
+            for line, target in imports if _layer(target) > own]
+
+
+def test_layers__the_detector_catches_every_form_of_an_upward_import():
+    """A planted upward import in each form the test claims to catch is found and fails:
+    absolute, ``from dcco import``, relative (one and two levels), and importlib's."""
+    modules = set(_modules())
+    planted = {
+        "import dcco.run.loop": "run.loop",
+        "from dcco.run import loop": "run.loop",
+        "from dcco import cli": "cli",
+        "from ..run.loop import run_pretraining": "run.loop",
+        "from .. import api": "api",
+        "def later():\n    from ..cli import main": "cli",
+        "import importlib\nimportlib.import_module('dcco.flower.strategy')": "flower.strategy",
+        "from importlib import import_module\nimport_module('dcco.run.loop')": "run.loop",
+    }
+    for source, target in planted.items():
+        found = _imports_of(source, "core.stats", modules)
+        assert [t for _, t in found] == [target], (source, found)
+        assert _upward("core.stats", found), source
+    # and the ones that are allowed stay allowed: the same layer, or below
+    for source in ("from .losses import cco_loss", "from . import stats",
+                   "import importlib\nimportlib.import_module('dcco.core.stats')"):
+        assert not _upward("core.collapse", _imports_of(source, "core.collapse", modules)), \
+            source
+    hidden = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..run import loop"
+    assert _imports_of(hidden, "core.stats", modules) == []
 
 
 def test_layers__no_module_imports_a_layer_above_its_own():
     upward, modules = [], _modules()
     for module, path in modules.items():
-        own = _layer(module)
-        for line, target in _imports(path, set(modules)):
-            if _layer(target) > own:
-                upward.append(f"dcco.{module} (line {line}) imports dcco.{target}")
+        upward += _upward(module, _imports(path, set(modules)))
     assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
 
 

@@ -296,10 +296,13 @@ def test_moco_one_client_one_step__is_a_centralized_moco_step_and_queues_its_key
     assert pushed.shape == (10, 16) and torch.equal(pushed[8:], queue[:2])
 
 
-@pytest.mark.parametrize("scale", ["one-step-bn", "paper-local-bn"])
-def test_fedssl_grid__every_cell_is_valid_and_its_store_fits(scale, tmp_path):
-    """experiments/fedssl_fmnist.toml: every cell's config validates, and the clients' store
-    of a stateful cell (the clients its rounds sample, exactly) stays under the limit."""
+@pytest.mark.parametrize("grid_file,scale,cells", [
+    ("fedssl_fmnist.toml", "one-step-bn", 30), ("fedssl_fmnist.toml", "paper-local-bn", 30),
+    ("fedssl_cross_silo_fmnist.toml", "small", 15)])
+def test_fedssl_grid__every_cell_is_valid_and_its_store_fits(grid_file, scale, cells,
+                                                             tmp_path):
+    """The comparison's grids: every cell's config validates, and the clients' store of a
+    stateful cell (the clients its rounds sample, exactly) stays under the limit."""
     from pathlib import Path
 
     from dcco.core.client_state import DTYPES, MAX_STATE_BYTES
@@ -307,16 +310,16 @@ def test_fedssl_grid__every_cell_is_valid_and_its_store_fits(scale, tmp_path):
     from dcco.reproduce.grid import load_grid
     from dcco.reproduce.plan import plan_cells
 
-    grid = load_grid(Path(__file__).parents[1] / "experiments" / "fedssl_fmnist.toml", scale)
-    cells = plan_cells(grid, tmp_path)
-    assert len(cells) == 5 * 2 * 3 and all(c.na is None for c in cells)
-    for cell in cells:
+    grid = load_grid(Path(__file__).parents[1] / "experiments" / grid_file, scale)
+    planned = plan_cells(grid, tmp_path)
+    assert len(planned) == cells and all(c.na is None for c in planned)
+    for cell in planned:
         cfg = validate(cell.cfg)
         method = build_method(cfg.train.method, cfg.loss)
         if getattr(method, "stateful", False):
             t = cfg.train
             entry = state_bytes(method.state_shapes(build_model(cfg, 1)),
                                 DTYPES[t.client_state_dtype])
-            seen = clients_seen(t.seed, t.rounds, 60_000 // cfg.data.samples_per_client,
-                                t.clients_per_round)
+            clients = cfg.data.num_clients or 60_000 // cfg.data.samples_per_client
+            seen = clients_seen(t.seed, t.rounds, clients, t.clients_per_round)
             assert seen * entry <= MAX_STATE_BYTES, cell.path.name
