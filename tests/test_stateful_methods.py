@@ -205,6 +205,10 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
     with pytest.raises(ConfigError, match="differential privacy"):
         validate(load_config(path, ["privacy.noise_multiplier=1.0",
                                     "privacy.target_epsilon=\"none\""]))
+    for setting in ("train.local_optimizer=\"layerwise\"",
+                    "train.pseudo_gradient=\"mean_gradient\""):  # W_k − W_g is no gradient
+        with pytest.raises(ConfigError, match="start from their own model"):
+            validate(load_config(path, ["train.local_steps=2", setting]))
     assert parse_run_config({"train.method": "fedu"})[0].train.method == "fedu"  # dcco's app
     with pytest.raises(ValueError, match="in a Flower app of your own it is not implemented"):
         Strategy(method="fedema")

@@ -172,9 +172,10 @@ class TrainConfig:
     Flower's plain exchanges, whose nodes then send each client's statistics; not under
     SecAgg+, which shows the server only their sum)."""
     client_state_dtype: Literal["float32", "float16"] = "float32"
-    """FedU and FedEMA: how the simulator holds each client's own model between its rounds
-    (``dcco.core.client_state``): "float32", as the client left it; "float16", half the
-    memory, each value rounded once when stored."""
+    """FedU, FedEMA and MoCo: how the simulator (and a Flower node) holds what each client
+    keeps between its rounds, its own model or its queue (``dcco.core.client_state``):
+    "float32", as the client left it; "float16", half the memory, each float32 value rounded
+    once when stored (a float64 run's tensors are held as they are)."""
     backend: Literal["batched", "reference"] = "batched"
     """"batched": a round's clients in one forward and backward (exact for one local step on
     all of a client's samples); "reference": client by client, as a deployment runs them."""

@@ -233,6 +233,12 @@ class Algorithm:
         if self.pseudo_gradient not in ("delta", "mean_gradient"):
             raise ValueError(f"train.pseudo_gradient must be 'delta' or 'mean_gradient', got "
                              f"{self.pseudo_gradient!r}")
+        if self.stateful and (self.local_optimizer != "sgd"
+                              or self.pseudo_gradient != "delta"):
+            raise ValueError(f"{self.method.name}'s clients start from their own model: the "
+                             f"server averages W_k − W_g, which holds the start's drift as "
+                             f"well as the local steps, so it takes train.local_optimizer = "
+                             f"'sgd' and train.pseudo_gradient = 'delta'")
         if not self.method.federated and (self.local_steps != 1 or self.local_batch
                                           or self.local_sgd != PLAIN_SGD):
             raise ValueError(f"{self.method.name} is centralized: it takes no local steps "
@@ -252,7 +258,8 @@ class Algorithm:
 
     @property
     def stateful(self) -> bool:
-        """Whether the method's clients keep their model between rounds (FedU, FedEMA)."""
+        """Whether the method's clients keep state between rounds (FedU's and FedEMA's own
+        model, MoCo's queue)."""
         return bool(getattr(self.method, "stateful", False))
 
     def stateful_update(self, model: Module, work: Module, layout: Layout, x1: Tensor,

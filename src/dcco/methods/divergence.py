@@ -40,6 +40,8 @@ Choices the papers leave open, and the ones made here:
 - The target network's moving-average rate after each local step is BYOL's schedule at the
   round (``predictive.target_decay`` of ``loss.target_decay``), the same for every step of a
   round.
+- With batch norm, a client keeps its weights, not running statistics: its round starts from
+  the global model's (its forwards in training mode do not read them).
 """
 
 from __future__ import annotations

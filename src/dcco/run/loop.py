@@ -124,7 +124,10 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     meta = {"method": t_cfg.method} | pt.inputs_record | (meta or {})
     w, latest, started = window(), {}, time.perf_counter()
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
-    kept = pt.algorithm.stateful  # FedU's and FedEMA's clients keep their own target network
+    # a stateful method's clients keep (FedU, FedEMA) or restart (MoCo) their own target
+    # network: the method needs none sent (dcco's Flower app sends the whole model, and its
+    # run reports the bytes it measures)
+    kept = pt.algorithm.stateful
     state_bytes = sum(v.numel() * v.element_size() for n, v in pt.model.state_dict().items()
                       if not (kept and n.startswith("target.")))
     d = pt.model.projection_dim
