@@ -109,7 +109,10 @@ def test_one_client_one_step__is_a_centralized_byol_step_on_its_batch(tiny_confi
     central.update_target(tau)
     assert result.loss == pytest.approx(float(loss.detach()), rel=1e-12)
     kept = store.get(7, dtype=torch.float64)
-    assert list(store.state()) == [f"client_state.7.{n}" for n in kept]
+    saved = store.state()  # one group: its ids, and each tensor stacked over its clients
+    assert list(saved) == ["client_state.0.clients"] + [f"client_state.0.{n}"
+                                                         for n in sorted(kept)]
+    assert saved["client_state.0.clients"].tolist() == [7]
     for name, value in central.named_parameters():
         torch.testing.assert_close(kept[name], value.detach(), rtol=1e-12, atol=1e-14)
     # the global model is untouched by the client (the server applies the update)
@@ -151,8 +154,40 @@ def test_client_states__hold_participants_only_in_their_dtype():
         assert clients_seen(0, 300, clients, k) == distinct
         assert round(100 * distinct / (300 * k)) == (93 if k == 32 and clients == 60000
                                                      else 74)
-    with pytest.raises(ValueError, match="client_state.<client>.<name>"):
+    with pytest.raises(ValueError, match="client_state.<group>.<name>"):
         ClientStates.from_state({"client_state.x.w": torch.zeros(1)})
+    with pytest.raises(ValueError, match="one row of each tensor a client"):
+        ClientStates.from_state({"client_state.0.clients": torch.tensor([1, 2]),
+                                 "client_state.0.w": torch.zeros(3, 4)})
+
+
+def test_client_states__thousands_of_clients_save_as_a_few_stacked_tensors():
+    """A checkpoint's header holds a line a tensor: the store saves clients whose entries
+    look alike as one group, each tensor stacked (a tensor a client's name overflowed
+    safetensors' header at 7,000 clients), and loads back every entry to the bit."""
+    from safetensors.torch import load_file, save_file
+
+    gen = torch.Generator().manual_seed(0)
+    store = ClientStates(torch.float16)
+    for client in range(3000):
+        entry = {"a.w": torch.randn(3, 2, generator=gen), "b": torch.randn(5, generator=gen)}
+        if client % 3:
+            entry[SCALE] = torch.tensor(client / 7, dtype=torch.float64)
+        if client % 5 == 0:
+            entry = {"queue": torch.randn(client % 4 + 1, 2, generator=gen)}
+        store.put(client, entry)
+    store.put(3000, {})  # a MoCo client without a queue
+    saved = store.state()
+    assert len(saved) <= 20
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        save_file(saved, f"{d}/s.safetensors")
+        again = ClientStates.from_state(load_file(f"{d}/s.safetensors"), torch.float16)
+    assert len(again) == len(store) == 3001
+    for client in range(3001):
+        a, b = store.held(client), again.held(client)
+        assert set(a) == set(b) and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype
+                                        for k in a), client
 
 
 def _run(cfg, train, rounds):
@@ -181,8 +216,7 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
     if method == "fedema":  # a returning client's λ was set at its first mix
         assert any(k.endswith(f".{SCALE}") for k in pt.client_states.state())
     if method == "moco_fedavg":  # each client's queue: 4 keys a round, the newest 5 kept
-        queues = [v for k, v in pt.client_states.state().items() if k.endswith(".moco.queue")]
-        assert len(queues) == len(seen)
+        queues = [pt.client_states.held(c)["moco.queue"] for c in seen]
         assert {q.shape for q in queues} == {torch.Size([4, 16]), torch.Size([5, 16])}
     whole = RunDir.create(tmp_path / "whole", cfg)
     run_pretraining(cfg, whole, train)

@@ -25,7 +25,9 @@ MAX_STATE_BYTES = 8 << 30
 """The largest store a run may plan for: beyond it the run is refused."""
 
 PREFIX = "client_state."
-"""The store's keys in a checkpoint: ``client_state.<client>.<name>``."""
+"""The store's keys in a checkpoint: ``client_state.<group>.<name>`` (``ClientStates.state``)."""
+CLIENTS = "clients"
+"""A group's client ids in a checkpoint: ``client_state.<group>.clients``."""
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 """``train.client_state_dtype``: how the store holds each client's floating tensors."""
@@ -161,22 +163,44 @@ class ClientStates:
                    for v in e.values())
 
     def state(self) -> dict[str, Tensor]:
-        """The store as named tensors for a checkpoint."""
-        return {f"{PREFIX}{client}.{name}": v for client, entry in sorted(self._entries.items())
-                for name, v in entry.items()}
+        """The store as named tensors for a checkpoint: the clients whose entries hold the
+        same names, dtypes and shapes (in any order) in one group, each tensor stacked over the group's
+        clients (``client_state.<group>.<name>``, the ids in ``client_state.<group>.clients``):
+        a few dozen tensors for thousands of clients, where a tensor a client's name would
+        outgrow the checkpoint's header. Stacking copies the store once."""
+        groups: dict[tuple, list[int]] = {}
+        for client, entry in sorted(self._entries.items()):
+            shape = tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in entry.items()))
+            groups.setdefault(shape, []).append(client)
+        out = {}
+        for g, (shape, clients) in enumerate(groups.items()):
+            out[f"{PREFIX}{g}.{CLIENTS}"] = torch.tensor(clients, dtype=torch.int64)
+            for name, _, _ in shape:
+                out[f"{PREFIX}{g}.{name}"] = torch.stack([self._entries[c][name]
+                                                          for c in clients])
+        return out
 
     @classmethod
     def from_state(cls, state: Mapping[str, Tensor],
                    dtype: torch.dtype = torch.float32) -> ClientStates:
         """The store saved in ``state`` (empty when it holds none)."""
         store = cls(dtype)
+        groups: dict[int, dict[str, Tensor]] = {}
         for key, value in state.items():
             if not key.startswith(PREFIX):
                 continue
-            client, _, name = key[len(PREFIX):].partition(".")
-            if not client.isdigit() or not name:
-                raise ValueError(f"checkpoint key {key!r} is not {PREFIX}<client>.<name>")
-            store._entries.setdefault(int(client), {})[name] = value.to("cpu")
+            group, _, name = key[len(PREFIX):].partition(".")
+            if not group.isdigit() or not name:
+                raise ValueError(f"checkpoint key {key!r} is not {PREFIX}<group>.<name>")
+            groups.setdefault(int(group), {})[name] = value
+        for g, tensors in sorted(groups.items()):
+            clients = tensors.pop(CLIENTS, None)
+            if clients is None or any(t.shape[:1] != clients.shape for t in tensors.values()):
+                raise ValueError(f"checkpoint group {PREFIX}{g} needs its {CLIENTS} and one "
+                                 f"row of each tensor a client")
+            for row, client in enumerate(clients.tolist()):
+                store._entries[int(client)] = {k: v[row].to("cpu").clone()
+                                               for k, v in tensors.items()}
         return store
 
 
