@@ -148,6 +148,14 @@ def test_client_states__hold_participants_only_in_their_dtype():
         15000, len({c for r in range(100) for c in sample_clients(0, r, 15000, 32).tolist()})
         + 200 * 32)  # past the limit: one new client a draw at most
     assert clients_seen(0, 50, 6, 4) == 6  # every client, early
+    last, gaps = {}, []  # docs/results.md: a returning client's model is 92 rounds old
+    for r in range(300):
+        for c in sample_clients(0, r, 15000, 32).tolist():
+            if c in last:
+                gaps.append(r - last[c])
+            last[c] = r
+    assert (len(gaps), round(sum(gaps) / len(gaps)), sorted(gaps)[len(gaps) // 2]) == (
+        9600 - 7102, 92, 76)
     # docs/guide.md's share of first visits in 300 rounds (74 %, 74 %, 74 %, 93 %)
     for clients, k, distinct in ((15000, 32, 7102), (3750, 8, 1765), (60000, 128, 28268),
                                  (60000, 32, 8889)):
