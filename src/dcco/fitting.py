@@ -200,7 +200,7 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
                      own_augment=augment is not None)
     check_run(cfg, data, towers=False)
-    if getattr(METHODS[method], "stateful", False):
+    if METHODS[method].stateful:
         raise ConfigError(f"{method} needs a dual encoder with a target network (BYOL's, "
                           f"MoCo's key encoder), which fit does not build around your encoder "
                           f"yet; run it on dcco's networks with dcco pretrain")

@@ -21,7 +21,8 @@ steps, ``statistics`` and ``updates``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -260,7 +261,7 @@ class Algorithm:
     def stateful(self) -> bool:
         """Whether the method's clients keep state between rounds (FedU's and FedEMA's own
         model, MoCo's queue)."""
-        return bool(getattr(self.method, "stateful", False))
+        return self.method.stateful
 
     def stateful_update(self, model: Module, work: Module, layout: Layout, x1: Tensor,
                         x2: Tensor, state: dict[str, Tensor] | None,
@@ -272,14 +273,32 @@ class Algorithm:
             lambda m, hook, method: replace(self, method=method).client_update(
                 m, x1, x2, None, hook))
 
+    def stateful_updates(self, model: Module, clients: Iterable[tuple[int, Tensor, Tensor]],
+                         load: Callable[[int], dict[str, Tensor] | None],
+                         save: Callable[[int, dict[str, Tensor]], None],
+                         decay: float) -> list[ClientUpdate]:
+        """A round's stateful clients one by one, wherever their states live (the
+        simulator's store, a Flower node's ``context.state``): each ``(client, x1, x2)``'s
+        state loaded (``load``: None for a client never seen), its round run from it
+        (``stateful_update``, on one working copy of ``model`` for them all), and its new
+        state saved (``save``); their updates, in order."""
+        layout, work = Layout.of(model), copy.deepcopy(model)
+        updates = []
+        for client, x1, x2 in clients:
+            update, new = self.stateful_update(model, work, layout, x1, x2, load(client),
+                                               decay)
+            save(client, new)
+            updates.append(update)
+        return updates
+
     def batched_exact(self, smallest_client: int, largest_client: int | None = None) -> bool:
         """Whether ``method.round_loss`` over the concatenated batch is the round: one local
         step on all of each client's samples from the global model, the updates weighted by
         sample count (or uniformly, over clients of one size); never for clients that start
         from their own model (``stateful``)."""
         equal = largest_client is None or largest_client == smallest_client
-        return not self.stateful and self.update_clip is None and self.local_steps == 1 and not self.mixes and (
-            self.local_batch is None or self.local_batch >= smallest_client) and (
+        return not self.stateful and self.update_clip is None and self.local_steps == 1 and (
+            not self.mixes) and (self.local_batch is None or self.local_batch >= smallest_client) and (
             self.local_sgd.one_step_is_sgd) and (self.client_weighting == "samples" or equal)
 
     @property

@@ -30,7 +30,6 @@ speed, keeps them; a ``max_batch`` set to bound memory does not.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from typing import Literal
 
@@ -39,7 +38,7 @@ from torch import Tensor, nn
 
 from dcco.core.algorithm import Absent, Algorithm, RoundResult, Updates
 from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
-from dcco.core.client_state import Layout, RoundStates
+from dcco.core.client_state import RoundStates
 from dcco.core.privacy import RoundNoise
 from dcco.core.server import pooled_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
@@ -98,23 +97,18 @@ class ReferenceExecutor:
 
 
     def _stateful_updates(self, algorithm: Algorithm) -> list[ClientUpdate]:
-        """Each client's round from its own kept model (``Algorithm.stateful_update``), its
+        """Each client's round from its own kept state (``Algorithm.stateful_updates``), its
         new state put back in the store."""
         states = self.states
         if states is None or len(states.clients) != self.segments.num_clients:
             raise ValueError(f"{algorithm.method.name}'s clients keep their model between "
                              f"rounds: the round needs their ids and the store "
                              f"(RoundStates), one id a client")
-        layout, work = Layout.of(self.model), copy.deepcopy(self.model)
         probe = next(iter(self.model.parameters()))
-        updates = []
-        for client, (a, b) in zip(states.clients, self.views, strict=True):
-            kept = states.store.get(client, probe.device, probe.dtype)
-            update, new = algorithm.stateful_update(self.model, work, layout, a, b, kept,
-                                                    states.target_decay)
-            states.store.put(client, new)
-            updates.append(update)
-        return updates
+        clients = ((c, a, b) for c, (a, b) in zip(states.clients, self.views, strict=True))
+        return algorithm.stateful_updates(
+            self.model, clients, lambda c: states.store.get(c, probe.device, probe.dtype),
+            states.store.put, states.target_decay)
 
 
 class BatchedExecutor(ReferenceExecutor):

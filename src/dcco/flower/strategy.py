@@ -169,7 +169,7 @@ class DCCO(Strategy):
         self.method = build_method(method, LossConfig(lambd=lambd))
         if not self.method.federated:
             raise ValueError(f"{method} is centralized; a strategy needs a federated method")
-        if getattr(self.method, "stateful", False):
+        if self.method.stateful:
             raise ValueError(f"{method}'s clients keep state between rounds, which runs in "
                              f"dcco's simulator and dcco's own Flower app (dcco.flower.app); "
                              f"in a Flower app of your own it is not implemented yet")

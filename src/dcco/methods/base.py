@@ -84,6 +84,8 @@ class Method(Protocol):
     """The statistics a client shares before its step (DCCO's first exchange), or None."""
     min_client_samples: ClassVar[int]
     """Smallest client a round can use (within-client losses need two samples)."""
+    stateful: ClassVar[bool]
+    """Whether a client keeps state between its rounds (``MethodBase.stateful``)."""
     default_projector: ClassVar[tuple[int, ...]]
     """Projector widths used when the model config leaves them unset (paper §4)."""
     loss_kind: ClassVar[str]
@@ -114,6 +116,9 @@ class MethodBase:
 
     stats: ClassVar[StatsSpec | None] = None
     similarity: ClassVar[str] = "standardized"
+    stateful: ClassVar[bool] = False
+    """Whether a client keeps state between the rounds it takes part in (FedU's and FedEMA's
+    own model, MoCo's queue: ``dcco.core.client_state``)."""
     uses_eps: ClassVar[bool] = False
     """Whether the loss adds ``loss.eps`` inside each variance (the CCO loss)."""
 

@@ -46,6 +46,7 @@ Choices the papers leave open, and the ones made here:
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping
 from typing import ClassVar
@@ -79,7 +80,7 @@ def fedema_mu(distance: float, scale: float | None, tau: float) -> tuple[float, 
     return min(scale * distance, 1.0), scale
 
 
-class DivergenceAware(BYOLBase):
+class DivergenceAware(BYOLBase, abc.ABC):
     """Shared by FedU and FedEMA: BYOL clients that keep their model (``stateful``); a
     subclass says how a returning client mixes its model with the global one (``mixed``)."""
 
@@ -97,9 +98,11 @@ class DivergenceAware(BYOLBase):
             return ClientStart(weights, {})
         return self.mixed(global_weights, state, layout)
 
+    @abc.abstractmethod
     def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
               layout: Layout) -> ClientStart:
-        raise NotImplementedError
+        """A returning client's start from the global model and what it kept (each method
+        its own: FedU's, FedEMA's)."""
 
     def client_end(self, end: dict[str, Tensor], start: ClientStart, work: nn.Module,
                    x1: Tensor, x2: Tensor) -> dict[str, Tensor]:

@@ -245,16 +245,21 @@ class Pretraining:
         if self.cache is not None:
             clients = plan.clients.tolist()
             absent = functools.partial(self.cache.merge_round, clients)
-        states = None
-        if self.client_states is not None:
-            states = RoundStates(plan.clients.tolist(), self.client_states,
-                                 target_decay(self.cfg.loss.target_decay, r,
-                                              self.cfg.train.rounds))
+        states = self._round_states(plan.clients, r)
         result = run_round(self.model, self.round_algorithm(r), x1, x2,
                            plan.segments.to(self.device), self.cfg.train.backend,
                            previous=self.previous(r), noise=self.round_noise(r), absent=absent,
                            chunk=self.chunk, keep_graphs=self.keep_graphs, states=states)
         return self.apply(result, lr, start)
+
+    def _round_states(self, clients: Tensor, round_index: int) -> RoundStates | None:
+        """What round ``round_index``'s ``clients`` (their ids) need of the store, for a
+        method whose clients keep state; None otherwise."""
+        if self.client_states is None:
+            return None
+        return RoundStates(clients.tolist(), self.client_states,
+                           target_decay(self.cfg.loss.target_decay, round_index,
+                                        self.cfg.train.rounds))
 
     def round_algorithm(self, round_index: int) -> Algorithm:
         """The algorithm of round ``round_index``: the run's, with FedSC's α of that round
@@ -278,11 +283,9 @@ class Pretraining:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
         x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
-        states = mine = None
-        if self.client_states is not None:  # every rank holds the whole store (see below)
-            mine = plan.clients[share(plan.segments.num_clients, self.rank, self.world)]
-            states = RoundStates(mine.tolist(), self.client_states, target_decay(
-                self.cfg.loss.target_decay, r, self.cfg.train.rounds))
+        # every rank holds the whole store, and runs its share of the round's clients
+        states = self._round_states(
+            plan.clients[share(plan.segments.num_clients, self.rank, self.world)], r)
         inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
                              segments.to(self.device), self.chunk,
                              keeps_graphs_for(algorithm, segments, self.keep_graphs), states)
@@ -403,7 +406,7 @@ class Pretraining:
         """A new store for a method whose clients keep their model, refused where it would
         not fit; None for the other methods. Over torch.distributed every rank holds the
         whole store (``share_client_states``), so the limit is each process's."""
-        if not getattr(self.method, "stateful", False):
+        if not self.method.stateful:
             return None
         t = self.cfg.train
         dtype = DTYPES[t.client_state_dtype]

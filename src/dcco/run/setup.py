@@ -52,7 +52,7 @@ def _validate(cfg: RunConfig) -> None:
                           f"methods; {method.name} is centralized (set "
                           f"privacy.noise_multiplier = 0 and privacy.target_epsilon = "
                           f"\"none\")")
-    if cfg.privacy.enabled and getattr(method, "stateful", False):
+    if cfg.privacy.enabled and method.stateful:
         raise ConfigError(f"{method.name}'s clients keep their own model and send it mixed "
                           f"with the global one; client-level differential privacy clips "
                           f"and noises updates from the global model, which is not "

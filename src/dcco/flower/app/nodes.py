@@ -14,7 +14,6 @@ message, calls these functions and encodes the reply.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ from torch import Tensor, nn
 from dcco.config import RunConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
-from dcco.core.client_state import DTYPES, Layout, restored, stored
+from dcco.core.client_state import DTYPES, restored, stored
 from dcco.core.precision import prepare_model
 from dcco.core.seeding import derive_seed
 from dcco.core.server import pooled_update
@@ -151,7 +150,7 @@ CLIENT_STATE = "dcco.client-state."
 def stateful_updates(cfg: RunConfig, algorithm: Algorithm, data: NodeData, model: nn.Module,
                      clients: Sequence[int], round_index: int,
                      state: MutableMapping[str, object] | None) -> list[ClientUpdate]:
-    """Each sampled client's round from what it kept (``Algorithm.stateful_update``), as the
+    """Each sampled client's round from what it kept (``Algorithm.stateful_updates``), as the
     simulator runs it; its new state replaces the old in the node's ``state``, held as
     ``train.client_state_dtype`` says. The node keeps it for as long as Flower keeps the
     node's context: a run that Flower restarts starts its clients afresh."""
@@ -159,20 +158,19 @@ def stateful_updates(cfg: RunConfig, algorithm: Algorithm, data: NodeData, model
         raise ValueError(f"{algorithm.method.name}'s clients keep state between rounds; the "
                          f"node needs its context.state to hold it")
     held = DTYPES[cfg.train.client_state_dtype]
-    layout, work = Layout.of(model), copy.deepcopy(model)
     probe = next(iter(model.parameters()))
-    decay = target_decay(cfg.loss.target_decay, round_index, cfg.train.rounds)
-    updates = []
-    for k in clients:
+
+    def load(k: int) -> dict[str, Tensor] | None:
         record = state.get(f"{CLIENT_STATE}{k}")
-        kept = None if record is None else restored(codec.tensors_of(record), held,
+        return None if record is None else restored(codec.tensors_of(record), held,
                                                     probe.device, probe.dtype)
-        update, new = algorithm.stateful_update(model, work, layout,
-                                                *client_views(cfg, data, k, round_index),
-                                                kept, decay)
+
+    def save(k: int, new: dict[str, Tensor]) -> None:
         state[f"{CLIENT_STATE}{k}"] = codec.array_record(stored(new, held))
-        updates.append(update)
-    return updates
+
+    return algorithm.stateful_updates(
+        model, ((k, *client_views(cfg, data, k, round_index)) for k in clients), load, save,
+        target_decay(cfg.loss.target_decay, round_index, cfg.train.rounds))
 
 
 def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
