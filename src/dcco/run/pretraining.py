@@ -283,9 +283,10 @@ class Pretraining:
             part, segments = split_batch(plan.segments.num_samples, self.rank, self.world)
             algorithm = replace(self.algorithm, method=build_method("dcco", self.cfg.loss))
         x1, x2 = self.views(RoundPlan(plan.sample_ids[part], segments), r)
-        # every rank holds the whole store, and runs its share of the round's clients
-        states = self._round_states(
-            plan.clients[share(plan.segments.num_clients, self.rank, self.world)], r)
+        states = None  # every rank holds the whole store, and runs its share of the clients
+        if self.client_states is not None:
+            states = self._round_states(
+                plan.clients[share(plan.segments.num_clients, self.rank, self.world)], r)
         inner = executor_for(self.cfg.train.backend, self.model, x1, x2,
                              segments.to(self.device), self.chunk,
                              keeps_graphs_for(algorithm, segments, self.keep_graphs), states)
