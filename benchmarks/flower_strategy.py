@@ -1,4 +1,4 @@
-"""The ``dcco.flower.DCCO`` strategy's round against Flower's own ``FedAvg`` round, on the same
+"""``dcco.flower.DCCOStrategy``'s round against Flower's own ``FedAvg`` round, on the same
 app, model and nodes, measured in one run (issue 38's target: at most 1.5 ×).
 
 Runs ``examples/flower-app`` on Flower's local simulation with ``--nodes`` virtual nodes and

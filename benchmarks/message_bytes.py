@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dcco.config import load_config
+from dcco.config import ModelConfig, load_config
 from dcco.core.algorithm import Algorithm
 from dcco.data.datasets import load_dataset
 from dcco.flower.app.client_app import app as client_app
@@ -32,7 +32,7 @@ from dcco.flower.app.nodes import node_data
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.methods import build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 from dcco.run.pretraining import Pretraining
 
 METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg"]

@@ -17,7 +17,7 @@ The peers (each skipped, and said so, when it cannot be imported):
   SGD step, the deltas accumulated;
 - ``loop-reload``: the same with one model refilled by ``load_state_dict`` per client;
 - ``flower``: Flower's simulation (``flwr.simulation.run_simulation``, Ray), one virtual node
-  per client, Flower's ``FedAvg`` (contrastive) or ``dcco.flower.DCCO`` (dcco), the round
+  per client, Flower's ``FedAvg`` (contrastive) or ``dcco.flower.DCCOStrategy`` (dcco), the round
   timed on the server. Whatever ``--threads``, Ray runs its default of one actor per core,
   each of one thread (``FLOWER_THREADS``): Flower's own parallelism, across clients, on
   every core of the machine (at ``--threads 1`` more cores than the other peers get);
@@ -60,11 +60,12 @@ from pathlib import Path
 
 import torch
 
+from dcco.config import AugmentConfig, ModelConfig
 from dcco.core.simulator import run_round
-from dcco.data.augment import AugmentConfig, augment_pair
+from dcco.data.augment import augment_pair
 from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
-from dcco.run.rounds import keeps_graphs, max_batch_of
+from dcco.models import build_dual_encoder
+from dcco.run.devices import keeps_graphs, max_batch_of
 from dcco.run.rundir import code_version, cpu_name
 
 WIDTHS, PROJECTOR, SIDE = (16, 32, 64), (128, 128, 128), 28
@@ -173,7 +174,7 @@ def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads:
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    from dcco.flower import DCCO, answer
+    from dcco.flower import DCCOStrategy, answer
 
     def build():
         return build_dual_encoder(ModelConfig(widths=tuple(widths)), 1, tuple(projector),
@@ -223,11 +224,11 @@ def flower_rounds(method: str, clients: int, samples: int, rounds: int, threads:
                               min_train_nodes=clients, min_evaluate_nodes=0,
                               min_available_nodes=clients)
         else:
-            strategy = DCCO(fraction_train=1.0, min_train_nodes=clients,
-                            min_available_nodes=clients, optimizer="sgd", lr=1.0,
-                            weight_decay=0.0, warmup_rounds=0, schedule="constant",
-                            fraction_evaluate=0.0,  # dcco's own round's λ (the paper's)
-                            lambd=build_method("dcco").loss.lambd)
+            strategy = DCCOStrategy(fraction_train=1.0, min_train_nodes=clients,
+                                    min_available_nodes=clients, optimizer="sgd", lr=1.0,
+                                    weight_decay=0.0, warmup_rounds=0, schedule="constant",
+                                    fraction_evaluate=0.0,  # dcco's own round's λ (the paper's)
+                                    lambd=build_method("dcco").loss.lambd)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
                        evaluate_fn=evaluate)
         start = initial.to_torch_state_dict()

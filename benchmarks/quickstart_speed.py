@@ -61,7 +61,7 @@ def in_process(args: argparse.Namespace) -> dict:
     from flwr.serverapp.strategy import FedAvg
     from quickstart_dcco import client_app, task
 
-    from dcco.flower import DCCO
+    from dcco.flower import DCCOStrategy
     from dcco.flower.testing.inprocess import InProcessGrid
 
     base = _app_config(args.images) | {"fraction-evaluate": 0.0}
@@ -75,7 +75,7 @@ def in_process(args: argparse.Namespace) -> dict:
             torch.manual_seed(0)
             initial = ArrayRecord(task.Net().state_dict())
             kw = {"fraction_train": config["fraction-train"], "fraction_evaluate": 0.0}
-            strategy = DCCO(**kw) if name == "dcco" else FedAvg(**kw)
+            strategy = DCCOStrategy(**kw) if name == "dcco" else FedAvg(**kw)
             stamps: list[tuple[float, float]] = []
             strategy.start(grid=grid, initial_arrays=initial, num_rounds=args.rounds,
                            train_config=None if name == "dcco"

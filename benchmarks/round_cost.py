@@ -43,14 +43,15 @@ from pathlib import Path
 
 import torch
 
+from dcco.config import AugmentConfig, ModelConfig, OptimConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import trainable_parameters
-from dcco.core.optim import OptimConfig, apply_pseudo_gradient, build_optimizer
+from dcco.core.optim import apply_pseudo_gradient, build_optimizer
 from dcco.core.precision import Speed, can_compile, prepare_model
 from dcco.core.simulator import run_round
-from dcco.data.augment import AugmentConfig, augment_pair
+from dcco.data.augment import augment_pair
 from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 
 
 def time_rounds(variants, x1, x2, warmup, repeats) -> list[list[float]]:

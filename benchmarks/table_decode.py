@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from dcco.data import TableConfig, load_split
+    from dcco.config import TableConfig
+    from dcco.data import load_split
     from dcco.run.rundir import code_version
 
     work = args.work or Path(tempfile.mkdtemp(prefix="table-decode-"))

@@ -4,8 +4,11 @@ untrained, and the raw pixels.
 
     python examples/own_model.py [--seed S] [--rounds R] [--run-dir DIR]
 
-At the default 1,400 rounds it takes about 3 minutes on 2 cores. What it prints over seeds 0,
-1 and 2, and the study that chose fit's defaults: docs/results.md, "What training is worth".
+At the default 1,400 rounds it takes about 3 minutes on 2 cores, and the trained encoder
+gains 4.4 to 7.1 probe points over its untrained self by seed. With --rounds 4000 (about 8
+minutes) it gains at least 5.3 on seeds 0, 1 and 2 and ends above the raw pixels on each.
+What it prints, and the study that chose fit's defaults: docs/results.md, "What training is
+worth".
 """
 import argparse
 import copy

@@ -89,14 +89,15 @@ class WideCNN(nn.Module):
 class DeepCNN(nn.Module):
     """Three strided convolutions with group norm (32, 64, 128 channels), then global
     average pooling: 128 features, each seeing most of the photo (``grid`` > 1: an average
-    pool to a grid × grid map instead, 128 × grid² features)."""
+    pool to a grid × grid map instead, 128 × grid² features; ``norm = False``: no group
+    norm)."""
 
-    def __init__(self, width: int = 32, grid: int = 1) -> None:
+    def __init__(self, width: int = 32, grid: int = 1, norm: bool = True) -> None:
         super().__init__()
         layers, c_in = [], 1
         for c in (width, 2 * width, 4 * width):
             layers += [nn.Conv2d(c_in, c, 3, stride=2, padding=1),
-                       nn.GroupNorm(math.gcd(8, c), c), nn.ReLU()]
+                       nn.GroupNorm(math.gcd(8, c), c) if norm else nn.Identity(), nn.ReLU()]
             c_in = c
         self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(grid), nn.Flatten())
 
@@ -180,7 +181,8 @@ def small_network() -> nn.Module:
     """dcco's own `small` network: ResNet14, group norm and weight standardisation, widths
     16, 32, 64 (``configs/fmnist_small.toml``'s backbone), initialised from the seed that
     ``torch.manual_seed`` last set (the run's)."""
-    from dcco.models import ModelConfig, build_backbone
+    from dcco.config import ModelConfig
+    from dcco.models import build_backbone
 
     return build_backbone(ModelConfig(widths=(16, 32, 64)), (1, 28, 28),
                           seed=torch.initial_seed() % (1 << 31))
@@ -189,6 +191,7 @@ def small_network() -> nn.Module:
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "example_cnn": ExampleCNN, "wide_cnn": WideCNN, "deep_cnn": DeepCNN,
     "deep_cnn_grid2": lambda width=32: DeepCNN(width, grid=2), "deep_ws_cnn": DeepWSCNN,
+    "deep_plain_cnn": lambda width=32: DeepCNN(width, norm=False),
     "deep4_cnn": Deep4CNN, "plain_cnn": PlainCNN,
     "mlp": VectorMLP, "small": small_network}
 VECTOR_MODELS = ("mlp",)
@@ -257,7 +260,7 @@ class Recipe:
     erase: float = 0.0
 
 
-BEFORE = ('optim.name="adam"', "optim.lr=1e-3", "optim.warmup_steps=10",
+BEFORE = ('optim.name="adam"', "optim.lr=1e-3", "optim.warmup_rounds=10",
           "optim.weight_decay=0.0", "loss.lambd=20.0")
 """``dcco.fit``'s settings before this study (until 2026-11-28): its server optimiser, which
 it keeps, and the paper's λ."""

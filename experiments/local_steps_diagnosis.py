@@ -29,8 +29,8 @@ from grid_cells import cell_config
 
 from dcco.core.client import client_update, trainable_parameters
 from dcco.core.simulator import run_round
+from dcco.run.planning import plan_round
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import plan_round
 from dcco.run.rundir import code_version, cpu_name
 from dcco.run.splits import load_splits
 

@@ -1,4 +1,4 @@
-"""The quickstart app's `Net` (examples/flower-quickstart) under `dcco.flower.DCCO()` with its
+"""The quickstart app's `Net` (examples/flower-quickstart) under `DCCOStrategy()` with its
 defaults, as tests/test_quickstart.py runs it (4 nodes of dcco's in-process grid, every node
 a round, 200 images a node): the final model's CCO loss on the nodes' seeded test views
 against the untrained model's, and the last round's collapse figures, for each round count

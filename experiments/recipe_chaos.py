@@ -29,8 +29,8 @@ GRID = Path(__file__).resolve().parent / "table1_fmnist.toml"
 CANDIDATES = {
     "current": [],
     "vector-lr-0.024": ["optim.vector_lr_scale=0.024"],
-    "lr-0.75-warmup-30": ["optim.lr=0.75", "optim.warmup_steps=30"],
-    "vector-lr-0.024-warmup-30": ["optim.vector_lr_scale=0.024", "optim.warmup_steps=30"],
+    "lr-0.75-warmup-30": ["optim.lr=0.75", "optim.warmup_rounds=30"],
+    "vector-lr-0.024-warmup-30": ["optim.vector_lr_scale=0.024", "optim.warmup_rounds=30"],
 }
 
 

@@ -56,8 +56,8 @@ from dcco.core.algorithm import Algorithm
 from dcco.core.client import client_update
 from dcco.core.simulator import run_round
 from dcco.evaluate.runs import evaluate_model
+from dcco.run.planning import plan_round
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import plan_round
 from dcco.run.rundir import code_version, cpu_name
 from dcco.run.splits import load_splits
 

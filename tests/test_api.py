@@ -88,7 +88,7 @@ def test_public_round__the_papers_lambda_and_eps_through_dcco_method():
     """dcco.method carries loss settings of your own into every part of the round: the
     paper's λ = 20 and a small ε give the reference round built with them, and another
     round than the defaults'."""
-    from dcco.methods.base import LossConfig
+    from dcco.config import LossConfig
 
     torch.manual_seed(0)
     model = dcco.dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8)).double()

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from dcco.config import AugmentConfig
 from dcco.data.augment import (
     CROP_TRIES,
-    AugmentConfig,
     Slot,
     _blur,
     _crop_boxes,
@@ -426,7 +426,8 @@ def test_rotation__a_quarter_turn_of_the_whole_image_is_rot90_and_none_changes_n
 
 
 def test_rotation__views_are_rotated_within_the_configured_range_and_reproducible():
-    from dcco.data.augment import AugmentConfig, augment_pair
+    from dcco.config import AugmentConfig
+    from dcco.data.augment import augment_pair
 
     gen = torch.Generator().manual_seed(1)
     images = torch.randint(0, 256, (16, 3, 12, 12), generator=gen, dtype=torch.uint8)

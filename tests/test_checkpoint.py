@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from dcco.core.optim import OptimConfig, build_optimizer
+from dcco.config import OptimConfig
+from dcco.core.optim import build_optimizer
 from dcco.run.checkpoint import CheckpointError, checkpoint_meta, load_checkpoint, save_checkpoint
 
 

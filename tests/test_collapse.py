@@ -119,6 +119,33 @@ def test_collapse_watch__names_eps_only_for_encodings_that_vary_on_its_scale() -
     assert "no longer vary" in no_eps
 
 
+def test_collapse_watch__a_plateau_of_small_clients_own_losses_blames_their_size_not_the_rate():
+    """cco_fedavg at clients of 4 samples and d = 128 (the demo's): each client's CCO loss
+    cannot estimate a 128 × 128 correlation from 4 samples, so the warning says so, whether
+    the figures read a plateau or encodings shrunk under ε, and does not send the user to
+    the rate or the scale; clients as wide as d get the rate's advice."""
+    from dcco.core.collapse import CORR_READINGS
+
+    plateau = {"dead_dims": 0.0, "corr_diag": 0.05, "eff_rank": 20.0}
+
+    def warned(watch: CollapseWatch) -> str | None:
+        message = None
+        for r in range(CORR_READINGS):
+            message = watch.check(20 + 10 * r, plateau, 128) or message
+        return message
+
+    small = warned(CollapseWatch(20, eps=1e-5, client_samples=4))
+    assert "estimates a 128 × 128 correlation from its 4 samples" in small
+    assert "neither a lower rate" in small and "optim.lr" not in small
+    for watch in (CollapseWatch(20, eps=1e-5, client_samples=256), CollapseWatch(20, eps=1e-5)):
+        assert "optim.lr" in warned(watch)
+    # the demo's cco_fedavg run: its encodings shrink under ε (variance 1.6e-6 by round 80)
+    shrunk = {"dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0, "max_var": 1.6e-6}
+    demo = CollapseWatch(20, eps=1e-5, client_samples=4).check(80, shrunk, 128)
+    assert "vary less than the loss's ε" in demo and "from its 4 samples" in demo
+    assert "loss.eps" not in demo and "optim.lr" not in demo
+
+
 def test_collapse_watch__an_encoder_whose_outputs_are_under_eps_is_warned(tmp_path):
     """An MLP whose output is scaled by 1e-4 and no projector: the CCO loss sees constants
     and stays near d; the figures read every dimension dead and the warning names ε."""

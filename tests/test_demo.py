@@ -42,3 +42,15 @@ def test_demo__a_refused_demo_leaves_no_trace_and_the_corrected_one_runs(tiny_fm
     assert "train.clients_per_round = 20000" in capsys.readouterr().err
     assert not out.exists()
     assert main(args) == 0
+
+
+def test_demo__its_config_file_is_the_demos_config():
+    """configs/demo_fmnist.toml, the demo's settings as a file a user can read and run a part
+    of, is ``DEMO_CONFIG`` key for key."""
+    from pathlib import Path
+
+    from dcco.config import load_config
+    from dcco.demo import DEMO_CONFIG
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "demo_fmnist.toml"
+    assert load_config(path) == DEMO_CONFIG

@@ -107,18 +107,18 @@ def test_config_reference__says_where_fit_and_the_strategy_set_other_defaults():
 
     from dcco.config import USER
     from dcco.fitting import fit_defaults
-    from dcco.flower import DCCO
+    from dcco.flower import DCCOStrategy
 
     text = (ROOT / "docs" / "config.md").read_text()
     section = text[text.index("## Defaults for your own model"):]
     keys = [row.split("|")[1].strip().strip("`") for row in section.splitlines()
             if row.startswith("| `")]
     assert keys == [k for k, _, _ in fit_defaults()]
-    assert {"loss.lambd", "optim.lr", "optim.warmup_steps", "model.projector"} <= set(keys)
+    assert {"loss.lambd", "optim.lr", "optim.warmup_rounds", "model.projector"} <= set(keys)
     assert "| `loss.lambd` | `20.0` | `5.0` |" in section
-    strategy = inspect.signature(DCCO).parameters
+    strategy = inspect.signature(DCCOStrategy).parameters
     for name, value in (("optimizer", USER.optim.name), ("lr", USER.optim.lr),
-                        ("warmup_rounds", USER.optim.warmup_steps), ("lambd", USER.lambd)):
+                        ("warmup_rounds", USER.optim.warmup_rounds), ("lambd", USER.lambd)):
         assert strategy[name].default == value
         assert f"`{name}={value!r}`" in section, name
 
@@ -218,7 +218,7 @@ def test_docs__every_python_block_runs_or_binds_to_the_real_api():
     import dcco
     import dcco.flower
 
-    names = {"dcco": dcco, "DCCO": dcco.flower.DCCO, "answer": dcco.flower.answer,
+    names = {"dcco": dcco, "DCCO": dcco.flower.DCCOStrategy, "answer": dcco.flower.answer,
              "evaluate_encoder": dcco.flower.evaluate_encoder,
              "ImageViews": dcco.ImageViews, "SecAgg": dcco.flower.SecAgg,
              "ArrayRecord": ArrayRecord}

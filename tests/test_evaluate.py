@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+from dcco.config import EvalConfig, ModelConfig
 from dcco.data.datasets import ImageDataset
 from dcco.evaluate import (
     PROTOCOL_REVISION,
-    EvalConfig,
     case_features,
     case_labels,
     extract_features,
@@ -23,7 +23,7 @@ from dcco.evaluate import (
     supervised_from_scratch,
     train_linear_classifier,
 )
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 
 TINY = ModelConfig(widths=(4, 8, 8))
 FAST = EvalConfig(labels=80, probe_steps=100, probe_batch=32, finetune_steps=4,

@@ -11,13 +11,13 @@ import torch
 from test_rounds import _model
 from test_rounds import _round_views as _views
 
+from dcco.config import LossConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import client_update, trainable_parameters
 from dcco.core.losses import spectral_loss
 from dcco.core.simulator import run_round
 from dcco.core.stats import SPECTRAL_STATS, encoding_stats
 from dcco.methods import Segments, build_method
-from dcco.methods.base import LossConfig
 from dcco.methods.registry import METHODS
 
 SIZES = [1, 3, 1, 5, 2, 4]
@@ -199,7 +199,7 @@ def test_fedsc_alpha_schedule__is_inexact_even_at_one_step_and_exact_at_alpha_n_
     """FedSC's own weight α (its code's schedule, 1 → 0.2) is an option, and a negative
     control: at one local step it is not the centralized step; at α = N_k/N for every client
     (one client's share of the round) it is."""
-    from dcco.run.rounds import fedsc_alpha
+    from dcco.run.algorithms import fedsc_alpha
 
     assert fedsc_alpha(0, 11) == 1.0 and fedsc_alpha(10, 11) == pytest.approx(0.2)
     assert fedsc_alpha(5, 11) == pytest.approx(0.6)

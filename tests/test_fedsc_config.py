@@ -13,7 +13,7 @@ import numpy as np
 from dcco.cli import main
 from dcco.config import load_config
 from dcco.core.client import LocalSGD
-from dcco.run.rounds import algorithm_of
+from dcco.run.algorithms import algorithm_of
 from dcco.run.setup import projector
 
 PRESET = Path(__file__).parents[1] / "configs" / "fedsc_cifar10.toml"

@@ -7,13 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dcco.models import (
-    FixupBlock,
-    FixupResNet20,
-    ModelConfig,
-    build_backbone,
-    build_dual_encoder,
-)
+from dcco.config import ModelConfig
+from dcco.models import FixupBlock, FixupResNet20, build_backbone, build_dual_encoder
 from dcco.models.dual import clip_scale
 
 FIXUP = ModelConfig(arch="resnet20_fixup", norm="none", widths=(4, 8, 8))

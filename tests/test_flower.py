@@ -44,8 +44,8 @@ from dcco.flower.placement import node_partition
 from dcco.flower.testing.inprocess import InProcessGrid, Tamper
 from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint
+from dcco.run.planning import plan_round
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import plan_round
 from dcco.run.setup import projector
 from dcco.run.splits import load_splits
 

@@ -16,7 +16,7 @@ from dcco.core.collapse import encoding_figures
 from dcco.core.losses import cco_loss
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import encoding_stats
-from dcco.flower import DCCO, answer, evaluate_encoder
+from dcco.flower import DCCOStrategy, answer, evaluate_encoder
 from dcco.flower.evaluation import samples_and_labels
 from dcco.flower.testing.inprocess import InProcessGrid
 
@@ -57,8 +57,8 @@ def _app(test, train=None, **kw) -> ClientApp:
 
 
 def _run(app: ClientApp, nodes: int = 2, rounds: int = 1, **kw):
-    strategy = DCCO(fraction_evaluate=1.0, min_available_nodes=nodes, min_train_nodes=nodes,
-                    **kw)
+    strategy = DCCOStrategy(fraction_evaluate=1.0, min_available_nodes=nodes, min_train_nodes=nodes,
+                            **kw)
     grid = InProcessGrid(app, [{}] * nodes, {})
     return strategy.start(grid=grid, initial_arrays=ArrayRecord(_model().state_dict()),
                           num_rounds=rounds)

@@ -1,4 +1,4 @@
-"""``dcco.flower.DCCO`` in a Flower app of the user's own (docs/own_code.md, "Flower"): its
+"""``dcco.flower.DCCOStrategy`` in a Flower app of the user's own (docs/own_code.md, "Flower"): its
 rounds equal dcco's reference round with a model that is not dcco's; a node lost between the
 phases, malformed and failed replies, bad models and empty nodes give a completed or a
 skipped round, counted; and the example app trains in Flower's simulation."""
@@ -26,7 +26,7 @@ from torch import nn
 
 from dcco.core.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.core.simulator import run_round
-from dcco.flower import DCCO, RoundsSkipped, SecAgg, answer, codec, secure_aggregation_mod
+from dcco.flower import DCCOStrategy, RoundsSkipped, SecAgg, answer, codec, secure_aggregation_mod
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.flower.userapp import _views
 from dcco.methods import Segments, build_method
@@ -91,7 +91,7 @@ def _initial() -> tuple[nn.Module, ArrayRecord]:
     return model, ArrayRecord(model.state_dict())
 
 
-def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
+def _reference(model: nn.Module, strategy: DCCOStrategy, method: str, rounds: int,
                nodes: list[int] | list[list[int]], samples=_samples, augment=_augment,
                absent=None) -> dict[str, torch.Tensor]:
     """The same rounds with dcco's reference round on the nodes' views (the same nodes every
@@ -105,7 +105,7 @@ def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
     opt = build_optimizer(named, strategy.optim)
     for r in range(1, rounds + 1):
         nodes = each[r - 1]
-        config = strategy._config("stats", r, {})
+        config = strategy.node_config("stats", r, {})
         views = [_views(samples(n), augment, int(config["views-seed"]), n, torch.float64)
                  for n in nodes]
         x1 = torch.cat([v[0] for v in views])
@@ -116,7 +116,7 @@ def _reference(model: nn.Module, strategy: DCCO, method: str, rounds: int,
         out = run_round(dual, build_method(method, strategy.method.loss), x1, x2,
                         Segments.from_counts(sizes),
                         "reference", absent=absent(nodes) if absent is not None else None)
-        set_lr(opt, scheduled_lr(r - 1, rounds, strategy.optim.lr, strategy.optim.warmup_steps,
+        set_lr(opt, scheduled_lr(r - 1, rounds, strategy.optim.lr, strategy.optim.warmup_rounds,
                                  strategy.optim.schedule))
         apply_pseudo_gradient(opt, [p for _, p in named],
                               [out.pseudo_gradient["backbone." + n] for n, _ in named])
@@ -132,11 +132,11 @@ def _rel(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("method", ["dcco", "dvicreg"])
 def test_strategy_rounds__equal_the_reference_round_with_the_users_model(method):
     model, initial = _initial()
-    strategy = DCCO(method=method, optimizer="lars", lr=0.5, warmup_rounds=1,
-                    min_available_nodes=4)
+    strategy = DCCOStrategy(method=method, optimizer="lars", lr=0.5, warmup_rounds=1,
+                            min_available_nodes=4)
     result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
-    expected = _reference(model, DCCO(method=method, optimizer="lars", lr=0.5,
-                                      warmup_rounds=1), method, 2, [1, 2, 3, 4])
+    expected = _reference(model, DCCOStrategy(method=method, optimizer="lars", lr=0.5,
+                                              warmup_rounds=1), method, 2, [1, 2, 3, 4])
     got = {k: v for k, v in result.arrays.to_torch_state_dict().items()}
     assert _rel(got, expected) <= 1e-12
     assert _rel(got, {k: v.detach() for k, v in _initial()[0].state_dict().items()}) > 1e-4
@@ -158,8 +158,8 @@ def test_answer__the_kept_forward_and_a_second_forward_give_the_same_run_to_the_
     _, initial = _initial()
 
     def run() -> dict:
-        strategy = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4,
-                        fraction_evaluate=0.0)
+        strategy = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4,
+                                fraction_evaluate=0.0)
         result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
         return result.arrays.to_torch_state_dict()
 
@@ -177,8 +177,8 @@ def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():
     original = grid.send_and_receive
     grid.send_and_receive = lambda msgs, timeout=None: sent.append(len(list(msgs) or [])) \
         or original(msgs, timeout=timeout)
-    strategy = DCCO(method="contrastive_fedavg", optimizer="adam", lr=1e-3,
-                    min_available_nodes=4, fraction_evaluate=0.0)  # training's exchanges
+    strategy = DCCOStrategy(method="contrastive_fedavg", optimizer="adam", lr=1e-3,
+                            min_available_nodes=4, fraction_evaluate=0.0)  # training's exchanges
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
     # the 1-sample node cannot take a within-client loss: it fails, and is counted
@@ -194,7 +194,7 @@ def _lose(node: int, phase: str):
 
 def test_strategy__a_node_lost_between_the_phases_counts_in_S_A_not_in_the_update():
     model, initial = _initial()
-    strategy = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4)
+    strategy = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4)
     result = strategy.start(grid=_grid(tamper=_lose(2, "update")), initial_arrays=initial,
                             num_rounds=1)
     m = result.train_metrics_clientapp[1]
@@ -203,7 +203,7 @@ def test_strategy__a_node_lost_between_the_phases_counts_in_S_A_not_in_the_updat
     # what it should be: S_A of all four, the survivors' updates averaged
     from dcco.api import aggregate_updates, local_update, merge_statistics, statistics
 
-    seed = int(strategy._config("stats", 1, {})["views-seed"])
+    seed = int(strategy.node_config("stats", 1, {})["views-seed"])
     views = {n: _views(_samples(n), _augment, seed, n, torch.float64) for n in (1, 2, 3, 4)}
     shared = merge_statistics([statistics(model, *views[n]) for n in views], 16).aggregate
     step = aggregate_updates([local_update(model, *views[n], shared) for n in (1, 3, 4)], model)
@@ -224,7 +224,7 @@ def test_strategy__malformed_and_failed_replies_are_counted_and_the_round_goes_o
         return reply
 
     _, initial = _initial()
-    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+    result = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
         grid=_grid(tamper=tamper), initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
     assert m["stats-accepted"] == 3 and m["stats-rejected-shape"] == 1
@@ -235,7 +235,7 @@ def test_strategy__malformed_and_failed_replies_are_counted_and_the_round_goes_o
 def test_strategy__too_few_valid_replies_skip_the_round_and_leave_the_model():
     _, initial = _initial()
     with pytest.raises(RoundsSkipped, match="every one of the 1 rounds was skipped") as e:
-        DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, min_survivors=4).start(
+        DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4, min_survivors=4).start(
             grid=_grid(tamper=_lose(4, "stats")), initial_arrays=initial, num_rounds=1)
     result = e.value.result
     m = result.train_metrics_clientapp[1]
@@ -256,14 +256,14 @@ def test_strategy__a_bad_model_or_an_empty_node_is_a_failed_reply_that_is_counte
 
     flat = Flat().double()
     with pytest.raises(RoundsSkipped) as e:
-        DCCO(optimizer="adam", lr=1e-3, min_available_nodes=2).start(
+        DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=2).start(
             grid=_grid(2, model=lambda: Flat().double()), initial_arrays=ArrayRecord(
                 flat.state_dict()), num_rounds=1)
     m = e.value.result.train_metrics_clientapp[1]
     assert m["skipped"] == 1 and m["stats-failed"] == 2
     _, initial = _initial()
     empty = {3: torch.zeros(0, 1, 8, 8, dtype=torch.float64)}
-    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+    result = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
         grid=_grid(samples=lambda n: empty.get(n, _samples(n))), initial_arrays=initial,
         num_rounds=1)
     m = result.train_metrics_clientapp[1]
@@ -271,12 +271,13 @@ def test_strategy__a_bad_model_or_an_empty_node_is_a_failed_reply_that_is_counte
 
 
 def test_answer__refuses_a_message_that_is_not_the_strategys_and_an_update_without_its_model():
+    _grid(1)  # a Message needs a run's identity, which the in-process grid stamps
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    with pytest.raises(ValueError, match="not a message of the dcco.flower.DCCO strategy"):
+    with pytest.raises(ValueError, match="not a message of dcco.flower.DCCOStrategy"):
         answer(Message(RecordDict(), dst_node_id=1, message_type="train"), context, UserCNN(),
                _samples(1))
-    strategy = DCCO()
-    msg = Message(RecordDict({"config": strategy._config("update", 3, {})}), dst_node_id=1,
+    strategy = DCCOStrategy()
+    msg = Message(RecordDict({"config": strategy.node_config("update", 3, {})}), dst_node_id=1,
                   message_type="train")
     with pytest.raises(ValueError, match="phase 'update' of round 3 needs the model"):
         answer(msg, context, UserCNN(), _samples(1))
@@ -284,8 +285,8 @@ def test_answer__refuses_a_message_that_is_not_the_strategys_and_an_update_witho
 
 def test_strategy__fedsc_rounds_equal_the_reference_round():
     model, initial = _initial()
-    strategy = DCCO(method="fedsc", optimizer="sgd", lr=1.0, schedule="constant",
-                    weight_decay=0.0, min_available_nodes=4)
+    strategy = DCCOStrategy(method="fedsc", optimizer="sgd", lr=1.0, schedule="constant",
+                            weight_decay=0.0, min_available_nodes=4)
     result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
     expected = _reference(model, strategy, "fedsc", 2, [1, 2, 3, 4])
     assert _rel(result.arrays.to_torch_state_dict(), expected) <= 1e-12
@@ -302,10 +303,10 @@ def test_strategy__fedsc_cache_of_absent_nodes_equals_the_reference_rounds_with_
 
     from dcco.core.statistics_cache import StatisticsCache
 
-    def strategy(absent: str) -> DCCO:
-        return DCCO(method="fedsc", optimizer="sgd", lr=0.1, schedule="constant",
-                    weight_decay=0.0, fraction_train=0.5, min_train_nodes=3,
-                    min_available_nodes=6, absent_statistics=absent)
+    def strategy(absent: str) -> DCCOStrategy:
+        return DCCOStrategy(method="fedsc", optimizer="sgd", lr=0.1, schedule="constant",
+                            weight_decay=0.0, fraction_train=0.5, min_train_nodes=3,
+                            min_available_nodes=6, absent_statistics=absent)
 
     cached = strategy("cached")
     result = cached.start(grid=_grid(6), initial_arrays=_initial()[1], num_rounds=3)
@@ -325,11 +326,11 @@ def test_strategy__fedsc_cache_of_absent_nodes_equals_the_reference_rounds_with_
                                      num_rounds=3)
     assert _rel(dropped.arrays.to_torch_state_dict(), expected) > 1e-6
     with pytest.raises(ValueError, match="contrastive_fedavg shares none"):
-        DCCO(method="contrastive_fedavg", absent_statistics="cached")
+        DCCOStrategy(method="contrastive_fedavg", absent_statistics="cached")
     with pytest.raises(ValueError, match="SecAgg\\+ shows the server only their sum"):
-        DCCO(method="fedsc", absent_statistics="cached", secagg=_secagg())
+        DCCOStrategy(method="fedsc", absent_statistics="cached", secagg=_secagg())
     with pytest.raises(ValueError, match="'drop' or 'cached', got 'keep'"):
-        DCCO(absent_statistics="keep")
+        DCCOStrategy(absent_statistics="keep")
 
 
 def test_strategy__batch_norm_statistics_are_averaged_and_bad_settings_refused():
@@ -346,19 +347,19 @@ def test_strategy__batch_norm_statistics_are_averaged_and_bad_settings_refused()
     torch.manual_seed(0)
     start = BN().double()
     grid = _grid(model=lambda: BN().double(), samples=lambda n: _samples(n) + 3)
-    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+    result = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
         grid=grid, initial_arrays=ArrayRecord(start.state_dict()), num_rounds=2)
     state = result.arrays.to_torch_state_dict()
     assert float(state["bn.running_mean"].abs().max()) > 0.1  # moved towards the data
     assert torch.isfinite(state["bn.running_var"]).all()
     assert int(state["bn.num_batches_tracked"]) == 0  # integers stay as they are
     with pytest.raises(ValueError, match="trained names arrays .*typo"):
-        DCCO(trained=["conv.weight", "typo"]).start(grid=grid, initial_arrays=ArrayRecord(
+        DCCOStrategy(trained=["conv.weight", "typo"]).start(grid=grid, initial_arrays=ArrayRecord(
             start.state_dict()), num_rounds=1)
     with pytest.raises(ValueError, match="optim.name must be"):
-        DCCO(optimizer="lasr")
+        DCCOStrategy(optimizer="lasr")
     with pytest.raises(ValueError, match="min_available_nodes"):
-        DCCO(min_available_nodes=0)
+        DCCOStrategy(min_available_nodes=0)
 
 
 def test_strategy__replies_of_nodes_not_asked_and_counts_that_change_are_left_out():
@@ -376,7 +377,7 @@ def test_strategy__replies_of_nodes_not_asked_and_counts_that_change_are_left_ou
         return reply
 
     _, initial = _initial()
-    result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
+    result = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4).start(
         grid=_grid(tamper=tamper), initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
     assert m["update-accepted"] == 2 and m["update-rejected-count"] == 1
@@ -412,9 +413,9 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
         "shared", secure_moments(*a)))
     model, initial = _initial()
     # FedAvg's server (SGD at rate 1): the weights move by the average update itself
-    strategy = DCCO(method=method, optimizer="sgd", lr=1.0, weight_decay=0.0,
-                    warmup_rounds=0, min_available_nodes=4, schedule="constant",
-                    secagg=_secagg())
+    strategy = DCCOStrategy(method=method, optimizer="sgd", lr=1.0, weight_decay=0.0,
+                            warmup_rounds=0, min_available_nodes=4, schedule="constant",
+                            secagg=_secagg())
     result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
     assert (m["stats-accepted"], m["update-accepted"], m["skipped"]) == (4, 4, 0)
@@ -422,7 +423,7 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
     assert m["num-examples"] == sum(SIZES)
     scales, spec = seen["scales"], strategy.method.stats
     bound = secagg.error_bound(max(SIZES), SIZES, 64.0, 1 << 22, 64.0)
-    seed = int(strategy._config("stats", 1, {})["views-seed"])
+    seed = int(strategy.node_config("stats", 1, {})["views-seed"])
     views = {n: _views(_samples(n), _augment, seed, n, torch.float64) for n in (1, 2, 3, 4)}
     plain = merge_statistics([statistics(model, *views[n], method) for n in views], 16,
                              method).aggregate
@@ -440,8 +441,8 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
 
 def test_strategy_under_secagg__a_node_over_max_samples_fails_and_the_round_goes_on():
     _, initial = _initial()
-    result = DCCO(optimizer="adam", lr=1e-2, min_available_nodes=4,
-                  secagg=_secagg(max_samples=3)).start(grid=_grid(), initial_arrays=initial,
+    result = DCCOStrategy(optimizer="adam", lr=1e-2, min_available_nodes=4,
+                          secagg=_secagg(max_samples=3)).start(grid=_grid(), initial_arrays=initial,
                                                        num_rounds=1)
     m = result.train_metrics_clientapp[1]
     # node 4 holds 5 samples: it refuses, SecAgg+ leaves it out, the others' round completes
@@ -465,9 +466,9 @@ def test_strategy_under_secagg__refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="SecAgg.quantization must be >= 2"):
         _secagg(quantization=1)
     with pytest.raises(ValueError, match="at least 2 nodes an exchange"):
-        DCCO(min_train_nodes=1, secagg=_secagg())
+        DCCOStrategy(min_train_nodes=1, secagg=_secagg())
     with pytest.raises(ValueError, match="leave trained=None"):
-        DCCO(trained=["conv.weight"], secagg=_secagg())
+        DCCOStrategy(trained=["conv.weight"], secagg=_secagg())
 
 
 def test_example_flower_app__trains_under_secagg_in_process(tmp_path):
@@ -502,8 +503,8 @@ def test_strategy__flowers_own_hooks_give_starts_round_for_a_fedavg_method():
     _, initial = _initial()
     kw = {"method": "contrastive_fedavg", "optimizer": "adam", "lr": 1e-3,
           "min_available_nodes": 4}
-    expected = DCCO(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=1)
-    strategy, grid = DCCO(**kw), _grid()
+    expected = DCCOStrategy(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=1)
+    strategy, grid = DCCOStrategy(**kw), _grid()
     strategy.begin(initial, num_rounds=1)  # what start sets before its first round
     messages = list(strategy.configure_train(1, initial, ConfigRecord(), grid))
     arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
@@ -569,7 +570,8 @@ def test_strategy_in_flowers_simulation__equals_the_reference_rounds_plain_and_s
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         for name, (rounds, kw) in runs.items():
-            out[name] = DCCO(**kw).start(grid=grid, initial_arrays=initial, num_rounds=rounds)
+            out[name] = DCCOStrategy(**kw).start(grid=grid, initial_arrays=initial,
+                                                 num_rounds=rounds)
         out["nodes"] = sorted(grid.get_node_ids())  # all 4 took part in every round
 
     run_simulation(server_app=server, client_app=client, num_supernodes=4,
@@ -584,7 +586,7 @@ def test_strategy_in_flowers_simulation__equals_the_reference_rounds_plain_and_s
             assert m["num-examples"] == sum(len(samples(n)) for n in nodes)
         fresh = Own().double()  # _reference trains the model it is given
         fresh.load_state_dict(start)
-        expected = _reference(fresh, DCCO(**kw | {"secagg": None}), kw["method"], rounds,
+        expected = _reference(fresh, DCCOStrategy(**kw | {"secagg": None}), kw["method"], rounds,
                               nodes, samples, augment)
         got = result.arrays.to_torch_state_dict()
         if name == "secure":  # quantised, in the frame of the calibration step
@@ -605,21 +607,21 @@ def test_strategy__federated_evaluation_runs_the_users_evaluate_and_fills_the_re
     ``@app.evaluate`` gets the new model and the config, and its metrics, weighted by
     ``num-examples``, reach ``Result.evaluate_metrics_clientapp``."""
     _, initial = _initial()
-    strategy = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.5,
-                    min_evaluate_nodes=2)
+    strategy = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.5,
+                            min_evaluate_nodes=2)
     result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2,
                             evaluate_config=ConfigRecord({"batch": 4}))
     assert sorted(result.evaluate_metrics_clientapp) == [1, 2]
     for r in (1, 2):
         assert result.evaluate_metrics_clientapp[r]["round"] == r
         assert math.isfinite(result.evaluate_metrics_clientapp[r]["mean"])
-    none = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.0)
+    none = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.0)
     assert not none.start(grid=_grid(), initial_arrays=initial,
                           num_rounds=1).evaluate_metrics_clientapp
     with pytest.raises(ValueError, match="train_metrics_aggr_fn: DCCO's training metrics"):
-        DCCO(train_metrics_aggr_fn=lambda records, key: None)
+        DCCOStrategy(train_metrics_aggr_fn=lambda records, key: None)
     with pytest.raises(ValueError, match="weighted_by_key = 'n'.*sample count"):
-        DCCO(weighted_by_key="n")
+        DCCOStrategy(weighted_by_key="n")
 
 
 
@@ -644,13 +646,13 @@ def test_strategy__an_app_without_evaluate_is_said_once_and_asked_no_more(caplog
     _, initial = _initial()
     grid = InProcessGrid(app, [{}] * 3, {}, count)
     with caplog.at_level("WARNING", logger="flwr.dcco"):
-        result = DCCO(optimizer="adam", lr=1e-3, min_available_nodes=3).start(
+        result = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=3).start(
             grid=grid, initial_arrays=initial, num_rounds=3)
     assert asked.count(MessageType.EVALUATE) == 3  # round 1's three nodes, then none
     assert asked.count(MessageType.TRAIN) == 3 * 3 * 2  # both phases of every round
     assert not result.evaluate_metrics_clientapp
     assert caplog.text.count("has no @app.evaluate") == 1
-    assert "DCCO(fraction_evaluate=0.0)" in caplog.text
+    assert "DCCOStrategy(fraction_evaluate=0.0)" in caplog.text
     assert "evaluation: node" not in caplog.text  # one line, not one a node
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
 
@@ -670,7 +672,7 @@ def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognise
     grid = InProcessGrid(app, [{}] * 3, {})
     with caplog.at_level("WARNING", logger="flwr.dcco"), \
             pytest.raises(RoundsSkipped, match="every one of the 2 rounds was skipped"):
-        DCCO(optimizer="adam", lr=1e-3, min_available_nodes=3, fraction_evaluate=0.0).start(
+        DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=3, fraction_evaluate=0.0).start(
             grid=grid, initial_arrays=initial, num_rounds=2)
     text = caplog.text
     for node in (1, 2, 3):
@@ -678,9 +680,9 @@ def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognise
     assert "skipped, the model unchanged: stats: 0 valid replies" in text
     assert "does not answer with dcco.flower.answer" in text
     with pytest.raises(ValueError, match="num_rounds must be an integer >= 1, got 0"):
-        DCCO().start(grid=_grid(), initial_arrays=initial, num_rounds=0)
-    with pytest.raises(ValueError, match=r"train_config\['lr'\] = 0.01.*DCCO\(lr="):
-        DCCO().start(grid=_grid(), initial_arrays=initial, num_rounds=1,
+        DCCOStrategy().start(grid=_grid(), initial_arrays=initial, num_rounds=0)
+    with pytest.raises(ValueError, match=r"train_config\['lr'\] = 0.01.*DCCOStrategy\(lr="):
+        DCCOStrategy().start(grid=_grid(), initial_arrays=initial, num_rounds=1,
                      train_config=ConfigRecord({"lr": 0.01}))
 
 
@@ -701,7 +703,7 @@ def test_strategy__nodes_failing_alike_stop_the_run_after_two_rounds_with_their_
     with caplog.at_level("WARNING", logger="flwr.dcco"), \
             pytest.raises(RoundsSkipped, match="rounds 1 and 2 failed on every node with the "
                                                "same error") as e:
-        DCCO(min_available_nodes=3, fraction_evaluate=0.0).start(
+        DCCOStrategy(min_available_nodes=3, fraction_evaluate=0.0).start(
             grid=InProcessGrid(app, [{}] * 3, {}), initial_arrays=initial, num_rounds=6)
     assert sorted(e.value.result.train_metrics_clientapp) == [1, 2]
     assert "the nodes' errors: " in str(e.value) and "(3 nodes)" in str(e.value)
@@ -730,8 +732,8 @@ def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
                        batch_size=3)
     for given in (pairs, dicts, TensorDataset(x, labels)):
         assert torch.equal(node_samples(given), x)
-    strategy, model = DCCO(optimizer="adam", lr=1e-3), UserCNN().double()
-    msg = Message(RecordDict({"config": strategy._config("stats", 1, {}),
+    strategy, model = DCCOStrategy(optimizer="adam", lr=1e-3), UserCNN().double()
+    msg = Message(RecordDict({"config": strategy.node_config("stats", 1, {}),
                               "arrays": codec.array_record(model.state_dict())}),
                   dst_node_id=1, message_type="train")
 
@@ -749,7 +751,7 @@ def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():
         assert all(torch.equal(got[k], want[k]) for k in want)
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     linear = nn.Linear(5, 3)
-    vectors = Message(RecordDict({"config": strategy._config("stats", 1, {}),
+    vectors = Message(RecordDict({"config": strategy.node_config("stats", 1, {}),
                                   "arrays": codec.array_record(linear.state_dict())}),
                       dst_node_id=1, message_type="train")
     with pytest.raises(ValueError, match="identical views teach the encoder nothing"):
@@ -766,23 +768,23 @@ def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(t
     _, initial = _initial()
     kw = {"optimizer": "adam", "lr": 1e-2, "min_available_nodes": 4, "fraction_train": 0.5,
           "fraction_evaluate": 0.5}
-    whole = DCCO(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=5)
+    whole = DCCOStrategy(**kw).start(grid=_grid(), initial_arrays=initial, num_rounds=5)
     path = tmp_path / "strategy.pt"
-    first = DCCO(**kw, checkpoint=path)
+    first = DCCOStrategy(**kw, checkpoint=path)
     grid = _grid()
-    original = first._round
+    original = first.rounds.run
 
-    def stop_after_three(grid, r, config, timeout):
+    def stop_after_three(grid, r, nodes, config, timeout):
         if r == 4:
             raise KeyboardInterrupt  # the ServerApp stopped
-        return original(grid, r, config, timeout)
+        return original(grid, r, nodes, config, timeout)
 
-    first._round = stop_after_three
+    first.rounds.run = stop_after_three
     with pytest.raises(KeyboardInterrupt):
         first.start(grid=grid, initial_arrays=initial, num_rounds=5)
     assert torch.load(path, weights_only=True)["round"] == 3
-    resumed = DCCO(**kw, checkpoint=path).start(grid=grid, initial_arrays=initial,
-                                                num_rounds=5)
+    resumed = DCCOStrategy(**kw, checkpoint=path).start(grid=grid, initial_arrays=initial,
+                                                        num_rounds=5)
     assert _rel(resumed.arrays.to_torch_state_dict(), whole.arrays.to_torch_state_dict()) \
         <= 1e-12
     assert sorted(resumed.train_metrics_clientapp) == [1, 2, 3, 4, 5]
@@ -790,4 +792,5 @@ def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(t
         whole.train_metrics_clientapp[5]["loss"], rel=1e-12)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="junk.pt is not a DCCO strategy checkpoint"):
-        DCCO(**kw, checkpoint=tmp_path / "junk.pt").start(grid=grid, initial_arrays=initial)
+        DCCOStrategy(**kw, checkpoint=tmp_path / "junk.pt").start(grid=grid,
+                                                                   initial_arrays=initial)

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dcco"
 LAYERS = (
     ("errors", "files", "config", "moved"),
     ("core", "core.seeding", "core.devices"),
-    ("core.stats", "core.losses", "core.collapse"),
+    ("core.stats", "core.losses", "core.collapse", "core.method"),
     ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",
      "core.privacy", "core.precision", "core.statistics_cache", "core.client_state"),
     ("core.algorithm", "core.simulator", "core.distributed"),
@@ -175,6 +175,100 @@ def test_layers__the_checks_the_config_leaves_to_the_run_still_run(tmp_path):
     assert not (tmp_path / "run").exists()
     assert validate(RunConfig(train=TrainConfig(method="fedsc", absent_statistics="cached")))
 
+def test_layers__the_core_imports_nothing_from_the_methods():
+    """The round needs a method's protocol, not its code: ``Method`` and ``Segments`` live in
+    ``dcco.core.method``, and no module of the core imports ``dcco.methods``."""
+    modules = _modules()
+    found = [f"dcco.{m} imports dcco.{t} (line {line})"
+             for m, path in modules.items() if m == "core" or m.startswith("core.")
+             for line, t in _imports(path, set(modules))
+             if t == "methods" or t.startswith("methods.")]
+    assert not found, found
+
+
+def test_layers__each_config_class_has_one_import_path():
+    """Code, tests and docs import a config class (``LossConfig``, ``RunConfig``, ...) from
+    ``dcco.config`` alone (its submodules only inside the config); an old path still gives
+    the class, with a ``DeprecationWarning`` that names ``dcco.config``."""
+    import importlib
+    import re
+    import warnings
+
+    import dcco.config
+    from dcco.moved import CONFIG_CLASSES, MOVED_NAMES
+
+    root = PACKAGE.parents[1]
+    wrong = []
+    for folder in ("src", "tests", "benchmarks", "experiments", "examples", "docs"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix not in (".py", ".md") or "src/dcco/config" in path.as_posix():
+                continue
+            text = path.read_text()
+            sources = ([text] if path.suffix == ".py"
+                       else re.findall(r"```python\n(.*?)```", text, re.DOTALL))
+            for source in sources:
+                for node in ast.walk(ast.parse(source)):
+                    if (isinstance(node, ast.ImportFrom) and node.module
+                            and node.module.startswith("dcco") and node.module != "dcco.config"
+                            and {a.name for a in node.names} & set(CONFIG_CLASSES)):
+                        wrong.append(f"{path.relative_to(root)}:{node.lineno}: from "
+                                     f"{node.module} import ...")
+    assert not wrong, "\n".join(wrong)
+    assert set(CONFIG_CLASSES) <= set(dcco.config.__all__)
+    for module, names in MOVED_NAMES.items():
+        for name in names:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                value = getattr(importlib.import_module(module), name)
+            assert value is getattr(dcco.config, name), (module, name)
+            if name not in vars(importlib.import_module(module)):
+                assert any(f"{module}.{name} moved to dcco.config.{name}" in str(w.message)
+                           for w in caught), (module, name)
+
+
+def test_layers__one_run_round():
+    """One function is called ``run_round`` (the simulator's: a round on a model and its
+    views); the algorithm's round on an executor is ``Algorithm.round``, and its old name
+    warns."""
+    import warnings
+
+    from dcco.core.algorithm import Algorithm
+
+    defined = sorted(f"dcco.{m}:{node.lineno}" for m, path in _modules().items()
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.FunctionDef) and node.name == "run_round"
+                     and "DeprecationWarning" not in ast.unparse(node))
+    assert defined == [d for d in defined if d.startswith("dcco.core.simulator:")], defined
+    assert len(defined) == 1, defined
+
+    class Once(Algorithm):
+        def round(self, *args):
+            return args
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert Once.__new__(Once).run_round("executor") == ("executor", None, None, None)
+    assert any("Algorithm.run_round is now Algorithm.round" in str(w.message) for w in caught)
+
+
+def test_layers__run_rounds_is_split_by_job_and_its_old_names_warn():
+    """``dcco.run.rounds`` held six jobs; each name now lives in the module of its job, and
+    the old import gives it with a ``DeprecationWarning`` naming that module."""
+    import importlib
+    import warnings
+
+    from dcco.run import rounds
+
+    assert set(rounds.MOVED_TO.values()) == {f"dcco.run.{m}" for m in (
+        "devices", "sampling", "planning", "algorithms", "views", "privacy")}
+    for name, module in rounds.MOVED_TO.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(rounds, name)
+        assert value is getattr(importlib.import_module(module), name)
+        assert any(f"moved to {module}.{name}" in str(w.message) for w in caught), name
+
+
 def test_layers__the_test_sees_an_upward_import():
     """The check above is not vacuous: a core module importing the loop is caught."""
     assert _layer("core.stats") < _layer("run.loop")
@@ -198,6 +292,39 @@ def test_layers__the_flower_apps_import_no_testing_tool():
              if not m.startswith("flower.testing")
              and any(t.startswith("flower.testing") for _, t in _imports(path, set(modules)))]
     assert not users, users
+
+
+def test_layers__no_import_circle_in_flower():
+    """No module of ``dcco.flower`` reaches itself through its imports, counting those made
+    inside functions and under ``TYPE_CHECKING`` too, and a package's ``__init__`` as run by
+    an import of any module under it (the strategy's phases sit below ``strategy``, the
+    messages' layout below both)."""
+    modules = _modules()
+    flower = {m for m in modules if m == "flower" or m.startswith("flower.")}
+    graph: dict[str, set[str]] = {}
+    for m in flower:
+        source = modules[m].read_text().replace("if TYPE_CHECKING:", "if True:")
+        reached = set()
+        for _, target in _imports_of(source, m, set(modules)):
+            parts = target.split(".")
+            reached |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
+        graph[m] = {t for t in reached & flower if t != m and not m.startswith(t + ".")}
+    circles = []
+
+    def walk(node: str, path: list[str], done: set[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                circles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in done:
+                walk(nxt, path + [nxt], done)
+        done.add(node)
+
+    seen: set[str] = set()
+    for m in sorted(flower):
+        if m not in seen:
+            walk(m, [m], seen)
+    assert not circles, "\n".join(sorted(set(circles))[:10])
+    assert len(modules["flower.strategy.strategy"].read_text().splitlines()) < 300
 
 
 def test_layers__flower_is_split_by_role():

@@ -23,7 +23,7 @@ from dcco.core.client import (
 from dcco.core.simulator import run_round
 from dcco.core.stats import merge
 from dcco.methods import Segments, build_method
-from dcco.run.rounds import algorithm_of
+from dcco.run.algorithms import algorithm_of
 from dcco.run.setup import validate
 
 SIZES = [3, 6, 2, 5]

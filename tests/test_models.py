@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+from dcco.config import ModelConfig
 from dcco.models import (
     PROJECTOR_MIN_GROUP,
     DualEncoder,
-    ModelConfig,
     Projector,
     ResNet14,
     ResNet50,

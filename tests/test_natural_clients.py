@@ -17,8 +17,8 @@ from dcco.config import load_config
 from dcco.core.simulator import run_round
 from dcco.methods import Segments, build_method
 from dcco.methods.registry import METHODS
+from dcco.run.planning import build_partition, plan_round
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import build_partition, plan_round
 from dcco.run.splits import load_splits
 
 CONFIG = """

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from dcco.core.optim import LARS, OptimConfig, build_optimizer, scheduled_lr
+from dcco.config import OptimConfig
+from dcco.core.optim import LARS, build_optimizer, scheduled_lr
 
 
 def test_scheduled_lr__warmup_then_cosine_to_zero():
@@ -68,3 +69,30 @@ def test_vector_lr_scale__one_dimensional_parameters_step_at_a_fraction_of_the_r
         assert torch.allclose(layer.bias, before - 0.2 * 0.024)
     with pytest.raises(ValueError, match="optim.vector_lr_scale"):
         OptimConfig(vector_lr_scale=0.0)
+
+
+def test_optim_warmup_steps__reads_as_warmup_rounds_with_a_warning_and_a_conflict_is_refused(
+        tmp_path):
+    """One name for the warm-up: ``optim.warmup_rounds`` in TOML as in the strategy's
+    ``warmup_rounds=``. A file or override with the old ``optim.warmup_steps`` still loads, told
+    the new name; a run directory's stored config (written by an earlier version) loads
+    quietly; both names at once with two values are refused."""
+    import warnings
+
+    from dcco.config import ConfigError, RunConfig, load_config
+    from dcco.run.rundir import RunDir
+
+    old = tmp_path / "old.toml"
+    old.write_text("[train]\nrounds = 5\n\n[optim]\nwarmup_steps = 7\n")
+    with pytest.warns(DeprecationWarning, match="optim.warmup_steps is now optim.warmup_rounds"):
+        assert load_config(old).optim.warmup_rounds == 7
+    with pytest.warns(DeprecationWarning, match="optim.warmup_rounds"):
+        assert load_config(None, ["optim.warmup_steps=3"]).optim.warmup_rounds == 3
+    with pytest.raises(ConfigError, match="optim.warmup_steps .the old name of "
+                                          "optim.warmup_rounds"):
+        load_config(old, ["optim.warmup_rounds=8"])
+    run = RunDir.create(tmp_path / "run", RunConfig())
+    run.config_path.write_text(run.config_path.read_text().replace("warmup_rounds", "warmup_steps"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run.config().optim.warmup_rounds == RunConfig().optim.warmup_rounds

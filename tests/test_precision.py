@@ -18,13 +18,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcco.config import ConfigError, RunConfig, load_config, to_toml
+from dcco.config import (
+    AugmentConfig,
+    ConfigError,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    load_config,
+    to_toml,
+)
 from dcco.core.client import trainable_parameters
-from dcco.core.optim import LARS, OptimConfig, build_optimizer
+from dcco.core.optim import LARS, build_optimizer
 from dcco.core.precision import Speed, prepare_model
 from dcco.core.simulator import run_round
 from dcco.data.augment import (
-    AugmentConfig,
     _apply,
     _apply_all,
     _blur,
@@ -34,7 +41,7 @@ from dcco.data.augment import (
     augment_pair,
 )
 from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint, save_checkpoint
 from dcco.run.setup import projector, resolved, speed_of, validate
 

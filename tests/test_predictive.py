@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 
-from dcco.config import ConfigError, load_config
+from dcco.config import AugmentConfig, ConfigError, ModelConfig, load_config
 from dcco.core.algorithm import Algorithm
 from dcco.core.losses import byol_loss_per_sample, simsiam_loss_per_sample
 from dcco.core.simulator import BatchedExecutor, run_round
-from dcco.data.augment import AugmentConfig, augment_pair
+from dcco.data.augment import augment_pair
 from dcco.methods import Segments, build_method
 from dcco.methods.predictive import target_decay
-from dcco.models import Head, ModelConfig, build_dual_encoder, has_batch_norm
+from dcco.models import Head, build_dual_encoder, has_batch_norm
 from dcco.run.setup import head, validate
 
 SIZES = [1, 3, 2, 5, 1]
@@ -267,7 +267,7 @@ def test_batch_norm_round__runs_client_by_client_in_both_backends():
     segments = Segments.from_counts(sizes)
     method = build_method("simsiam_fedavg")
     # the executor itself falls back (dcco.core.distributed builds executors without run_round)
-    batched = _flat(Algorithm(method).run_round(BatchedExecutor(model, x1, x2, segments)))
+    batched = _flat(Algorithm(method).round(BatchedExecutor(model, x1, x2, segments)))
     reference = _flat(run_round(model, method, x1, x2, segments, "reference"))
     want = _direct(model, x1, x2, sizes, "simsiam")
     assert float((reference - want).norm() / want.norm()) <= 1e-9

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from dcco.config import ConfigError, load_config
+from dcco.config import AugmentConfig, ConfigError, ModelConfig, load_config
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import trainable_parameters
 from dcco.core.privacy import (
@@ -23,9 +23,9 @@ from dcco.core.privacy import (
 )
 from dcco.core.simulator import ReferenceExecutor, run_round
 from dcco.core.stats import CCO_STATS, SPECTRAL_STATS, VICREG_STATS, EncodingStats
-from dcco.data.augment import AugmentConfig, augment_pair
+from dcco.data.augment import augment_pair
 from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 from dcco.run.setup import projector, validate
 
 SIZES = [4, 4, 4, 4, 4]

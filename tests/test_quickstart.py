@@ -23,7 +23,7 @@ def _experiment():
 def test_quickstart_net__trains_under_dcco_defaults_and_evaluates_every_round(tmp_path,
                                                                              caplog):
     """Four nodes of the quickstart's IID partition (800 Fashion-MNIST images, 32 × 32 RGB),
-    six rounds of `DCCO()` with its defaults, every node a round: the collapse figures of a
+    six rounds of `DCCOStrategy()` with its defaults, every node a round: the collapse figures of a
     live encoder (no dead dimension, C's effective rank above 2; the watch itself starts at
     round 20, after twice the warm-up), the app's evaluation each round (the encoder's CCO
     loss, collapse figures and k-NN accuracy on each node's held-out images), and the final

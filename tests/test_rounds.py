@@ -9,10 +9,11 @@ amplifies rounding noise in near-zero gradients.
 import pytest
 import torch
 
+from dcco.config import AugmentConfig, ModelConfig
 from dcco.core.simulator import run_round
-from dcco.data.augment import AugmentConfig, augment_pair
+from dcco.data.augment import augment_pair
 from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 
 SIZES = [1, 3, 1, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]  # within-client losses need two samples
@@ -166,7 +167,7 @@ def test_client_groups_keeping_their_graphs__the_same_round_bit_for_bit_one_forw
 
 
 def test_keep_graphs__only_under_auto_on_a_cpu():
-    from dcco.run.rounds import keeps_graphs
+    from dcco.run.devices import keeps_graphs
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert keeps_graphs("auto", cpu) and not keeps_graphs("auto", cuda)

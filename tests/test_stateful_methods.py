@@ -12,17 +12,18 @@ import math
 import pytest
 import torch
 
-from dcco.config import ConfigError, load_config
+from dcco.config import ConfigError, LossConfig, load_config
 from dcco.core.algorithm import Algorithm
 from dcco.core.client_state import ClientStates, Layout, RoundStates, state_bytes
 from dcco.core.simulator import run_round
-from dcco.methods.base import LossConfig, Segments
+from dcco.methods.base import Segments
 from dcco.methods.divergence import SCALE, FedEMA, FedU, divergence, fedema_mu
 from dcco.methods.predictive import CentralizedBYOL
 from dcco.run.loop import run_pretraining
+from dcco.run.planning import plan_round
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import clients_seen, plan_round, sample_clients
 from dcco.run.rundir import RunDir
+from dcco.run.sampling import clients_seen, sample_clients
 from dcco.run.setup import build_model, validate
 from dcco.run.splits import load_splits
 
@@ -240,7 +241,7 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
 
 
 def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch, tmp_path):
-    from dcco.flower import DCCO as Strategy
+    from dcco.flower import DCCOStrategy as Strategy
     from dcco.flower.appconfig import parse_run_config
 
     path = tiny_config(method="fedema")

@@ -21,8 +21,8 @@ from helpers.client_tables import (
     make_tff,
 )
 
-from dcco.config import ConfigError, load_config
-from dcco.data import DataError, TableConfig, load_split
+from dcco.config import ConfigError, TableConfig, load_config
+from dcco.data import DataError, load_split
 from dcco.data.partition import natural_partition
 from dcco.data.tables import client_split
 

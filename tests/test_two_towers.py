@@ -18,17 +18,17 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from dcco.cli import main
-from dcco.config import ConfigError, load_config
+from dcco.config import AugmentConfig, ConfigError, EvalConfig, ModelConfig, load_config
 from dcco.core.losses import clip_loss, clip_loss_per_anchor, nt_xent
 from dcco.core.simulator import run_round
 from dcco.data import DataError, PairedDataset, load_split
-from dcco.data.augment import AugmentConfig, modality_view, training_views
+from dcco.data.augment import modality_view, training_views
 from dcco.data.paired import halves, load_npz_pairs
 from dcco.errors import UserError
-from dcco.evaluate import EvalConfig, comparable, retrieval, retrieval_ranks
+from dcco.evaluate import comparable, retrieval, retrieval_ranks
 from dcco.evaluate.runs import evaluate_model
 from dcco.methods import Segments, build_method
-from dcco.models import MLP, ModelConfig, ResNet, build_dual_encoder
+from dcco.models import MLP, ResNet, build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint, save_checkpoint
 from dcco.run.encoders import load_encoder
 from dcco.run.pretraining import Pretraining

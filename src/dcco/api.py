@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dcco.config import USER
+from dcco.config import USER, LossConfig
 from dcco.core.client import ClientUpdate, client_update, sgd_delta, trainable_parameters
 from dcco.core.optim import apply_pseudo_gradient
 from dcco.core.server import (
@@ -42,7 +42,7 @@ from dcco.core.server import (
     validate_update,
 )
 from dcco.core.stats import EncodingStats, Moments, encoding_stats, merge
-from dcco.methods.base import LossConfig, Method
+from dcco.methods.base import Method
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, build_projector
 from dcco.models.dual import buffers_kept
@@ -112,7 +112,7 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128
             encoder's output width when it has no ``feature_dim`` attribute.
         seed: the projectors' initialisation.
     """
-    from dcco.models import ModelConfig
+    from dcco.config import ModelConfig
 
     dims = None if projector is None else tuple(int(d) for d in projector)
     heads = []
@@ -171,7 +171,7 @@ def method(name: str = "dcco", **loss: Any) -> Method:
         update = dcco.local_update(model, x1, x2, shared.aggregate, paper)
 
     A method named by its string alone takes the defaults for a user's model: λ = 5
-    (``dcco.config.USER``, as ``dcco.fit``'s and ``dcco.flower.DCCO``'s) and ε = 1e-5.
+    (``dcco.config.USER``, as ``dcco.fit``'s and ``dcco.flower.DCCOStrategy``'s) and ε = 1e-5.
 
     Args:
         name: the method (``dcco``, ``dvicreg``, ``cco_fedavg``, ...).
@@ -480,7 +480,8 @@ def server_optimizer(model: nn.Module, name: str = USER.optim.name, lr: float = 
     LARS (1-D parameters excluded from adaptation and weight decay) or SGD, as ``[optim]``
     configures it (``dcco.core.optim.OptimConfig``'s fields as keywords). Its rate stays ``lr``:
     call ``dcco.core.optim.set_lr`` for a schedule and warm-up."""
-    from dcco.core.optim import OptimConfig, build_optimizer
+    from dcco.config import OptimConfig
+    from dcco.core.optim import build_optimizer
 
     return build_optimizer(trainable_parameters(model),
                            OptimConfig(name=name, lr=lr, weight_decay=weight_decay, **settings))

@@ -15,11 +15,18 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dcco.config import DataConfig, RunConfig, TrainConfig, load_config
-from dcco.core.optim import OptimConfig
-from dcco.data.augment import AugmentConfig
+from dcco.config import (
+    AugmentConfig,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    load_config,
+)
 from dcco.errors import UserError
-from dcco.evaluate import EvalConfig, StepCallback, is_current
+from dcco.evaluate import StepCallback, is_current
 from dcco.evaluate.runs import (
     eval_key,
     evaluate_run,
@@ -27,7 +34,6 @@ from dcco.evaluate.runs import (
     supervised_run,
     with_method,
 )
-from dcco.models import ModelConfig
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.report import (
     family,
@@ -49,11 +55,12 @@ DEMO_CONFIG = RunConfig(
     augment=AugmentConfig(crop_scale=(0.25, 1.0)),
     train=TrainConfig(method="dcco", rounds=200, clients_per_round=32, log_every=10,
                       checkpoint_every=50, knn_every=100),
-    optim=OptimConfig(name="lars", lr=1.5, weight_decay=1e-6, warmup_steps=10),
+    optim=OptimConfig(name="lars", lr=1.5, weight_decay=1e-6, warmup_rounds=10),
     eval=EvalConfig(labels=1000, probe_steps=300, probe_batch=256, scratch_epochs=30,
                     knn_bank=5000, knn_queries=1000),
 )
-"""A budget for 2 CPU cores; see README for what it shows."""
+"""A budget for 2 CPU cores; see README for what it shows. configs/demo_fmnist.toml holds the
+same settings as a file (tests/test_demo.py checks it)."""
 
 
 PARTS = (*METHODS, "supervised", "random_init")

@@ -72,8 +72,8 @@ def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[T
     Returns:
         Accuracy on ``test``, in [0, 1].
     """
+    from dcco.config import EvalConfig
     from dcco.evaluate.probe import linear_probe_features
-    from dcco.evaluate.settings import EvalConfig
 
     (x_train, y_train), (x_test, y_test) = train, test
     y_train, y_test = torch.as_tensor(y_train).long(), torch.as_tensor(y_test).long()
@@ -298,19 +298,20 @@ def fit_defaults() -> list[tuple[str, Any, Any]]:
 
 def defaults_section(markdown: bool = True) -> str:
     """docs/config.md's last section (``dcco config``): where ``dcco.fit`` and
-    ``dcco.flower.DCCO`` set other defaults than a config file's, and which."""
+    ``dcco.flower.DCCOStrategy`` set other defaults than a config file's, and which."""
     def shown_value(v: Any) -> str:
         return str(list(v) if isinstance(v, tuple) else v)
 
     rows = fit_defaults()
-    strategy = (f"`dcco.flower.DCCO` takes the same server optimiser and λ as arguments, with "
+    strategy = (f"`dcco.flower.DCCOStrategy` takes the same server optimiser and λ as "
+                f"arguments, with "
                 f"the same defaults: `optimizer={USER.optim.name!r}`, `lr={USER.optim.lr}`, "
                 f"`weight_decay={USER.optim.weight_decay}`, "
-                f"`warmup_rounds={USER.optim.warmup_steps}`, `lambd={USER.lambd}`; its "
+                f"`warmup_rounds={USER.optim.warmup_rounds}`, `lambd={USER.lambd}`; its "
                 f"model is the user's own, so it has no projector, and its nodes answer "
                 f"with their own views.")
     intro = ("A user's own model is not the network the paper's recipe was tuned on, so "
-             "`dcco.fit` and the Flower strategy `dcco.flower.DCCO` start from other "
+             "`dcco.fit` and the Flower strategy `dcco.flower.DCCOStrategy` start from other "
              "defaults for the keys below (`dcco.config.USER`, chosen by measurement: "
              "docs/results.md, \"What training is worth\"). A config file, `dcco pretrain` "
              "and `dcco demo` keep the defaults above; `fit(settings=...)` changes these as "
@@ -330,7 +331,7 @@ def _model_input(data: Samples, augment: Callable[[Tensor], Tensor] | None,
                  cfg: RunConfig) -> Tensor:
     """One model input (no batch dimension), to measure the encoder's output width."""
     from dcco.data.augment import model_input
-    from dcco.run.rounds import user_views
+    from dcco.run.views import user_views
 
     first = data.x[:1]
     if augment is not None:

@@ -38,6 +38,7 @@ MOVED = {
     "dcco.flower.nodes": "dcco.flower.app.nodes",
     "dcco.flower.run": "dcco.flower.app.run",
     "dcco.flower.server_app": "dcco.flower.app.server_app",
+    "dcco.flower.strategy_checkpoint": "dcco.flower.strategy.checkpoint",
     "dcco.flower.worker": "dcco.flower.app.worker",
     "dcco.image_views": "dcco.data.image_views",
     "dcco.losses": "dcco.core.losses",
@@ -56,6 +57,25 @@ MOVED = {
     "dcco.stats": "dcco.core.stats",
 }
 """Each old module path and its new one (the layout of 2026-11, by layer)."""
+
+CONFIG_CLASSES = ("AugmentConfig", "DataConfig", "EvalConfig", "LossConfig", "ModelConfig",
+                  "OptimConfig", "PrivacyConfig", "RunConfig", "TableConfig", "TrainConfig")
+"""The config classes: each has one import path, ``dcco.config`` (2026-11-28)."""
+
+MOVED_NAMES = {
+    "dcco.core.optim": ("OptimConfig", "USER_RECIPE"),
+    "dcco.core.privacy": ("PrivacyConfig",),
+    "dcco.data": ("TableConfig",),
+    "dcco.data.augment": ("AugmentConfig",),
+    "dcco.data.tables": ("TableConfig",),
+    "dcco.evaluate": ("EvalConfig",),
+    "dcco.evaluate.settings": ("EvalConfig",),
+    "dcco.methods": ("LossConfig",),
+    "dcco.methods.base": ("LossConfig",),
+    "dcco.models": ("ModelConfig",),
+}
+"""Names that a module used to export and ``dcco.config`` now holds alone: the old import still
+gives the object, with a ``DeprecationWarning`` (``moved_names``)."""
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -77,10 +97,26 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """The module ran at its new path already."""
 
 
+def moved_names(module: str):
+    """A module ``__getattr__`` for ``MOVED_NAMES[module]``: each old name gives the object
+    from ``dcco.config`` and a ``DeprecationWarning`` that names the new path."""
+    names = MOVED_NAMES[module]
+
+    def __getattr__(name: str):
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} moved to dcco.config.{name}; import it from there "
+                      f"(the old path goes in a later release; CHANGELOG.md lists every move)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("dcco.config"), name)
+
+    return __getattr__
+
+
 def install() -> None:
     """Put the finder on ``sys.meta_path``, once, after Python's own finders."""
     if not any(isinstance(f, _Moved) for f in sys.meta_path):
         sys.meta_path.append(_Moved())
 
 
-__all__ = ["MOVED", "install"]
+__all__ = ["CONFIG_CLASSES", "MOVED", "MOVED_NAMES", "install", "moved_names"]

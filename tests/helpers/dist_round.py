@@ -9,12 +9,13 @@ import sys
 import torch
 import torch.distributed as dist
 
+from dcco.config import ModelConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.distributed import AllReduceExecutor, local_segments, split_batch
 from dcco.core.simulator import EXECUTORS
 from dcco.core.statistics_cache import StatisticsCache
 from dcco.methods import Segments, build_method
-from dcco.models import ModelConfig, build_dual_encoder
+from dcco.models import build_dual_encoder
 
 SIZES = [1, 3, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
@@ -28,7 +29,8 @@ CACHED_ROUNDS = [([0, 1, 2, 3, 4], [1, 3, 5, 2, 4]), ([5, 2, 0], [2, 4, 3]),
 
 
 def views(n, seed=0):
-    from dcco.data.augment import AugmentConfig, augment_pair
+    from dcco.config import AugmentConfig
+    from dcco.data.augment import augment_pair
 
     gen = torch.Generator().manual_seed(seed)
     imgs = (255 * torch.rand(n, 1, 12, 12, generator=gen)).to(torch.uint8)
@@ -62,7 +64,7 @@ def main():
                 inner = EXECUTORS["batched"](model, x1[part], x2[part], local, 4, True)
             else:
                 inner = EXECUTORS[backend](model, x1[part], x2[part], local)
-            result = algorithm.run_round(AllReduceExecutor(inner, local.num_samples,
+            result = algorithm.round(AllReduceExecutor(inner, local.num_samples,
                                                            sum(sizes)))
             out[f"{name}/{backend}"] = {"pseudo": result.pseudo_gradient,
                                         "loss": float(result.loss),
@@ -75,7 +77,7 @@ def main():
             part, local = local_segments(Segments.from_counts(sizes), rank, size)
             inner = EXECUTORS[backend](model, x1[part], x2[part], local)
             executor = AllReduceExecutor(inner, local.num_samples, sum(sizes), len(sizes))
-            result = Algorithm(method).run_round(
+            result = Algorithm(method).round(
                 executor, absent=functools.partial(cache.merge_round, clients))
             out[f"fedsc-cached/{backend}/{r}"] = {"pseudo": result.pseudo_gradient,
                                                   "loss": float(result.loss)}

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from dcco.flower import DCCO, SecAgg
+from dcco.flower import DCCOStrategy, SecAgg
 from dcco_flower_example.task import SmallCNN, augment, server_photos
 
 app = ServerApp()
@@ -26,9 +26,9 @@ def main(grid: Grid, context: Context) -> None:
     secagg = (SecAgg(model=SmallCNN(), samples=server_photos(), augment=augment,
                      max_samples=int(cfg["secagg-max-photos"])) if cfg["secagg"] else None)
     # fraction_evaluate=0: the ClientApp has no @app.evaluate
-    strategy = DCCO(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0,
-                    min_train_nodes=2, min_available_nodes=2, lr=float(cfg["lr"]),
-                    seed=int(cfg["seed"]), secagg=secagg)
+    strategy = DCCOStrategy(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0,
+                            min_train_nodes=2, min_available_nodes=2, lr=float(cfg["lr"]),
+                            seed=int(cfg["seed"]), secagg=secagg)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=int(cfg["num-server-rounds"]))
     if cfg["compare-fedavg"]:
@@ -55,9 +55,9 @@ def compare_with_fedavg(grid: Grid, cfg) -> None:
                                   fraction_evaluate=0.0, min_train_nodes=2,
                                   min_evaluate_nodes=0, min_available_nodes=2)
             else:
-                strategy = DCCO(fraction_train=float(cfg["fraction-train"]),
-                                fraction_evaluate=0.0, min_train_nodes=2,
-                                min_available_nodes=2, lr=float(cfg["lr"]))
+                strategy = DCCOStrategy(fraction_train=float(cfg["fraction-train"]),
+                                        fraction_evaluate=0.0, min_train_nodes=2,
+                                        min_available_nodes=2, lr=float(cfg["lr"]))
             strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
                            evaluate_fn=lambda r, arrays, s=stamps: s.append(time.perf_counter()))
             seconds[name] += [b - a for a, b in itertools.pairwise(stamps)]

@@ -1,4 +1,4 @@
-"""The ServerApp: ``dcco.flower.DCCO`` where a FedAvg app starts ``FedAvg`` (``strategy`` in
+"""The ServerApp: ``dcco.flower.DCCOStrategy`` where a FedAvg app starts ``FedAvg`` (``strategy`` in
 the run config picks: ``dcco``, ``fedavg`` or ``contrastive``, FedAvg over contrastive nodes),
 the final model and the rounds' metrics and wall seconds written to ``out``."""
 
@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from dcco.flower import DCCO
+from dcco.flower import DCCOStrategy
 from quickstart_dcco.task import Net
 
 app = ServerApp()
@@ -28,7 +28,7 @@ def main(grid: Grid, context: Context) -> None:
     fractions = {"fraction_train": float(cfg["fraction-train"]),
                  "fraction_evaluate": float(cfg["fraction-evaluate"])}
     if cfg["strategy"] == "dcco":  # its nodes step at its local rate, its server at its own
-        strategy, train_config = DCCO(**fractions, seed=seed), None
+        strategy, train_config = DCCOStrategy(**fractions, seed=seed), None
     else:
         strategy, train_config = FedAvg(**fractions), ConfigRecord({"lr": float(cfg["lr"])})
     stamps = {0: time.perf_counter()}  # the server's evaluation after each round ends it

@@ -21,8 +21,9 @@ class OptimConfig:
     """The peak learning rate (after warm-up)."""
     schedule: Literal["cosine", "constant"] = "cosine"
     """After warm-up: "cosine" decay to zero over the run, or "constant"."""
-    warmup_steps: int = 0
-    """Rounds (steps) of linear warm-up from lr / warmup_steps."""
+    warmup_rounds: int = 0
+    """Rounds of linear warm-up from lr / warmup_rounds (a centralized method's step is its
+    round). Read from its old name, ``warmup_steps``, with a ``DeprecationWarning``."""
     weight_decay: float = 0.0
     """Weight decay of the ≥2-D parameters (decoupled under Adam, as AdamW)."""
     momentum: float = 0.9
@@ -46,8 +47,8 @@ class OptimConfig:
                              f"{self.schedule!r}")
         if not self.lr > 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup_rounds < 0:
+            raise ValueError(f"optim.warmup_rounds must be >= 0, got {self.warmup_rounds}")
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.momentum < 1:
@@ -65,8 +66,8 @@ class OptimConfig:
                              f"{self.vector_lr_scale}")
 
 
-USER_RECIPE = OptimConfig(name="adam", lr=1e-3, warmup_steps=10)
-"""The server optimiser that ``dcco.fit`` and ``dcco.flower.DCCO`` use unless told otherwise:
+USER_RECIPE = OptimConfig(name="adam", lr=1e-3, warmup_rounds=10)
+"""The server optimiser that ``dcco.fit`` and ``dcco.flower.DCCOStrategy`` use unless told:
 Adam at 1e-3 (the paper's other rate) after 10 warm-up rounds, cosine over the run. A user's
 model is not the network a recipe was tuned on: under LARS 1.5 (the Table 1 `small`
 recipe's, tuned for its ResNet14 with weight standardisation) a plain CNN with group norm

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -18,11 +19,30 @@ from dcco.config.runconfig import RunConfig
 from dcco.config.sections import ConfigError
 from dcco.errors import shown
 
+RENAMED = {("optim", "warmup_steps"): "warmup_rounds"}
+"""Keys read from their old names (section, old key) → new key: one name for one setting
+(2026-11-28)."""
 
-def _upgrade(raw: dict[str, Any]) -> None:
-    """Read a config written before ``train.precision`` existed as what it computed: its
+
+def _upgrade(raw: dict[str, Any], warn: bool = True) -> None:
+    """Read a config written with an old key name as the new one (``RENAMED``; with ``warn``,
+    a ``DeprecationWarning`` names the new key: a run directory's stored config is read
+    quietly), and one written before ``train.precision`` existed as what it computed: its
     ``train.dtype`` is the precision (the values carry over), and it ran eager (compile
     "off"), so older run directories stay readable and comparable."""
+    for (section, old), new in RENAMED.items():
+        values = raw.get(section)
+        if not isinstance(values, dict) or old not in values:
+            continue
+        value = values.pop(old)
+        if new in values and values[new] != value:
+            raise ConfigError(f"{section}.{old} (the old name of {section}.{new}) is {value!r} "
+                              f"but {section}.{new} is {values[new]!r}; keep {section}.{new} "
+                              f"alone")
+        values[new] = value
+        if warn:
+            warnings.warn(f"{section}.{old} is now {section}.{new}; the old name goes in a "
+                          f"later release", DeprecationWarning, stacklevel=3)
     train = raw.get("train")
     if not isinstance(train, dict) or "dtype" not in train:
         return
@@ -36,7 +56,7 @@ def _upgrade(raw: dict[str, Any]) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: RunConfig | None = None) -> RunConfig:
+                base: RunConfig | None = None, warn_renamed: bool = True) -> RunConfig:
     """Read a TOML run config, apply ``section.key=value`` overrides, and check every key and
     value (names, types, each section's values and what the settings alone decide). The
     checks that need the method, the model or this machine are the run's
@@ -48,6 +68,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         overrides: e.g. ``["train.rounds=10", "model.widths=[16, 32, 64]"]``; the value is read
             as TOML, or taken as a plain string when it is not valid TOML.
         base: the config that the file and overrides modify (default: ``RunConfig()``).
+        warn_renamed: warn of a key read from its old name (``RENAMED``); a run directory's
+            stored config is read without (it was written by an earlier version).
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -59,7 +81,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 f"configs/, e.g. configs/fmnist_small.toml")
     for item in overrides or []:
         _apply_override(raw, item)
-    _upgrade(raw)
+    _upgrade(raw, warn_renamed)
     cfg = from_dict(RunConfig, raw, "", base=base or RunConfig())
     return cfg
 

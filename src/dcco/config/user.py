@@ -1,5 +1,5 @@
 """What a user's own model trains with unless told otherwise: the defaults of ``dcco.fit``
-and of the Flower strategy ``dcco.flower.DCCO``, in one place (docs/config.md prints them,
+and of the Flower strategy ``dcco.flower.DCCOStrategy``, in one place (docs/config.md prints them,
 "Defaults for your own model").
 
 A user's model is not the network a paper recipe was tuned on, so these were chosen by
@@ -32,7 +32,7 @@ class UserDefaults:
 
 USER = UserDefaults(optim=USER_RECIPE, lambd=5.0, projector=(512, 512, 512),
                     clients_per_round=32)
-"""The defaults ``dcco.fit`` and ``dcco.flower.DCCO`` use (``UserDefaults``)."""
+"""The defaults ``dcco.fit`` and ``dcco.flower.DCCOStrategy`` use (``UserDefaults``)."""
 
 
 __all__ = ["USER", "UserDefaults"]

@@ -14,14 +14,15 @@ An ``Algorithm`` says, for one method:
   client's samples, ``method.round_loss`` over the concatenated batch. Without it, the
   batched executor runs clients one by one; it is never silently wrong.
 
-``run_round`` is the round, written once. The executors (``simulator.BatchedExecutor`` and
-``ReferenceExecutor``, and the Flower app's plain and SecAgg+ exchanges) only carry out its two
-steps, ``statistics`` and ``updates``.
+``Algorithm.round`` is the round, written once. The executors (``simulator.BatchedExecutor``
+and ``ReferenceExecutor``, and the Flower app's plain and SecAgg+ exchanges) only carry out its
+two steps, ``statistics`` and ``updates``.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -37,9 +38,9 @@ from dcco.core.client import (
     stateful_update,
 )
 from dcco.core.client_state import Layout
+from dcco.core.method import Method
 from dcco.core.privacy import RoundNoise
 from dcco.core.stats import EncodingStats, Moments, StatsSpec, moving_average
-from dcco.methods.base import Method
 
 Absent = Callable[[list[EncodingStats]], EncodingStats]
 """The server's merge of a round's per-client statistics with its cache of the clients absent
@@ -171,7 +172,7 @@ class Algorithm:
     """β: in stale mode the next round's statistics are β·A_prev + (1 − β)·A_new, an
     exponential moving average of the aggregates (0: the last round's, as before)."""
     stale_round: bool = False
-    """Set by ``run_round`` (and a Flower node) for the update exchange of a stale round, so
+    """Set by ``round`` (and a Flower node) for the update exchange of a stale round, so
     the clients take ``stale_statistics``; not a setting."""
     own_alpha: float | None = None
     """With ``local_statistics = "own"``: FedSC's weight α of a client's own statistics in its
@@ -311,7 +312,7 @@ class Algorithm:
         return replace(self, stale_round=stale) if stale != self.stale_round else self
 
     def previous_for(self, round_index: int, aggregate: Moments | None) -> Moments | None:
-        """What round ``round_index`` (from 0) takes as ``run_round``'s ``previous``: the last
+        """What round ``round_index`` (from 0) takes as ``round``'s ``previous``: the last
         round's aggregate once stale rounds have started, else None (fresh statistics)."""
         if not self.staleness or round_index < self.stale_after:
             return None
@@ -324,8 +325,17 @@ class Algorithm:
 
     def run_round(self, executor: Executor, previous: Moments | None = None,
                   noise: RoundNoise | None = None, absent: Absent | None = None) -> RoundResult:
-        """One round: statistics (fresh, or the previous round's aggregate), then the clients'
-        updates against them, combined by the server. ``previous``: the last round's
+        """``round``'s old name (``dcco.core.simulator.run_round`` is the one ``run_round``:
+        a round on a model and its views), kept with a ``DeprecationWarning``."""
+        warnings.warn("Algorithm.run_round is now Algorithm.round (dcco.core.simulator."
+                      "run_round runs a round on a model and its views)", DeprecationWarning,
+                      stacklevel=2)
+        return self.round(executor, previous, noise, absent)
+
+    def round(self, executor: Executor, previous: Moments | None = None,
+              noise: RoundNoise | None = None, absent: Absent | None = None) -> RoundResult:
+        """One round on ``executor``: statistics (fresh, or the previous round's aggregate),
+        then the clients' updates against them, combined by the server. ``previous``: the last round's
         aggregate in stale mode. ``noise``: differential privacy's Gaussian noise, added by
         the server to each released sum (statistics, averaged update). ``absent``: the
         server's merge of the round's clients' statistics with its cache of the absent ones

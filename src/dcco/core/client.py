@@ -13,10 +13,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from dcco.core.client_state import Layout
+from dcco.core.method import Method
 from dcco.core.optim import trust_ratio
 from dcco.core.privacy import clip_update
 from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, encoding_stats
-from dcco.methods.base import Method
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the global model. The store is saved whole in every checkpoint, so a resumed run
 every client back the state it had at the checkpoint, to the bit.
 
 Memory: one entry holds the client's tensors (``state_bytes``), for each client a run's
-rounds sample (``dcco.run.rounds.clients_seen``: the plan is a function of the seed, so the
+rounds sample (``dcco.run.sampling.clients_seen``: the plan is a function of the seed, so the
 count is exact); a run whose store would pass ``MAX_STATE_BYTES`` is refused before it
 starts (``dcco.run.pretraining``), and float16 entries (``train.client_state_dtype``) halve
 it.

@@ -164,11 +164,18 @@ class CollapseWatch:
     Args:
         after: the first round judged (``watch_start``).
         eps: the ε of the run's loss (``Method.variance_eps``; 0: a loss without one).
+        client_samples: for a method whose CCO loss each client computes from its own
+            samples alone (``cco_fedavg``), the most samples a client holds; None for the
+            others. Collapse with clients of fewer samples than the encodings' width is then
+            blamed on the clients' size, not on the rate or the encodings' scale: n samples
+            cannot estimate a d × d correlation, so each client's loss sits at its floor
+            whatever the model does (docs/results.md, "The main job").
     """
 
-    def __init__(self, after: int, eps: float = 0.0) -> None:
+    def __init__(self, after: int, eps: float = 0.0, client_samples: int | None = None) -> None:
         self.after = after
         self.eps = eps
+        self.client_samples = client_samples
         self.message: str | None = None
         self._low_corr = 0
 
@@ -180,9 +187,9 @@ class CollapseWatch:
         dead, corr, rank = (figures[k] for k in ("dead_dims", "corr_diag", "eff_rank"))
         largest = figures.get("max_var")
         self._low_corr = self._low_corr + 1 if corr < CORR_LIMIT else 0
-        rate = ("Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCO default to "
-                "Adam 1e-3), a longer warm-up (optim.warmup_steps), and normalisation layers "
-                "in the model")
+        rate = ("Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCOStrategy "
+                "default to Adam 1e-3), a longer warm-up (optim.warmup_rounds), and "
+                "normalisation layers in the model")
         if dead >= DEAD_LIMIT and self.eps > 0 and largest is not None \
                 and DEAD_FLOOR * self.eps < largest <= EPS_SCALE * self.eps:
             what = (f"{dead:.0%} of the encodings' dimensions vary less than the loss's "
@@ -209,6 +216,14 @@ class CollapseWatch:
             fix = rate
         else:
             return None
+        if self.client_samples is not None and self.client_samples < d:
+            n = self.client_samples
+            cause = (f"clients too small for a loss of their own: each client's CCO loss "
+                     f"estimates a {d} × {d} correlation from its {n} samples, which cannot "
+                     f"be done, so it sits at its floor (about d) whatever the model does")
+            fix = ("This is the FedAvg baseline's limit at small clients, which neither a "
+                   "lower rate nor the encodings' scale will lift: give clients more samples, "
+                   "or share the round's statistics (dcco)")
         self.message = (f"collapse at round {round_done}: {what}. Likely cause: {cause}. "
                         f"{fix} (docs/own_code.md, \"Collapse\")")
         return self.message

@@ -36,8 +36,8 @@ from torch import Tensor
 
 from dcco.core.algorithm import Algorithm, Executor, Updates
 from dcco.core.client_state import ClientStates
+from dcco.core.method import Segments
 from dcco.core.stats import EncodingStats, Moments, StatsSpec
-from dcco.methods.base import Segments
 
 TIMEOUT_ENV = "DCCO_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 300.0

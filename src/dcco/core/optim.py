@@ -13,10 +13,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from dcco.config.optim import (
-    USER_RECIPE,  # noqa: F401 (re-exported: its old home)
-    OptimConfig,
-)
+from dcco.config import OptimConfig
+from dcco.moved import moved_names
 
 
 def trust_ratio(w_norm: Tensor, g_norm: Tensor, coefficient: float = 1.0) -> Tensor:
@@ -177,3 +175,6 @@ def apply_pseudo_gradient(optimizer: torch.optim.Optimizer, params: list[nn.Para
     optimizer.step()
     for p in params:
         p.grad = None
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -23,7 +23,7 @@ sum before noising it).
   ``noise_multiplier``, drawn from a generator seeded by (seed, round, release), so a resumed
   run draws the same noise.
 - **Accounting** (Google's ``dp-accounting``, RDP): clients are sampled K of M without
-  replacement (what ``dcco.run.rounds.sample_clients`` does), so the neighbouring relation is
+  replacement (what ``dcco.run.sampling.sample_clients`` does), so the neighbouring relation is
   "replace one client's data" and the event is ``SampledWithoutReplacementDpEvent``; under
   replacement a sum's sensitivity doubles, so each release is a Gaussian of noise multiplier
   σ/2. A round's releases use the same sample and compose inside it; rounds compose. With
@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dcco.config.privacy import PrivacyConfig  # re-exported from its old home too
 from dcco.core.devices import to_device
 from dcco.core.seeding import generator
 from dcco.core.stats import EncodingStats, StatsSpec
+from dcco.moved import moved_names
 
 
 def stats_sensitivity(spec: StatsSpec, max_samples: int) -> float:
@@ -199,5 +199,8 @@ def solve_noise_multiplier(target_epsilon: float, population: int, sample: int, 
     return high
 
 
-__all__ = ["Ledger", "PrivacyConfig", "RoundNoise", "clip_update", "epsilon", "solve_noise_multiplier",
+__all__ = ["Ledger", "RoundNoise", "clip_update", "epsilon", "solve_noise_multiplier",
            "stats_sensitivity"]
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

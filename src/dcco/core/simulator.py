@@ -1,7 +1,7 @@
 """Execution backends for one round on one machine: ``reference`` (client by client) or
 ``batched``.
 
-Both carry out ``Algorithm.run_round``'s two steps and return the round's pseudo-gradient,
+Both carry out ``Algorithm.round``'s two steps and return the round's pseudo-gradient,
 the negated sample-weighted average of the clients' updates: with one local SGD step of
 learning rate η, client k's update is −η∇L_k, and the server's optimiser consumes
 −Σ_k (N_k/N)·update_k = η Σ_k (N_k/N) ∇L_k (FedOpt).
@@ -39,10 +39,10 @@ from torch import Tensor, nn
 from dcco.core.algorithm import Absent, Algorithm, RoundResult, Updates
 from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
 from dcco.core.client_state import RoundStates
+from dcco.core.method import Method, Segments
 from dcco.core.privacy import RoundNoise
 from dcco.core.server import pooled_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
-from dcco.methods.base import Method, Segments
 
 Backend = Literal["batched", "reference"]
 
@@ -289,5 +289,5 @@ def run_round(model: nn.Module, method: Method | Algorithm, x1: Tensor, x2: Tens
             f"client of this round has {small}; use a partition with more samples per client"
         )
     keep = keeps_graphs_for(algorithm, segments, keep_graphs)
-    return algorithm.run_round(executor_for(backend, model, x1, x2, segments, chunk, keep,
+    return algorithm.round(executor_for(backend, model, x1, x2, segments, chunk, keep,
                                             states), previous, noise, absent)

@@ -15,7 +15,7 @@ from dcco.data.partition import (
 )
 from dcco.data.samples import Samples, samples_of_clients
 from dcco.data.sources import load_split
-from dcco.data.tables import TableConfig
+from dcco.moved import moved_names
 
 __all__ = [
     "PAIRED_DATASETS",
@@ -27,7 +27,6 @@ __all__ = [
     "Partition",
     "PartitionSummary",
     "Samples",
-    "TableConfig",
     "dirichlet_partition",
     "is_paired",
     "load_dataset",
@@ -35,3 +34,6 @@ __all__ = [
     "natural_partition",
     "samples_of_clients",
 ]
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -53,8 +53,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dcco.config.augment import AugmentConfig  # re-exported from its old home too
+from dcco.config import AugmentConfig
 from dcco.data.counters import uniform, uniforms
+from dcco.moved import moved_names
 
 _CPU_CHUNK = 128
 """Samples per chunk on the CPU: keeps each intermediate image tensor inside the cache."""
@@ -520,3 +521,6 @@ def flip_view(images: Tensor, sample_ids: Tensor, seed: int, round_index: int,
     flip = uniform(seed, round_index, sample_ids.to(images.device), _FLIP_VIEW, Slot.FLIP) < 0.5
     x = eval_view(images, dtype)
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dcco.config.augment import AugmentConfig
+from dcco.config import AugmentConfig
 from dcco.data.augment import drawn_view
 
 

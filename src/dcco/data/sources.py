@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dcco.config import TableConfig
 from dcco.data.datasets import DataError, Split, load_dataset
 from dcco.data.paired import Dataset, halves, load_npz_pairs
-from dcco.data.tables import TableConfig, load_table
+from dcco.data.tables import load_table
 from dcco.data.tff import TFF, load_tff
 
 

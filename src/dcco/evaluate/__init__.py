@@ -17,6 +17,7 @@ test split. Nothing here prints or touches the disk; results are ``EvalResult`` 
 the caller records. Settings and results live in ``settings``, shared pieces in ``features``.
 """
 
+from dcco.config.eval import KNN_FEATURES, KnnFeatures
 from dcco.evaluate.cases import (
     case_features,
     case_labels,
@@ -29,21 +30,14 @@ from dcco.evaluate.finetune import Classifier, finetune, supervised_from_scratch
 from dcco.evaluate.knn import knn_accuracy, knn_description, knn_predict, knn_space
 from dcco.evaluate.probe import linear_probe, linear_probe_features, train_linear_classifier
 from dcco.evaluate.retrieval import RETRIEVAL_KS, Similarity, comparable, retrieval, retrieval_ranks
-from dcco.evaluate.settings import (
-    KNN_FEATURES,
-    PROTOCOL_REVISION,
-    EvalConfig,
-    EvalResult,
-    KnnFeatures,
-    is_current,
-)
+from dcco.evaluate.settings import PROTOCOL_REVISION, EvalResult, is_current
+from dcco.moved import moved_names
 
 __all__ = [
     "KNN_FEATURES",
     "PROTOCOL_REVISION",
     "RETRIEVAL_KS",
     "Classifier",
-    "EvalConfig",
     "EvalResult",
     "KnnFeatures",
     "Similarity",
@@ -69,3 +63,6 @@ __all__ = [
     "supervised_from_scratch",
     "train_linear_classifier",
 ]
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

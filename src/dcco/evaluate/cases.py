@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.core.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
+from dcco.config import EvalConfig, OptimConfig
+from dcco.core.optim import build_optimizer, scheduled_lr, set_lr
 from dcco.core.seeding import derive_seed, generator
 from dcco.data.augment import flip_view
 from dcco.data.datasets import ImageDataset
@@ -27,7 +28,7 @@ from dcco.evaluate.features import (
 )
 from dcco.evaluate.finetune import Classifier, _classifier
 from dcco.evaluate.probe import linear_probe_features
-from dcco.evaluate.settings import EvalConfig, EvalResult
+from dcco.evaluate.settings import EvalResult
 
 
 def case_features(features: Tensor, case_ids: Tensor) -> tuple[Tensor, Tensor]:

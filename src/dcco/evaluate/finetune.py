@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.core.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
+from dcco.config import EvalConfig, ModelConfig, OptimConfig
+from dcco.core.optim import build_optimizer, scheduled_lr, set_lr
 from dcco.core.seeding import derive_seed, generator
 from dcco.data.augment import flip_view
 from dcco.data.datasets import ImageDataset
@@ -20,8 +21,8 @@ from dcco.evaluate.features import (
     _batched,
     _linear_head,
 )
-from dcco.evaluate.settings import EvalConfig, EvalResult
-from dcco.models import ModelConfig, build_backbone
+from dcco.evaluate.settings import EvalResult
+from dcco.models import build_backbone
 
 
 class Classifier(nn.Module):

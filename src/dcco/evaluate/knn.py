@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcco.config import EvalConfig
+from dcco.config.eval import KNN_FEATURES, KnnFeatures
 from dcco.core.seeding import generator
 from dcco.data.paired import Dataset
 from dcco.evaluate.features import extract_features
-from dcco.evaluate.settings import KNN_FEATURES, EvalConfig, KnnFeatures
 
 
 def knn_space(bank: Tensor, queries: Tensor, features: KnnFeatures = "standardized"

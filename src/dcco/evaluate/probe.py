@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.core.optim import OptimConfig, build_optimizer, scheduled_lr, set_lr
+from dcco.config import EvalConfig, OptimConfig
+from dcco.core.optim import build_optimizer, scheduled_lr, set_lr
 from dcco.core.seeding import generator
 from dcco.data.paired import Dataset
 from dcco.evaluate.features import (
@@ -19,7 +20,7 @@ from dcco.evaluate.features import (
     _linear_head,
     extract_features,
 )
-from dcco.evaluate.settings import EvalConfig, EvalResult
+from dcco.evaluate.settings import EvalResult
 
 
 def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, steps: int,

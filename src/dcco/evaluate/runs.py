@@ -11,11 +11,10 @@ from typing import Literal
 
 import torch
 
-from dcco.config import ConfigError, RunConfig
+from dcco.config import ConfigError, EvalConfig, RunConfig
 from dcco.data.paired import Dataset
 from dcco.errors import UserError
 from dcco.evaluate import (
-    EvalConfig,
     EvalResult,
     StepCallback,
     finetune,
@@ -32,7 +31,7 @@ from dcco.evaluate import (
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.run.checkpoint import load_checkpoint
-from dcco.run.rounds import resolve_device
+from dcco.run.devices import resolve_device
 from dcco.run.rundir import RunDir, RunDirError
 from dcco.run.setup import build_model
 from dcco.run.splits import load_splits

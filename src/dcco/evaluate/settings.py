@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcco.config.eval import (
-    KNN_FEATURES,  # noqa: F401 (re-exported: its old home)
-    EvalConfig,  # noqa: F401 (re-exported: its old home)
-    KnnFeatures,  # noqa: F401 (re-exported: its old home)
-)
+from dcco.moved import moved_names
 
 
 @dataclass(frozen=True)
@@ -55,3 +51,6 @@ def is_current(entry: dict) -> bool:
     """Whether a recorded evaluation (a summary's ``evaluations`` entry) was made under its
     protocol's current revision."""
     return entry.get("revision", 1) == PROTOCOL_REVISION.get(entry.get("protocol", ""), 1)
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -4,15 +4,16 @@ imports Flower; the rest of dcco never does. See ``docs/flower.md``. By role:
 - ``app/``: dcco's own Flower app, what ``flwr run`` starts for this project
   (``pyproject.toml``, ``[tool.flwr.app.components]``): ``app.client_app`` and
   ``app.server_app``, its nodes, worker and federation (``dcco.flower.app``).
-- For your own Flower app (docs/own_code.md): ``dcco.flower.DCCO``, a strategy your ServerApp
-  starts as it would start Flower's ``FedAvg`` (``strategy``), and ``dcco.flower.answer``,
-  what your ClientApp's ``train`` handler returns (``userapp``), and
+- For your own Flower app (docs/own_code.md): ``dcco.flower.DCCOStrategy``, a strategy your
+  ServerApp starts as it would start Flower's ``FedAvg`` (``strategy``, a package by phase),
+  and ``dcco.flower.answer``, what your ClientApp's ``train`` handler returns (``userapp``), and
   ``dcco.flower.evaluate_encoder``, what its ``evaluate`` handler returns for an encoder
   (``evaluation``), with ``ImageViews``, a ready
   image augmentation; ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+
   (``secure_round``, ``mods``). They are imported on first use, so that a ClientApp's module
   stays free of torch.
-- Shared by both: ``codec`` (packed records), ``exchanges`` (a round's two exchanges, written
+- Shared by both: ``codec`` (packed records: the one core of message encoding, under two
+  layouts, below), ``exchanges`` (a round's two exchanges, written
   once over a ``Wire``: dcco's app lays its messages out as ``app.wire`` does, several of the
   run's clients a node and a packed instruction; a user's app as ``userwire`` does, one
   client a node in Flower's own ``arrays`` and ``config`` records, which a user's handler
@@ -23,14 +24,19 @@ imports Flower; the rest of dcco never does. See ``docs/flower.md``. By role:
   and benchmarks; nothing else imports it.
 """
 
+import warnings
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DCCO":
-        from dcco.flower.strategy import DCCO
+    if name in ("DCCOStrategy", "DCCO"):
+        from dcco.flower.strategy import DCCOStrategy
 
-        return DCCO
+        if name == "DCCO":
+            warnings.warn("dcco.flower.DCCO is now dcco.flower.DCCOStrategy (DCCO also names "
+                          "the method); the old name goes in a later release",
+                          DeprecationWarning, stacklevel=2)
+        return DCCOStrategy
     if name == "SecAgg":
         from dcco.flower.secure_round import SecAgg
 
@@ -58,7 +64,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dcco.flower' has no attribute {name!r}")
 
 
-__all__ = ["DCCO", "ImageViews", "RoundsSkipped", "SecAgg", "answer", "evaluate_encoder",
+__all__ = ["DCCOStrategy", "ImageViews", "RoundsSkipped", "SecAgg", "answer", "evaluate_encoder",
            "secure_aggregation_mod"]
 
 

@@ -71,7 +71,7 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
     arrays = next(iter(msg.content.array_records.values()), None)
     if arrays is None:
         raise ValueError("an evaluate message without the model's arrays: evaluate_encoder "
-                         "answers dcco.flower.DCCO's configure_evaluate")
+                         "answers dcco.flower.DCCOStrategy's configure_evaluate")
     load_weights(model, codec.tensors_of(arrays))
     x, test_y = samples_and_labels(test)
     if x.shape[0] < 2:

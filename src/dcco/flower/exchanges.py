@@ -1,7 +1,7 @@
 """A Flower round's exchanges, written once: dcco's own ServerApp (``dcco.flower.app.federation``)
-and the public strategy (``dcco.flower.DCCO``) run the same round.
+and the public strategy (``dcco.flower.DCCOStrategy``) run the same round.
 
-The round is ``Algorithm.run_round`` (fresh or stale statistics, S_A, the clients' updates,
+The round is ``Algorithm.round`` (fresh or stale statistics, S_A, the clients' updates,
 their combination, differential privacy's noise). These executors carry out its two steps
 over Flower messages:
 
@@ -142,7 +142,7 @@ def exchange(send: Send, r: int, contents: dict[int, RecordDict], timeout: float
 
 
 class PlainExchanges:
-    """``Algorithm.run_round``'s two steps as exchanges of plain messages. A node merges its
+    """``Algorithm.round``'s two steps as exchanges of plain messages. A node merges its
     clients' statistics (``statistics``), except under FedSC's cache of absent clients
     (``each_statistics``), where it sends each client's own.
 
@@ -201,7 +201,7 @@ class PlainExchanges:
         return [s for _, each in valid for s in each]
 
     def absent(self, cache: StatisticsCache | None) -> Absent | None:
-        """``Algorithm.run_round``'s merge with FedSC's cache of absent clients (None without
+        """``Algorithm.round``'s merge with FedSC's cache of absent clients (None without
         a cache): the fresh statistics are those of the clients ``each_statistics`` got."""
         if cache is None:
             return None

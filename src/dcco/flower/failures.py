@@ -1,6 +1,6 @@
 """What a skipped round's message says about its nodes' failures: their errors grouped by
 kind (``causes``), whether every node failed alike (``every_node_failed``, which stops a run
-early in ``DCCO.start``), and a hint when the replies look like a ClientApp that does not
+early in ``DCCOStrategy.start``), and a hint when the replies look like a ClientApp that does not
 answer with ``dcco.flower.answer`` (``hint``)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ClientApp mod for SecAgg+: Flower's ``secaggplus_mod`` on SecAgg+'s messages only, so
 that one ClientApp serves plain and secure rounds (dcco's own app, and yours with the
-``dcco.flower.DCCO`` strategy: ``@app.train(mods=[secure_aggregation_mod])``). It imports
+``dcco.flower.DCCOStrategy`` strategy: ``@app.train(mods=[secure_aggregation_mod])``). It imports
 Flower only."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Where clients live in a Flower deployment (no torch, no Flower).
 
-The run's clients are the simulator's (``dcco.run.rounds.build_partition`` on the training labels,
+The run's clients are the simulator's (``dcco.run.planning.build_partition`` on the training labels,
 same seed). A SuperNode with ``partition-id`` i of ``num-partitions`` N hosts the clients k
 with k mod N = i, like a hospital or an edge server holding several users' data; with N equal
 to the number of clients, each node is exactly one client. Each round the server samples K
-clients exactly as the simulator does (``dcco.run.rounds.sample_clients(seed, r, ...)``) and asks
+clients exactly as the simulator does (``dcco.run.sampling.sample_clients(seed, r, ...)``) and asks
 every node that hosts sampled clients for their work in one message (``dcco.flower.app.nodes``
 computes it).
 """

@@ -1,4 +1,4 @@
-"""The ``dcco.flower.DCCO`` strategy's round under SecAgg+: the server sees only sums.
+"""The ``dcco.flower.DCCOStrategy`` strategy's round under SecAgg+: the server sees only sums.
 
 Both exchanges go through Flower's SecAgg+ (``dcco.flower.secagg``: the ranges, the wire
 format and the workflow), as in dcco's own app (docs/flower.md, "Secure aggregation"). Each
@@ -30,7 +30,7 @@ from dcco.methods.base import Method
 
 @dataclass(frozen=True)
 class SecAgg:
-    """SecAgg+ for both exchanges of the strategy's rounds (``DCCO(secagg=SecAgg(...))``).
+    """SecAgg+ for both exchanges of the strategy's rounds (``DCCOStrategy(secagg=SecAgg(...))``).
 
     The ClientApp's ``train`` handler then needs ``mods=[dcco.flower.secure_aggregation_mod]``
     (Flower's ``secaggplus_mod`` for SecAgg+'s messages).
@@ -95,7 +95,7 @@ def calibration(sa: SecAgg, weights: dict[str, Tensor], method: Method, local_lr
     """Round ``r``'s public ranges: one client-style step of the round's model on the
     server's samples (views seeded by ``(seed, r)``)."""
     from dcco.flower.userapp import load_weights  # the nodes' own loading
-    from dcco.run.rounds import user_views
+    from dcco.run.views import user_views
 
     load_weights(sa.model, weights)
     dtype = next(sa.model.parameters()).dtype

@@ -1,4 +1,4 @@
-"""Your ClientApp's side of the ``dcco.flower.DCCO`` strategy: ``answer`` turns a ``train``
+"""Your ClientApp's side of the ``dcco.flower.DCCOStrategy`` strategy: ``answer`` turns a ``train``
 message into the node's reply, for both exchanges of a round.
 
     @app.train()
@@ -33,13 +33,14 @@ from dcco.api import (
     statistics_kept,
     update_from_kept,
 )
+from dcco.config import LossConfig
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
 from dcco.flower.userwire import LAMBDA, LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
-from dcco.methods.base import LossConfig, Method
+from dcco.methods.base import Method
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 
@@ -89,7 +90,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
             ``update`` answered by another process, or a forward over that bound: the views
             are encoded again.
 
-    Under SecAgg+ (``DCCO(secagg=SecAgg(...))``) the handler needs
+    Under SecAgg+ (``DCCOStrategy(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
 
     Raises:
@@ -216,7 +217,7 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     keys = ("phase", "round") if secure else (PHASE, ROUND)
     missing = [k for k in (*keys, METHOD, VIEWS_SEED) if config is None or k not in config]
     if missing:
-        raise ValueError(f"not a message of the dcco.flower.DCCO strategy (its config record "
+        raise ValueError(f"not a message of dcco.flower.DCCOStrategy (its config record "
                          f"lacks {', '.join(missing)})")
     method = build_method(str(config[METHOD]),
                           LossConfig(lambd=float(config.get(LAMBDA, LossConfig().lambd))))
@@ -369,7 +370,7 @@ def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
 def _views(samples: Tensor, augment: Callable[[Tensor], Tensor], seed: int, node: int,
            dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The round's two views of this node's samples: the same in both phases of a round."""
-    from dcco.run.rounds import user_views
+    from dcco.run.views import user_views
 
     return user_views(augment, samples, derive_seed(seed, "node", node), 0, dtype)
 

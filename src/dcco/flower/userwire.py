@@ -1,4 +1,4 @@
-"""The messages of dcco's public strategy (``dcco.flower.DCCO``) and a user's ClientApp
+"""The messages of dcco's public strategy (``dcco.flower.DCCOStrategy``) and a user's ClientApp
 (``dcco.flower.answer``): the keys of the ``config`` record the strategy sends, S_A as a record,
 and ``UserWire``, the strategy's layout of a round's messages with the checks of the nodes'
 replies (a ``dcco.flower.exchanges.Wire``; one client a node)."""
@@ -7,20 +7,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
-from torch import Tensor
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from torch import Tensor, nn
 
 from dcco.core.client import ClientUpdate
+from dcco.core.seeding import derive_seed
 from dcco.core.server import ReplyError, validate_statistics, validate_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
 from dcco.flower.codec import Instruction
-
-if TYPE_CHECKING:
-    from dcco.flower.strategy import DCCO
+from dcco.flower.server_model import ServerModel
 
 PHASE, ROUND, VIEWS_SEED, METHOD, LOCAL_LR = ("phase", "server-round", "views-seed", "method",
                                               "local-lr")
@@ -41,6 +40,24 @@ def moments_of(record: ArrayRecord) -> Moments:
     return Moments(tensors, count=count)
 
 
+@dataclass(frozen=True)
+class NodeSettings:
+    """What every training message tells a node: the method, the client rate, λ and the
+    seed that each round's views derive from."""
+
+    method: str
+    local_lr: float
+    lambd: float
+    seed: int
+
+    def config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
+        """The ``config`` record of round ``r``'s ``phase`` message, over the user's
+        ``train_config`` (``extra``)."""
+        return ConfigRecord(extra | {PHASE: phase, ROUND: r, METHOD: self.method,
+                                     VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
+                                     LOCAL_LR: self.local_lr, LAMBDA: float(self.lambd)})
+
+
 class UserWire:
     """The strategy's layout of a round's messages (``dcco.flower.exchanges.Wire``): the
     records a user's ClientApp answers with ``dcco.flower.answer``, one client a node. The
@@ -48,27 +65,31 @@ class UserWire:
     statistics replies, the arrays most updates train): the strategy has no model of its own.
 
     Args:
-        strategy: the strategy (its weights, method and settings). r: the round (from 1).
-        config: the user's ``train_config``. arrays: the model to send (default: the
-            strategy's weights).
+        model: the strategy's copy of the model (its weights, the trained names, the
+            optimiser's parameters). nodes: what every message tells a node.
+        r: the round (from 1). config: the user's ``train_config``.
+        secagg_model: the nodes' model under SecAgg+ (its arrays' order), or None.
+        arrays: the model to send (default: ``model``'s weights).
     """
 
-    def __init__(self, strategy: DCCO, r: int, config: dict,
+    def __init__(self, model: ServerModel, nodes: NodeSettings, r: int, config: dict,
+                 secagg_model: nn.Module | None = None,
                  arrays: ArrayRecord | None = None) -> None:
-        self.s, self.r, self.config, self._arrays = strategy, r, config, arrays
+        self.model, self.nodes, self.r, self.config = model, nodes, r, config
+        self.secagg_model, self._arrays = secagg_model, arrays
 
     def _model(self) -> ArrayRecord:
         if self._arrays is None:  # one record for every node's message
-            self._arrays = codec.array_record(self.s._weights)
+            self._arrays = codec.array_record(self.model.weights)
         return self._arrays
 
     def stats_message(self, clients: list[int]) -> RecordDict:
         return RecordDict({"arrays": self._model(),
-                           "config": self.s._config("stats", self.r, self.config)})
+                           "config": self.nodes.config("stats", self.r, self.config)})
 
     def update_message(self, clients: list[int], model: bool, shared: Moments | None,
                        with_stats: bool) -> RecordDict:
-        content = {"config": self.s._config("update", self.r, self.config)}
+        content = {"config": self.nodes.config("update", self.r, self.config)}
         if model:
             content["arrays"] = self._model()
         if shared is not None:
@@ -77,14 +98,14 @@ class UserWire:
 
     def instruction(self, phase: str, clients: list[int], model: bool,
                     shared: Moments | None = None, with_stats: bool = False) -> Instruction:
-        weights = self.s._weights  # in the nodes' order (secagg.model's)
-        own = {k: weights[k] for k in self.s.secagg.model.state_dict()} if model else None
+        weights = self.model.weights  # in the nodes' order (secagg.model's)
+        own = {k: weights[k] for k in self.secagg_model.state_dict()} if model else None
         return Instruction(phase, self.r, (), own, shared, with_stats)
 
     def secure_extra(self) -> dict:
         """The strategy's keys for a secure exchange's config (which carries its own phase
         and round)."""
-        return {k: v for k, v in self.s._config("", self.r, self.config).items()
+        return {k: v for k, v in self.nodes.config("", self.r, self.config).items()
                 if k not in (PHASE, ROUND)}
 
     def stats_check(self, contents: list[RecordDict], spec: StatsSpec
@@ -119,17 +140,10 @@ class UserWire:
 
     def update_check(self, contents: list[RecordDict], with_stats: StatsSpec | None
                      ) -> Callable[[RecordDict], tuple[ClientUpdate, None]]:
-        s = self.s
-        if s.trained is None:  # the names most replies train, fixed from now on
-            names = Counter()
-            for c in contents:
-                try:
-                    names[tuple(sorted(codec.tensors_of(c.array_records["arrays"])))] += 1
-                except (KeyError, TypeError, ValueError):
-                    continue
-            if names:
-                s.trained = [k for k in s._weights if k in set(names.most_common(1)[0][0])]
-        shapes = {k: tuple(s._weights[k].shape) for k in s.trained or () if k in s._weights}
+        server = self.model
+        server.learn_trained(contents)  # the names most replies train, fixed from now on
+        shapes = {k: tuple(server.weights[k].shape) for k in server.trained or ()
+                  if k in server.weights}
 
         def check(c: RecordDict) -> tuple[ClientUpdate, None]:
             if not shapes:
@@ -145,8 +159,8 @@ class UserWire:
         return check
 
     def params(self) -> dict[str, Tensor]:
-        return self.s._params_of(self.s._weights)
+        return self.model.params()
 
 
-__all__ = ["LOCAL_LR", "METHOD", "PHASE", "ROUND", "VIEWS_SEED", "UserWire", "moments_of",
-           "moments_record"]
+__all__ = ["LAMBDA", "LOCAL_LR", "METHOD", "PHASE", "ROUND", "VIEWS_SEED", "NodeSettings",
+           "UserWire", "moments_of", "moments_record"]

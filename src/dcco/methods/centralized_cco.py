@@ -7,9 +7,10 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import cco_loss
 from dcco.core.stats import Moments, encoding_stats
-from dcco.methods.base import LossConfig, MethodBase, Segments
+from dcco.methods.base import MethodBase, Segments
 
 
 @dataclass(frozen=True)

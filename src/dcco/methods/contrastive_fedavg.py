@@ -8,9 +8,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import nt_xent, nt_xent_per_anchor
 from dcco.core.stats import Moments
-from dcco.methods.base import LossConfig, MethodBase, Segments
+from dcco.methods.base import MethodBase, Segments
 
 
 @dataclass(frozen=True)

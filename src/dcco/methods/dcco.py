@@ -13,9 +13,10 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import cco_loss
 from dcco.core.stats import CCO_STATS, Moments, StatsSpec
-from dcco.methods.base import AnchoredMethod, LossConfig
+from dcco.methods.base import AnchoredMethod
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import vicreg_loss
 from dcco.core.stats import VICREG_STATS, Moments, StatsSpec
-from dcco.methods.base import AnchoredMethod, LossConfig
+from dcco.methods.base import AnchoredMethod
 
 
 @dataclass(frozen=True)

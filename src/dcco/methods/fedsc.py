@@ -23,9 +23,10 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import spectral_loss
 from dcco.core.stats import SPECTRAL_STATS, Moments, StatsSpec, encoding_stats
-from dcco.methods.base import AnchoredMethod, LossConfig, MethodBase
+from dcco.methods.base import AnchoredMethod, MethodBase
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dcco.config import LossConfig
 from dcco.core.client_state import ClientStart, Layout
 from dcco.core.losses import moco_loss_per_sample, split_prediction
 from dcco.core.stats import Moments
-from dcco.methods.base import LossConfig, MethodBase
+from dcco.methods.base import MethodBase
 from dcco.methods.predictive import PredictiveMethod
 
 QUEUE = "moco.queue"

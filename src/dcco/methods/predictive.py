@@ -23,9 +23,10 @@ from typing import ClassVar, Literal
 
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import byol_loss_per_sample, simsiam_loss_per_sample, split_prediction
 from dcco.core.stats import Moments
-from dcco.methods.base import LossConfig, MethodBase, Segments
+from dcco.methods.base import MethodBase, Segments
 
 BYOL_PROJECTOR = (4096, 256)
 """BYOL's projector: one hidden layer of 4096, output 256 (Grill et al. 2020, §3.3)."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dcco.config import LossConfig
 from dcco.config.sections import METHOD_NAMES
-from dcco.methods.base import LossConfig, Method
+from dcco.methods.base import Method
 from dcco.methods.cco_fedavg import CCOFedAvg
 from dcco.methods.centralized_cco import CentralizedCCO
 from dcco.methods.clip_fedavg import ClipFedAvg

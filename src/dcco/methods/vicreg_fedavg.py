@@ -8,9 +8,10 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from dcco.config import LossConfig
 from dcco.core.losses import vicreg_loss
 from dcco.core.stats import VICREG_STATS, Moments, encoding_stats
-from dcco.methods.base import LossConfig, MethodBase
+from dcco.methods.base import MethodBase
 
 
 @dataclass(frozen=True)

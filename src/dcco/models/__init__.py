@@ -25,7 +25,6 @@ from dcco.config.model import (
     RESNET50_WIDTHS,
     WS_EPS,
     Arch,
-    ModelConfig,
     Norm,
 )
 from dcco.models.build import (
@@ -47,11 +46,15 @@ from dcco.models.layers import (
     standardised_weight,
 )
 from dcco.models.resnet import MLP, ResNet, ResNet14, ResNet50
+from dcco.moved import moved_names
 
 __all__ = [
     "MLP", "MLP_WIDTHS", "PROJECTOR_MIN_GROUP", "RESNET14_WIDTHS", "RESNET20_FIXUP_WIDTHS",
     "RESNET50_WIDTHS", "WS_EPS", "Arch", "DualEncoder", "FixupBlock", "FixupResNet20", "Head",
-    "InputShape", "ModelConfig", "Norm", "Projector", "ResNet", "ResNet14", "ResNet50",
+    "InputShape", "Norm", "Projector", "ResNet", "ResNet14", "ResNet50",
     "WSConv2d", "WSLinear", "build_backbone", "build_dual_encoder", "build_projector",
     "check_inputs", "group_count", "group_norm", "has_batch_norm", "standardised_weight",
 ]
+
+
+__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

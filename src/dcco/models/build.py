@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from dcco.config.model import ModelConfig
+from dcco.config import ModelConfig
 from dcco.core.seeding import generator
 from dcco.models.dual import DualEncoder, Head
 from dcco.models.fixup import FixupResNet20

@@ -55,8 +55,8 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
               splits: tuple[Dataset, Dataset], pretrain: Callable[..., dict],
               say: Callable[[str], None], progress: StepCallback | None, stop: Stop) -> str:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
+    from dcco.run.devices import resolve_device
     from dcco.run.pretraining import Diverged
-    from dcco.run.rounds import resolve_device
 
     train, test = splits
     device = resolve_device(cell.cfg.train.device)

@@ -24,10 +24,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dcco.config import from_dict
+from dcco.config import ModelConfig, from_dict
 from dcco.data.augment import model_input
 from dcco.errors import UserError
-from dcco.models import DualEncoder, Head, ModelConfig, build_dual_encoder
+from dcco.models import DualEncoder, Head, build_dual_encoder
 from dcco.run.checkpoint import (
     CheckpointError,
     atomic_write_text,

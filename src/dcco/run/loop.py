@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from dcco.config import RunConfig
+from dcco.config import EvalConfig, RunConfig
 from dcco.core.collapse import (
     FIGURES,
     CollapseWarning,
@@ -21,7 +21,7 @@ from dcco.core.collapse import (
     watch_start,
 )
 from dcco.data.paired import Dataset
-from dcco.evaluate import EvalConfig, knn_accuracy, knn_description, labelled_subset, linear_probe
+from dcco.evaluate import knn_accuracy, knn_description, labelled_subset, linear_probe
 from dcco.models import DualEncoder
 from dcco.run.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.run.pretraining import Pretraining, RoundMetrics, read_numbers
@@ -134,7 +134,9 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
                                                state_bytes=state_bytes - model_bytes)
     writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
-    watch = CollapseWatch(watch_start(cfg.optim.warmup_steps), eps=pt.method.variance_eps())
+    own_cco = pt.method.uses_eps and pt.method.federated and pt.method.stats is None
+    watch = CollapseWatch(watch_start(cfg.optim.warmup_rounds), eps=pt.method.variance_eps(),
+                          client_samples=(int(pt.partition.sizes.max()) if own_cco else None))
     stopped: str | None = None
     while not pt.finished and stopped is None:
         m = step()

@@ -54,20 +54,13 @@ from dcco.methods.predictive import target_decay
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 from dcco.models.dual import buffers_kept
-from dcco.run.rounds import (
-    Privacy,
-    RoundPlan,
-    algorithm_of,
-    build_partition,
-    clients_seen,
-    input_record,
-    keeps_graphs,
-    max_batch_of,
-    plan_round,
-    resolve_device,
-    user_views,
-)
+from dcco.run.algorithms import algorithm_of
+from dcco.run.devices import keeps_graphs, max_batch_of, resolve_device
+from dcco.run.planning import RoundPlan, build_partition, input_record, plan_round
+from dcco.run.privacy import Privacy
+from dcco.run.sampling import clients_seen
 from dcco.run.setup import build_model, check_data, check_partition, speed_of, validate
+from dcco.run.views import user_views
 
 PROBE_SAMPLES = 256
 """Samples of the collapse probe of a method that shares no statistics (``Pretraining.
@@ -189,7 +182,7 @@ class Pretraining:
 
     def lr(self, round_index: int) -> float:
         o = self.cfg.optim
-        return scheduled_lr(round_index, self.cfg.train.rounds, o.lr, o.warmup_steps, o.schedule)
+        return scheduled_lr(round_index, self.cfg.train.rounds, o.lr, o.warmup_rounds, o.schedule)
 
     def views(self, plan: RoundPlan, round_index: int) -> tuple[Tensor, Tensor]:
         """The two inputs of the round's samples: two augmented views of each image (N, C, H,
@@ -295,7 +288,7 @@ class Pretraining:
         absent = None  # every rank merges the same statistics into its copy of the cache
         if self.cache is not None:
             absent = functools.partial(self.cache.merge_round, plan.clients.tolist())
-        result = algorithm.run_round(executor, self.previous(r), self.round_noise(r), absent)
+        result = algorithm.round(executor, self.previous(r), self.round_noise(r), absent)
         if states is not None:  # each rank's clients' new states, to every rank's store
             share_client_states(self.client_states, states.clients)
         return result
@@ -383,7 +376,7 @@ class Pretraining:
                     "overflows)")
         return (f"after {bad - 1} server steps the weights or encodings overflowed: the steps "
                 f"are too large for this model; try a lower optim.lr or a longer "
-                f"optim.warmup_steps")
+                f"optim.warmup_rounds")
 
     def _statistics_cache(self) -> StatisticsCache | None:
         """A new cache for ``train.absent_statistics = "cached"``, refused where it cannot

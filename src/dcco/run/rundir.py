@@ -238,7 +238,7 @@ class RunDir:
         return run
 
     def config(self) -> RunConfig:
-        return load_config(self.config_path)
+        return load_config(self.config_path, warn_renamed=False)
 
     @contextmanager
     def lock(self) -> Iterator[None]:

@@ -20,7 +20,10 @@ from dcco.data.samples import refuse_non_finite
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, Head, InputShape, build_dual_encoder, check_inputs
-from dcco.run.rounds import Privacy, algorithm_of, build_partition, resolve_device
+from dcco.run.algorithms import algorithm_of
+from dcco.run.devices import resolve_device
+from dcco.run.planning import build_partition
+from dcco.run.privacy import Privacy
 
 
 def validate(cfg: RunConfig) -> RunConfig:

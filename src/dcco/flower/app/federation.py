@@ -45,8 +45,9 @@ from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid
 from dcco.flower.placement import NodeIdentity, assign
 from dcco.methods.base import Segments
+from dcco.run.planning import RoundPlan
 from dcco.run.pretraining import Pretraining
-from dcco.run.rounds import RoundPlan, sample_clients
+from dcco.run.sampling import sample_clients
 
 LOG = logging.getLogger("flwr.dcco")
 CALIBRATION_SAMPLES = 64
@@ -187,7 +188,7 @@ class Federation:
     # ------------------------------------------------------------------ rounds
 
     def collect(self) -> RoundAggregate:
-        """Run the exchanges of round ``pt.rounds_done`` (``Algorithm.run_round`` over the
+        """Run the exchanges of round ``pt.rounds_done`` (``Algorithm.round`` over the
         nodes); the model is left unchanged."""
         self.discover()
         r = self.pt.rounds_done
@@ -202,7 +203,7 @@ class Federation:
             exchanges = PlainExchanges(self.grid.send_and_receive, wire, r, self.fcfg.timeout,
                                        targets, self.fcfg.min_survivors, self._answered)
         try:
-            result = self.pt.algorithm.run_round(exchanges, self.pt.previous(r),
+            result = self.pt.algorithm.round(exchanges, self.pt.previous(r),
                                                  self.pt.round_noise(r),
                                                  exchanges.absent(self.pt.cache))
         except RoundSkipped as skip:

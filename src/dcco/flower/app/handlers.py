@@ -33,7 +33,7 @@ from dcco.flower.app.nodes import (
 )
 from dcco.flower.appconfig import parse_run_config
 from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
-from dcco.run.rounds import algorithm_of
+from dcco.run.algorithms import algorithm_of
 
 KEPT_MODEL, KEPT_ROUND = "dcco.kept-model", "dcco.kept-round"
 _IMPORTED = time.time()

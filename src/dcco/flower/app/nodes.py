@@ -37,7 +37,9 @@ from dcco.methods.base import Method
 from dcco.methods.predictive import target_decay
 from dcco.models import DualEncoder
 from dcco.run import setup
-from dcco.run.rounds import algorithm_of, build_partition, resolve_device
+from dcco.run.algorithms import algorithm_of
+from dcco.run.devices import resolve_device
+from dcco.run.planning import build_partition
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,298 @@
+"""``DCCOStrategy``: the Flower hooks and the run (the package's doc says what a round is)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from dcco.config import USER, OptimConfig
+from dcco.core.algorithm import Algorithm
+from dcco.core.collapse import CollapseWatch, watch_start
+from dcco.core.statistics_cache import StatisticsCache
+from dcco.flower.roundlog import metrics_line, round_line, run_summary
+from dcco.flower.secure_round import SecAgg
+from dcco.flower.server_model import ServerModel
+from dcco.flower.strategy.arguments import refuse_fedavg_arguments, strategy_method, trained_names
+from dcco.flower.strategy.checkpoint import resume_strategy, save_strategy
+from dcco.flower.strategy.evaluation import FederatedEvaluation
+from dcco.flower.strategy.rounds import RoundsSkipped, StrategyRounds, skipped_round
+from dcco.flower.strategy.sampling import NodeSampler
+from dcco.flower.userwire import NodeSettings
+
+LOG = logging.getLogger("flwr.dcco")
+
+
+class DCCOStrategy(Strategy):
+    """DCCO (and the other methods of dcco) for your own Flower app.
+
+    It takes Flower ``FedAvg``'s arguments, so that swapping one for the other is one line;
+    those it cannot honour are refused by name, with the reason (``train_metrics_aggr_fn``:
+    DCCO's training metrics are its own; a ``weighted_by_key`` other than
+    ``"num-examples"``: the exact round weighs each node by its sample count, which
+    ``answer`` reports under that key).
+
+    Args:
+        fraction_train: the fraction of connected nodes sampled a round (at least
+            ``min_train_nodes``), as Flower's ``FedAvg``.
+        fraction_evaluate, min_evaluate_nodes: the nodes sampled for federated evaluation
+            after each round (``configure_evaluate``: the model and ``evaluate_config`` to
+            your ClientApp's ``@app.evaluate``), as ``FedAvg``'s; ``fraction_evaluate = 0``:
+            none.
+        arrayrecord_key, configrecord_key: the keys of the model and the config in the
+            evaluation messages, as ``FedAvg``'s (the training messages are
+            ``dcco.flower.answer``'s own layout).
+        evaluate_metrics_aggr_fn: how the evaluation replies' metrics are combined (as
+            ``FedAvg``'s; default: their average weighted by ``"num-examples"``).
+        min_train_nodes: the fewest nodes sampled a round.
+        min_available_nodes: nodes to wait for before a round.
+        method: ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method
+            of dcco (``cco_fedavg``, ``contrastive_fedavg``; one exchange).
+        optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
+            (``dcco.core.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
+            ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
+            parameters' share. The default, Adam 1e-3 with 10 warm-up rounds, trains the
+            models CCO collapses under larger steps (docs/own_code.md, "Collapse").
+        local_lr: the clients' SGD rate (paper: 1.0).
+        lambd: λ of the CCO loss, sent to the nodes with every instruction. The default, 5
+            (``dcco.config.USER``, as ``dcco.fit``'s), trained every model of the learning
+            study better than the paper's 20, which suits its 1024-wide projector
+            (docs/results.md, "What training is worth").
+        min_survivors: the fewest valid replies a phase needs, or the round is skipped.
+        seed: node sampling and the views' seed of each round.
+        trained: the names of the arrays the clients train (their deltas); None: those of
+            the first round's valid-looking updates (the names most replies carry), kept for
+            the run. The model's other floating arrays (batch norm's running statistics) are
+            the sample-weighted average of what the nodes hold after their step, as FedAvg
+            averages them; integer arrays stay as they are. Under SecAgg+, the parameters
+            of ``secagg.model`` that require gradients.
+        secagg: both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``:
+            the nodes' model, the server's calibration samples, the most samples a node
+            holds); None: plain messages, each reply checked.
+        absent_statistics: ``drop``: a round's S_A is its own nodes' (the exact round);
+            ``cached``: the strategy keeps every node's last statistics and merges those of
+            the nodes absent from a round into its S_A (FedSC's partial participation,
+            ``dcco.core.statistics_cache``: not a centralized step; a statistics method with
+            plain messages; kept for the run of ``start``, and in ``checkpoint``).
+        checkpoint: a file the strategy rewrites atomically after every round: the model,
+            the server optimiser's state, the round, the node sampling's state, FedSC's cache
+            and the metrics so far. A ``start`` that finds it resumes after its last round (a
+            stopped ServerApp is started again with the same arguments; ``initial_arrays``
+            is then ignored, and the log says so), to the same model as an uninterrupted
+            run. None: no checkpoint.
+    """
+
+    def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int = 2, weighted_by_key: str = "num-examples",
+                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
+                 train_metrics_aggr_fn: Callable | None = None,
+                 evaluate_metrics_aggr_fn: Callable | None = None, method: str = "dcco",
+                 optimizer: str = USER.optim.name, lr: float = USER.optim.lr,
+                 weight_decay: float = USER.optim.weight_decay,
+                 warmup_rounds: int = USER.optim.warmup_rounds,
+                 schedule: str = "cosine", vector_lr_scale: float = 1.0,
+                 local_lr: float = 1.0, lambd: float = USER.lambd,
+                 min_survivors: int = 1, seed: int = 0,
+                 trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
+                 absent_statistics: str = "drop", checkpoint: str | Path | None = None
+                 ) -> None:
+        refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
+        if min_survivors < 1:
+            raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
+        self.sampler = NodeSampler(fraction_train, min_train_nodes, fraction_evaluate,
+                                   min_evaluate_nodes, min_available_nodes, seed)
+        self.method = strategy_method(method, lambd, absent_statistics, secagg)
+        self.algorithm = Algorithm(self.method, local_lr=local_lr)
+        self.evaluation = FederatedEvaluation(self.sampler, lambd, arrayrecord_key,
+                                              configrecord_key, evaluate_metrics_aggr_fn,
+                                              weighted_by_key)
+        self.optim = OptimConfig(name=optimizer, lr=lr, weight_decay=weight_decay,
+                                 warmup_rounds=warmup_rounds, schedule=schedule,
+                                 vector_lr_scale=vector_lr_scale)
+        self.model = ServerModel(self.optim, trained_names(trained, secagg, min_train_nodes,
+                                                           min_available_nodes))
+        self.nodes = NodeSettings(self.method.name, local_lr, lambd, seed)
+        self.absent_statistics, self.secagg = absent_statistics, secagg
+        self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.rounds = StrategyRounds(self.algorithm, self.model, self.nodes, min_survivors,
+                                     secagg, self._watch())
+        self._asked_nodes: set[int] | None = None
+        self._skipped: dict | None = None
+
+    @property
+    def cache(self) -> StatisticsCache | None:
+        """Every node's last statistics under ``absent_statistics='cached'``."""
+        return self.rounds.cache
+
+    def node_config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
+        """The ``config`` record of round ``r``'s ``phase`` message (``NodeSettings``)."""
+        return self.nodes.config(phase, r, extra)
+
+    def _watch(self) -> CollapseWatch:
+        return CollapseWatch(watch_start(self.optim.warmup_rounds),
+                             eps=self.method.variance_eps())
+
+    # Flower's hooks: a round's first exchange and the server's step from its update replies
+    # (``start`` runs the exchange between them); FedAvg's federated evaluation.
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The round's first messages: the model and ``phase = "stats"`` (statistics
+        methods) or ``"update"`` (FedAvg methods) to each sampled node."""
+        wire = self.rounds.wire(server_round, dict(config), arrays)
+        nodes = self.sampler.train(grid)
+        self._asked_nodes = set(nodes)
+        return [Message(wire.stats_message([n]) if self.method.stats is not None
+                        else wire.update_message([n], True, None, False), dst_node_id=n,
+                        message_type=MessageType.TRAIN, group_id=str(server_round))
+                for n in nodes]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The update replies' valid average applied with the server optimiser: the new
+        model, and the round's loss, samples and reply counters (None, None when too few are
+        valid: the round is skipped). ``start`` runs its rounds through the same checks
+        (``dcco.flower.exchanges``); this is the hook for Flower's own loop, where the
+        update exchange is the round's only one."""
+        if self.secagg is not None:
+            raise RuntimeError("under SecAgg+ a round runs in DCCOStrategy.start: the server "
+                               "never sees one node's reply to aggregate")
+        replies = list(replies)
+        asked = self._asked_nodes or {m.metadata.src_node_id for m in replies}
+        outcome = self.rounds.aggregate(server_round, replies, asked)
+        if outcome.skipped:
+            self._skipped = outcome.metrics
+            return None, None
+        return outcome.arrays, MetricRecord(outcome.metrics)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Federated evaluation, as ``FedAvg``'s: the model and ``config`` (with
+        ``server-round``, and the loss's λ for ``dcco.flower.evaluate_encoder``) to
+        ``fraction_evaluate`` of the nodes (at least ``min_evaluate_nodes``), for your
+        ClientApp's ``@app.evaluate`` (``FederatedEvaluation``)."""
+        return self.evaluation.messages(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """The evaluation replies' metrics combined by ``evaluate_metrics_aggr_fn`` (their
+        average weighted by ``num-examples``); None when none is valid."""
+        return self.evaluation.combine(server_round, replies)
+
+    def summary(self) -> None:
+        LOG.info("DCCO strategy: method %s, %s of the nodes a round (at least %d), server %s "
+                 "at lr %g", self.method.name, self.sampler.fraction_train,
+                 self.sampler.min_train_nodes, self.optim.name, self.optim.lr)
+
+    # ------------------------------------------------------------------ the run
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Run ``num_rounds`` rounds; Flower's ``Strategy.start`` arguments and ``Result``.
+
+        ``train_metrics_clientapp`` holds each round's loss, samples, reply counters per
+        phase, ``skipped`` = 1 for a skipped round, and for a statistics method the collapse
+        figures of its S_A, ``dead_dims``, ``corr_diag`` and ``eff_rank``, with
+        ``collapse-warning`` = 1 at the round the collapse warning was logged
+        (``dcco.core.collapse``). ``train_config`` goes to the nodes with every training message
+        (a ``lr`` in it is refused: DCCO's nodes step at ``local_lr``, the server's optimiser
+        at ``lr``). After each round, ``configure_evaluate`` sends the model and
+        ``evaluate_config`` to the sampled nodes' ``@app.evaluate``, whose metrics fill
+        ``evaluate_metrics_clientapp``; ``evaluate_fn(round, arrays)`` runs on the server
+        before the first round and after each (``evaluate_metrics_serverapp``).
+
+        Every node that fails or replies without what DCCO needs is logged with its reason,
+        round by round, and a skipped round says why.
+
+        Raises:
+            ValueError: ``num_rounds`` < 1, a ``lr`` in ``train_config``, or arrays that do
+                not fit ``trained`` or ``secagg``.
+            RoundsSkipped: every round was skipped: nothing was trained, and the reasons are
+                in the message; or, before any round trained, two rounds in a row failed on
+                every node with the same error (a fault of the nodes' code or data, which
+                every later round would meet), and the run stopped there.
+        """
+        if not isinstance(num_rounds, int) or num_rounds < 1:
+            raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+        config = train_config or ConfigRecord()
+        if "lr" in config:
+            raise ValueError(f"train_config['lr'] = {config['lr']!r}: DCCO's nodes take one "
+                             f"SGD step at the strategy's local_lr ({self.local_lr:g}, the "
+                             f"paper's) and the server's optimiser sets the model's step "
+                             f"(DCCOStrategy(lr={self.optim.lr:g})); remove 'lr' from "
+                             f"train_config and set DCCOStrategy(lr=...) instead")
+        self.summary()
+        began = time.perf_counter()
+        result = Result(arrays=initial_arrays)
+        self.begin(initial_arrays, num_rounds)
+        first, skipped = 1, []
+        failing: list[frozenset[str]] = []  # the errors of consecutive rounds every node failed
+        if self.checkpoint is not None and self.checkpoint.is_file():
+            first, skipped, cache = resume_strategy(self.checkpoint, result, num_rounds,
+                                                    self.model, self.sampler, self.rounds.watch)
+            self.rounds.cache = cache if cache is not None else self.rounds.cache
+            LOG.info("DCCO: resuming from %s after round %d of %d (initial_arrays ignored)",
+                     self.checkpoint, first - 1, num_rounds)
+        elif evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
+            result.evaluate_metrics_serverapp[0] = res
+        for r in range(first, num_rounds + 1):
+            started = time.perf_counter()
+            self._asked_nodes = set(nodes := self.sampler.train(grid))
+            outcome = self.rounds.run(grid, r, nodes, config, timeout)
+            record = outcome.metrics | {"skipped": float(outcome.skipped),
+                                        "round-seconds": time.perf_counter() - started}
+            result.train_metrics_clientapp[r] = MetricRecord(record)
+            if not outcome.skipped:
+                result.arrays = outcome.arrays
+                LOG.info("DCCO round %d/%d: %s", r, num_rounds, round_line(record))
+            else:
+                skipped_round(r, num_rounds, outcome, skipped, failing, result)
+            self.evaluation.run(grid, r, result, evaluate_config, timeout)
+            if (res := result.evaluate_metrics_clientapp.get(r)) is not None:
+                LOG.info("DCCO round %d/%d, federated evaluation: %s", r, num_rounds,
+                         metrics_line(res))
+            if evaluate_fn is not None and (res := evaluate_fn(r, result.arrays)) is not None:
+                result.evaluate_metrics_serverapp[r] = res
+                LOG.info("DCCO round %d/%d, server evaluation: %s", r, num_rounds,
+                         metrics_line(res))
+            if self.checkpoint is not None:
+                save_strategy(self.checkpoint, r, num_rounds, result, skipped, self.model,
+                              self.sampler, self.cache, self.rounds.watch)
+        LOG.info("DCCO: %s", run_summary(result, num_rounds, time.perf_counter() - began))
+        if len(skipped) == num_rounds:
+            raise RoundsSkipped(
+                f"every one of the {num_rounds} rounds was skipped, so the model was never "
+                f"trained: " + "; ".join(skipped[:3])
+                + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""), result)
+        return result
+
+    def begin(self, initial_arrays: ArrayRecord, num_rounds: int) -> None:
+        """A run's start: the weights of ``initial_arrays``, a fresh server optimiser, node
+        sampling and collapse watch, and the checks of ``trained`` and ``secagg`` against
+        the arrays (``start`` calls it; Flower's own loop of ``configure_train`` and
+        ``aggregate_train`` needs it called first)."""
+        self.model.begin(initial_arrays, num_rounds)
+        self.sampler.begin()
+        self.evaluation.missing = False
+        self.rounds.cache = StatisticsCache() if self.absent_statistics == "cached" else None
+        self.rounds.watch = self._watch()
+        if self.secagg is not None and (lacking := [
+                k for k in self.secagg.model.state_dict() if k not in self.model.weights]):
+            raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
+                             f"state_dict of the nodes' model")
+
+
+DCCO = DCCOStrategy
+"""The strategy's first name (``DCCO`` is also the method's): kept as an alias."""
+
+__all__ = ["DCCO", "DCCOStrategy", "RoundsSkipped", "SecAgg"]
