@@ -260,7 +260,7 @@ class Recipe:
     erase: float = 0.0
 
 
-BEFORE = ('optim.name="adam"', "optim.lr=1e-3", "optim.warmup_rounds=10",
+BEFORE = ('optim.optimizer="adam"', "optim.lr=1e-3", "optim.warmup_rounds=10",
           "optim.weight_decay=0.0", "loss.lambd=20.0")
 """``dcco.fit``'s settings before this study (until 2026-11-28): its server optimiser, which
 it keeps, and the paper's λ."""

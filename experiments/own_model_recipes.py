@@ -2,7 +2,7 @@
 user's CNN (group norm, no weight standardisation) and which collapse it.
 
     python experiments/own_model_recipes.py --out experiments/results/collapse/own_model \\
-        --recipe 'lars 1.5 (fit before):optim.name="lars";optim.lr=1.5;optim.weight_decay=1e-6' \\
+        --recipe 'lars 1.5 (fit before):optim.optimizer="lars";optim.lr=1.5;optim.weight_decay=1e-6' \\
         --recipe 'adam 1e-3 (fit now):' --recipe 'adam 5e-3:optim.lr=5e-3'
 
 A recipe is ``NAME:SETTINGS``, ``section.key=value`` joined by ``;``, given to every

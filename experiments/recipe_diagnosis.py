@@ -2,7 +2,7 @@
 loss, what the encodings look like, and how far each layer moves per round.
 
     python experiments/recipe_diagnosis.py configs/fmnist_small.toml --rounds 150 \
-        --variant "adam 5e-3:" --variant "lars 1.5:optim.name=\"lars\";optim.lr=1.5" \
+        --variant "adam 5e-3:" --variant "lars 1.5:optim.optimizer=\"lars\";optim.lr=1.5" \
         --out experiments/results/recipe_diagnosis
 
 A variant is ``NAME:OVERRIDES``, the overrides ``section.key=value`` joined by ``;``, applied

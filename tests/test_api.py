@@ -223,7 +223,7 @@ def test_fit__batched_equals_reference_and_the_run_directory_reads_back(tmp_path
     second.load_state_dict(first.state_dict())
     # LARS, whose steps carry the backends' float64 rounding through unchanged (Adam's first
     # steps divide by |g|, and amplify it in near-zero gradients to about 1e-5 here)
-    lars = [*SETTINGS, 'optim.name="lars"', "optim.lr=1.5", "optim.weight_decay=1e-6"]
+    lars = [*SETTINGS, 'optim.optimizer="lars"', "optim.lr=1.5", "optim.weight_decay=1e-6"]
     a = dcco.fit(first, _clients(), run_dir=tmp_path / "a", settings=lars, **FIT)
     b = dcco.fit(second, _clients(), run_dir=tmp_path / "b",
                  settings=[*lars, 'train.backend="reference"'], **FIT)

@@ -17,7 +17,7 @@ def _net(seed=0):
 @pytest.mark.parametrize("name", ["adam", "lars"])
 def test_checkpoint__round_trip_restores_model_and_optimizer_exactly(tmp_path, name):
     net = _net()
-    opt = build_optimizer(net.named_parameters(), OptimConfig(name=name, weight_decay=1e-4))
+    opt = build_optimizer(net.named_parameters(), OptimConfig(optimizer=name, weight_decay=1e-4))
     for _ in range(3):
         net(torch.randn(5, 4)).square().mean().backward()
         opt.step()
@@ -25,7 +25,7 @@ def test_checkpoint__round_trip_restores_model_and_optimizer_exactly(tmp_path, n
     path = tmp_path / "ckpt.safetensors"
     save_checkpoint(path, net, opt, rounds_done=3, meta={"method": "dcco"})
     net2 = _net(seed=1)
-    opt2 = build_optimizer(net2.named_parameters(), OptimConfig(name=name, weight_decay=1e-4))
+    opt2 = build_optimizer(net2.named_parameters(), OptimConfig(optimizer=name, weight_decay=1e-4))
     assert load_checkpoint(path, net2, opt2) == 3
     assert checkpoint_meta(path) == {"method": "dcco"}
     for a, b in zip(net.state_dict().values(), net2.state_dict().values()):

@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 SRC = str(Path(__file__).parents[1] / "src")
-LARS = ["--set", 'optim.name="lars"', "--set", "optim.lr=1.5", "--set", "optim.warmup_rounds=2",
+LARS = ["--set", 'optim.optimizer="lars"', "--set", "optim.lr=1.5", "--set", "optim.warmup_rounds=2",
         "--set", "optim.weight_decay=1e-6"]
 
 

@@ -121,7 +121,7 @@ def test_torchrun_pretrain__trains_the_single_process_model(tmp_path, tiny_confi
     clients, FedEMA with its clients' kept models: every rank keeps the same copy, saved
     with the checkpoint by rank 0."""
     config = tiny_config(method=method, rounds=5, checkpoint_every=5)
-    sets = ["--set", 'train.precision="float64"', "--set", f'optim.name="{optimiser}"',
+    sets = ["--set", 'train.precision="float64"', "--set", f'optim.optimizer="{optimiser}"',
             "--set", f"optim.lr={0.5 if optimiser == 'lars' else 0.005}", "--no-progress",
             *extra]
     done = _torchrun(["-m", "dcco", "pretrain", str(config), "--run-dir",

@@ -117,7 +117,7 @@ def test_config_reference__says_where_fit_and_the_strategy_set_other_defaults():
     assert {"loss.lambd", "optim.lr", "optim.warmup_rounds", "model.projector"} <= set(keys)
     assert "| `loss.lambd` | `20.0` | `5.0` |" in section
     strategy = inspect.signature(DCCOStrategy).parameters
-    for name, value in (("optimizer", USER.optim.name), ("lr", USER.optim.lr),
+    for name, value in (("optimizer", USER.optim.optimizer), ("lr", USER.optim.lr),
                         ("warmup_rounds", USER.optim.warmup_rounds), ("lambd", USER.lambd)):
         assert strategy[name].default == value
         assert f"`{name}={value!r}`" in section, name

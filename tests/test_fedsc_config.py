@@ -48,7 +48,7 @@ def test_fedsc_cifar10_preset__fedscs_setting_as_written():
     assert (t.local_steps, t.local_batch, t.local_statistics, t.own_weight) == (
         50, 512, "own", "fedsc")
     assert algorithm_of(cfg).local_sgd == LocalSGD(0.9, 5e-4, 3.0) and t.local_lr_schedule == "cosine"
-    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.schedule) == ("sgd", 1.0, "constant")
+    assert (cfg.optim.optimizer, cfg.optim.lr, cfg.optim.schedule) == ("sgd", 1.0, "constant")
     assert cfg.augment.crop_scale == (0.2, 1.0) and cfg.augment.blur_p == (0.0, 0.0)
 
 

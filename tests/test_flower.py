@@ -62,7 +62,7 @@ def make_federation(tiny_config):
              tamper: Tamper | None = None, overrides: tuple[str, ...] = ()):
         cfg = load_config(tiny_config(method=method, rounds=3), [
             'train.dtype="float64"', 'train.backend="reference"', "train.clients_per_round=12",
-            'optim.name="lars"', "optim.lr=0.5", *overrides])
+            'optim.optimizer="lars"', "optim.lr=0.5", *overrides])
         fcfg = fcfg or FlowerConfig(min_nodes=NODES)
         train, _ = load_splits(cfg)
         grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": NODES}
@@ -199,7 +199,7 @@ def test_flower_stateful_rounds__equal_the_simulators_and_nodes_keep_the_clients
 
     cfg, pt, fed = make_federation(method, overrides=(
         "data.num_clients=6", "train.clients_per_round=4", "train.local_steps=2",
-        "train.local_lr=0.05", 'optim.name="sgd"', "optim.lr=1.0", "loss.moco_queue=5"))
+        "train.local_lr=0.05", 'optim.optimizer="sgd"', "optim.lr=1.0", "loss.moco_queue=5"))
     train, _ = load_splits(cfg)
     ref = Pretraining(cfg, train)
     for _ in range(3):

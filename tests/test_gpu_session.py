@@ -56,7 +56,7 @@ knn_queries = 50
 set = []
 
 [scale.gpu-lars]
-set = ['optim.name="lars"', "optim.lr=0.5"]
+set = ['optim.optimizer="lars"', "optim.lr=0.5"]
 """
 
 RECORDS = {"ladder": "records/round_cost_cpu.json", "profile": "records/round_profile_cpu.json",

@@ -36,7 +36,7 @@ def test_lars__trust_ratio_scales_matrices_and_skips_vectors():
 
 def test_build_optimizer__lars_excludes_biases_and_norm_parameters():
     net = nn.Sequential(nn.Linear(3, 4), nn.GroupNorm(2, 4))
-    opt = build_optimizer(net.named_parameters(), OptimConfig(name="lars", weight_decay=1e-3))
+    opt = build_optimizer(net.named_parameters(), OptimConfig(optimizer="lars", weight_decay=1e-3))
     excluded = [g for g in opt.param_groups if g["exclude"]]
     assert len(excluded) == 1 and excluded[0]["weight_decay"] == 0.0
     assert {p.ndim for p in excluded[0]["params"]} == {1} and len(excluded[0]["params"]) == 3
@@ -57,7 +57,7 @@ def test_vector_lr_scale__one_dimensional_parameters_step_at_a_fraction_of_the_r
     torch.manual_seed(0)
     layer = nn.Linear(4, 3)
     opt = build_optimizer(layer.named_parameters(),
-                          OptimConfig(name=name, lr=0.5, vector_lr_scale=0.024))
+                          OptimConfig(optimizer=name, lr=0.5, vector_lr_scale=0.024))
     set_lr(opt, 0.2)  # a schedule keeps the ratio
     by_dim = {g["params"][0].ndim: g["lr"] for g in opt.param_groups}
     assert by_dim == {2: 0.2, 1: pytest.approx(0.2 * 0.024)}
@@ -71,12 +71,14 @@ def test_vector_lr_scale__one_dimensional_parameters_step_at_a_fraction_of_the_r
         OptimConfig(vector_lr_scale=0.0)
 
 
-def test_optim_warmup_steps__reads_as_warmup_rounds_with_a_warning_and_a_conflict_is_refused(
+def test_optim_old_key_names__read_as_the_new_ones_with_a_warning_and_a_conflict_is_refused(
         tmp_path):
-    """One name for the warm-up: ``optim.warmup_rounds`` in TOML as in the strategy's
-    ``warmup_rounds=``. A file or override with the old ``optim.warmup_steps`` still loads, told
+    """One name for the warm-up and the server optimiser: ``optim.warmup_rounds`` and
+    ``optim.optimizer`` in TOML as in the strategy's ``warmup_rounds=`` and ``optimizer=``. A
+    file or override with the old ``optim.warmup_steps`` or ``optim.name`` still loads, told
     the new name; a run directory's stored config (written by an earlier version) loads
     quietly; both names at once with two values are refused."""
+    import re
     import warnings
 
     from dcco.config import ConfigError, RunConfig, load_config
@@ -88,11 +90,14 @@ def test_optim_warmup_steps__reads_as_warmup_rounds_with_a_warning_and_a_conflic
         assert load_config(old).optim.warmup_rounds == 7
     with pytest.warns(DeprecationWarning, match="optim.warmup_rounds"):
         assert load_config(None, ["optim.warmup_steps=3"]).optim.warmup_rounds == 3
+    with pytest.warns(DeprecationWarning, match="optim.name is now optim.optimizer"):
+        assert load_config(None, ['optim.name="lars"']).optim.optimizer == "lars"
     with pytest.raises(ConfigError, match="optim.warmup_steps .the old name of "
                                           "optim.warmup_rounds"):
         load_config(old, ["optim.warmup_rounds=8"])
     run = RunDir.create(tmp_path / "run", RunConfig())
-    run.config_path.write_text(run.config_path.read_text().replace("warmup_rounds", "warmup_steps"))
+    stored = run.config_path.read_text().replace("warmup_rounds", "warmup_steps")
+    run.config_path.write_text(re.sub(r"^optimizer =", "name =", stored, flags=re.MULTILINE))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert run.config().optim.warmup_rounds == RunConfig().optim.warmup_rounds
+        assert run.config().optim == RunConfig().optim

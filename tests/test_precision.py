@@ -251,7 +251,7 @@ def test_foreach_lars__equals_the_looping_lars():
 def test_fast_server_optimisers__agree_with_the_default_ones(name):
     torch.manual_seed(0)
     nets = [_model(Speed()) for _ in range(2)]
-    opts = [build_optimizer(trainable_parameters(n), OptimConfig(name=name, lr=0.01), fast=f)
+    opts = [build_optimizer(trainable_parameters(n), OptimConfig(optimizer=name, lr=0.01), fast=f)
             for n, f in zip(nets, (False, True))]
     assert (getattr(opts[1], "foreach", None) is True if name == "lars"
             else opts[1].defaults["fused"] is True)

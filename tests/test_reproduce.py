@@ -182,7 +182,7 @@ def test_cifar100_paper_preset__runs_on_tiny_cifar_files(tmp_path):
     assert (cfg.data.dataset, cfg.data.alpha, cfg.data.samples_per_client) == ("cifar100", 0.0, 4)
     assert (cfg.train.rounds, cfg.train.clients_per_round, cfg.train.local_lr) == (100_000, 128,
                                                                                    1.0)
-    assert (cfg.optim.name, cfg.optim.lr, cfg.loss.lambd) == ("adam", 5e-3, 20.0)
+    assert (cfg.optim.optimizer, cfg.optim.lr, cfg.loss.lambd) == ("adam", 5e-3, 20.0)
     assert projector(cfg) == (1024, 1024, 1024) and cfg.augment.blur_p == (0.0, 0.0)
     run = tmp_path / "run"
     assert main(["pretrain", str(preset), "--run-dir", str(run), "--no-progress",
@@ -328,7 +328,7 @@ def test_table1_grid__gpu_scale_runs_with_paper_label_counts_per_class(tiny_fmni
     grid = load_grid(shipped, "gpu")
     assert grid.base.train.rounds == 5000 and grid.base.model.stage_widths == (64, 128, 256)
     assert grid.evaluations == ("linear@5000", "linear@500", "linear@50", "finetune@5000")
-    assert grid.base.optim.name == "adam" and grid.base.optim.schedule == "cosine"
+    assert grid.base.optim.optimizer == "adam" and grid.base.optim.schedule == "cosine"
     assert {s.samples_per_client * s.clients_per_round for s in grid.settings} == {512}
     tiny = load_grid(shipped, "gpu", [
         f'data.data_dir="{tiny_fmnist}"', "train.rounds=2", "train.knn_every=0",

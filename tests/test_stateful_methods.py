@@ -214,7 +214,7 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
     from dcco.run.checkpoint import save_checkpoint
 
     cfg = load_config(tiny_config(method=method, rounds=4, checkpoint_every=2),
-                      ["data.num_clients=6", "train.local_steps=2", "optim.name=\"sgd\"",
+                      ["data.num_clients=6", "train.local_steps=2", "optim.optimizer=\"sgd\"",
                        "optim.lr=1.0", "train.local_lr=0.05", "loss.moco_queue=5"])
     train, _ = load_splits(cfg)
     pt = _run(cfg, train, 4)

@@ -22,6 +22,7 @@ latter is the shared encoder of both views, and updates are keyed by its own par
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -473,7 +474,8 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     apply_pseudo_gradient(optimizer, [p for _, p in named], [pseudo_gradient[n] for n, _ in named])
 
 
-def server_optimizer(model: nn.Module, name: str = USER.optim.name, lr: float = USER.optim.lr,
+def server_optimizer(model: nn.Module, optimizer: str = USER.optim.optimizer,
+                     lr: float = USER.optim.lr,
                      weight_decay: float = USER.optim.weight_decay,
                      **settings: Any) -> torch.optim.Optimizer:
     """dcco's server optimiser over ``model``: Adam(W) (by default, ``dcco.config.USER``'s rate),
@@ -483,8 +485,13 @@ def server_optimizer(model: nn.Module, name: str = USER.optim.name, lr: float = 
     from dcco.config import OptimConfig
     from dcco.core.optim import build_optimizer
 
+    if "name" in settings:  # its old name
+        warnings.warn("server_optimizer(name=...) is now server_optimizer(optimizer=...)",
+                      DeprecationWarning, stacklevel=2)
+        optimizer = settings.pop("name")
     return build_optimizer(trainable_parameters(model),
-                           OptimConfig(name=name, lr=lr, weight_decay=weight_decay, **settings))
+                           OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
+                                       **settings))
 
 
 __all__ = [

@@ -55,7 +55,7 @@ DEMO_CONFIG = RunConfig(
     augment=AugmentConfig(crop_scale=(0.25, 1.0)),
     train=TrainConfig(method="dcco", rounds=200, clients_per_round=32, log_every=10,
                       checkpoint_every=50, knn_every=100),
-    optim=OptimConfig(name="lars", lr=1.5, weight_decay=1e-6, warmup_rounds=10),
+    optim=OptimConfig(optimizer="lars", lr=1.5, weight_decay=1e-6, warmup_rounds=10),
     eval=EvalConfig(labels=1000, probe_steps=300, probe_batch=256, scratch_epochs=30,
                     knn_bank=5000, knn_queries=1000),
 )

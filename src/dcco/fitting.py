@@ -305,7 +305,7 @@ def defaults_section(markdown: bool = True) -> str:
     rows = fit_defaults()
     strategy = (f"`dcco.flower.DCCOStrategy` takes the same server optimiser and λ as "
                 f"arguments, with "
-                f"the same defaults: `optimizer={USER.optim.name!r}`, `lr={USER.optim.lr}`, "
+                f"the same defaults: `optimizer={USER.optim.optimizer!r}`, `lr={USER.optim.lr}`, "
                 f"`weight_decay={USER.optim.weight_decay}`, "
                 f"`warmup_rounds={USER.optim.warmup_rounds}`, `lambd={USER.lambd}`; its "
                 f"model is the user's own, so it has no projector, and its nodes answer "

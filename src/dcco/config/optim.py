@@ -14,9 +14,10 @@ class OptimConfig:
     learning rate 5e-3 (appendix B). LARS is the paper's choice for DERM and linear probes.
     """
 
-    name: Literal["adam", "lars", "sgd"] = "adam"
+    optimizer: Literal["adam", "lars", "sgd"] = "adam"
     """"adam" (AdamW), "lars", or "sgd": plain SGD without momentum, FedAvg's server at
-    lr 1 (θ ← θ + lr · the average update)."""
+    lr 1 (θ ← θ + lr · the average update). The Flower strategy's ``optimizer=``; read from
+    its old name, ``optim.optimizer``, with a ``DeprecationWarning``."""
     lr: float = 5e-3
     """The peak learning rate (after warm-up)."""
     schedule: Literal["cosine", "constant"] = "cosine"
@@ -40,8 +41,9 @@ class OptimConfig:
     """Adam's ε."""
 
     def __post_init__(self) -> None:
-        if self.name not in ("adam", "lars", "sgd"):
-            raise ValueError(f"optim.name must be 'adam', 'lars' or 'sgd', got {self.name!r}")
+        if self.optimizer not in ("adam", "lars", "sgd"):
+            raise ValueError(f"optim.optimizer must be 'adam', 'lars' or 'sgd', got "
+                             f"{self.optimizer!r}")
         if self.schedule not in ("cosine", "constant"):
             raise ValueError(f"optim.schedule must be 'cosine' or 'constant', got "
                              f"{self.schedule!r}")
@@ -66,7 +68,7 @@ class OptimConfig:
                              f"{self.vector_lr_scale}")
 
 
-USER_RECIPE = OptimConfig(name="adam", lr=1e-3, warmup_rounds=10)
+USER_RECIPE = OptimConfig(optimizer="adam", lr=1e-3, warmup_rounds=10)
 """The server optimiser that ``dcco.fit`` and ``dcco.flower.DCCOStrategy`` use unless told:
 Adam at 1e-3 (the paper's other rate) after 10 warm-up rounds, cosine over the run. A user's
 model is not the network a recipe was tuned on: under LARS 1.5 (the Table 1 `small`

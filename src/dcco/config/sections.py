@@ -134,7 +134,7 @@ class TrainConfig:
     local_lr_schedule: Literal["constant", "cosine"] = "constant"
     """The local learning rate over the rounds: "constant", local_lr; "cosine",
     local_lr · ½(1 + cos(π r / R)) at round r of R (FedSC's clients, whose server averages
-    the models: ``optim.name = "sgd"``, ``optim.lr = 1``)."""
+    the models: ``optim.optimizer = "sgd"``, ``optim.lr = 1``)."""
     local_optimizer: Literal["sgd", "layerwise"] = "sgd"
     """With E > 1: "sgd", raw SGD steps of local_lr; "layerwise", each parameter tensor's
     step scaled by ‖θ₀‖/‖g‖ (θ₀ at the round's start; as LARS on the server), so local_lr

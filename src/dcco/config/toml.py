@@ -19,7 +19,7 @@ from dcco.config.runconfig import RunConfig
 from dcco.config.sections import ConfigError
 from dcco.errors import shown
 
-RENAMED = {("optim", "warmup_steps"): "warmup_rounds"}
+RENAMED = {("optim", "warmup_steps"): "warmup_rounds", ("optim", "name"): "optimizer"}
 """Keys read from their old names (section, old key) → new key: one name for one setting
 (2026-11-28)."""
 

@@ -137,7 +137,7 @@ def build_optimizer(named_params: Iterable[tuple[str, nn.Parameter]],
     vectors = [p for _, p in params if p.ndim <= 1]
     if fast is None:
         fast = bool(params) and all(p.is_cuda for _, p in params)
-    if cfg.name == "lars":
+    if cfg.optimizer == "lars":
         groups = [{"params": matrices},
                   {"params": vectors, "exclude": True, "weight_decay": 0.0,
                    "lr": cfg.lr * cfg.vector_lr_scale, "lr_scale": cfg.vector_lr_scale}]
@@ -149,7 +149,7 @@ def build_optimizer(named_params: Iterable[tuple[str, nn.Parameter]],
     groups = [{"params": matrices},
               {"params": vectors, "weight_decay": 0.0, "lr": cfg.lr * cfg.vector_lr_scale,
                "lr_scale": cfg.vector_lr_scale}]
-    if cfg.name == "sgd":
+    if cfg.optimizer == "sgd":
         return torch.optim.SGD([g for g in groups if g["params"]], lr=cfg.lr,
                                weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(

@@ -164,7 +164,7 @@ def finetune_cases(model: nn.Module, train_set: ImageDataset, label_ids: Tensor,
     per_step = max(1, round(cfg.finetune_batch * keys.numel() / label_ids.numel()))
     order = _batch_order(keys.numel(), per_step, cfg.finetune_steps,
                          generator(seed, "case_finetune", "batches"))
-    opt = build_optimizer(net.named_parameters(), OptimConfig(name="adam", lr=cfg.finetune_lr))
+    opt = build_optimizer(net.named_parameters(), OptimConfig(optimizer="adam", lr=cfg.finetune_lr))
     flip_seed = derive_seed(seed, "case_finetune", "flip")
     ids = label_ids.to(p.device)
     net.train()

@@ -66,7 +66,7 @@ def _train_classifier(net: Classifier, train_set: ImageDataset, label_ids: Tenso
     images = train_set.images[label_ids].to(p.device)  # the subset lives on the device
     labels = train_set.labels[label_ids].to(p.device)
     ids = label_ids.to(p.device)
-    opt = build_optimizer(net.named_parameters(), OptimConfig(name="adam", lr=lr))
+    opt = build_optimizer(net.named_parameters(), OptimConfig(optimizer="adam", lr=lr))
     order = _batch_order(ids.numel(), batch, steps, generator(seed, protocol, "batches"))
     order = order.to(p.device)
     flip_seed = derive_seed(seed, protocol, "flip")

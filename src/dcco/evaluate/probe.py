@@ -54,7 +54,7 @@ def train_linear_classifier(features: Tensor, labels: Tensor, num_classes: int, 
     z = (features - mean) / std
     head = _linear_head(z.shape[1], num_classes, None, z.device, z.dtype)
     opt = build_optimizer(head.named_parameters(),
-                          OptimConfig(name="lars", lr=lr, momentum=momentum))
+                          OptimConfig(optimizer="lars", lr=lr, momentum=momentum))
     order = _batch_order(z.shape[0], batch, steps, generator(seed, "probe")).to(z.device)
     for step in range(steps):
         set_lr(opt, scheduled_lr(step, steps, lr))

@@ -6,7 +6,7 @@ Both are BYOL with FedAvg underneath: a client regresses its predictor's output 
 onto its target network's projection of the other (``predictive.BYOLBase``'s loss), takes its
 local SGD steps, moves its target network toward its online network after each step by
 BYOL's moving average, and sends the server its online network and predictor; the server
-averages them (``optim.name = "sgd"``, ``optim.lr = 1`` for the papers' plain average). The
+averages them (``optim.optimizer = "sgd"``, ``optim.lr = 1`` for the papers' plain average). The
 target network never leaves the client. What differs is where a client starts its round
 (``client_start``), from the global model W_g and what it kept from its last round, W_k:
 

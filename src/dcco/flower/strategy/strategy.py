@@ -93,7 +93,7 @@ class DCCOStrategy(Strategy):
                  arrayrecord_key: str = "arrays", configrecord_key: str = "config",
                  train_metrics_aggr_fn: Callable | None = None,
                  evaluate_metrics_aggr_fn: Callable | None = None, method: str = "dcco",
-                 optimizer: str = USER.optim.name, lr: float = USER.optim.lr,
+                 optimizer: str = USER.optim.optimizer, lr: float = USER.optim.lr,
                  weight_decay: float = USER.optim.weight_decay,
                  warmup_rounds: int = USER.optim.warmup_rounds,
                  schedule: str = "cosine", vector_lr_scale: float = 1.0,
@@ -112,7 +112,7 @@ class DCCOStrategy(Strategy):
         self.evaluation = FederatedEvaluation(self.sampler, lambd, arrayrecord_key,
                                               configrecord_key, evaluate_metrics_aggr_fn,
                                               weighted_by_key)
-        self.optim = OptimConfig(name=optimizer, lr=lr, weight_decay=weight_decay,
+        self.optim = OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                                  warmup_rounds=warmup_rounds, schedule=schedule,
                                  vector_lr_scale=vector_lr_scale)
         self.model = ServerModel(self.optim, trained_names(trained, secagg, min_train_nodes,
@@ -189,7 +189,7 @@ class DCCOStrategy(Strategy):
     def summary(self) -> None:
         LOG.info("DCCO strategy: method %s, %s of the nodes a round (at least %d), server %s "
                  "at lr %g", self.method.name, self.sampler.fraction_train,
-                 self.sampler.min_train_nodes, self.optim.name, self.optim.lr)
+                 self.sampler.min_train_nodes, self.optim.optimizer, self.optim.lr)
 
     # ------------------------------------------------------------------ the run
 
