@@ -369,3 +369,20 @@ def test_cli__progress_lines_in_a_log_agree_with_the_summary(tiny_config, tmp_pa
     done = dcco("evaluate", str(run))
     assert done.returncode == 0, done.stderr
     assert "probe step 30/30 (100%)" in done.stderr and "feature batch" in done.stderr
+
+
+def test_cli_pretrain__checks_its_config_once_on_the_way_to_the_round(tiny_config, tmp_path,
+                                                                     monkeypatch):
+    """``dcco pretrain`` resolves its config where the run starts; the run directory and the
+    pretraining receive it checked, and the checks across sections run once (a config changed
+    on the way would be checked afresh: ``dcco.run.setup.CHECKED``)."""
+    from dcco.run import setup
+
+    calls = []
+    checks = setup._validate
+    monkeypatch.setattr(setup, "_validate", lambda cfg: calls.append(cfg) or checks(cfg))
+    setup.CHECKED.clear()
+    setup.RESOLVED.clear()
+    assert main(["pretrain", str(tiny_config("dcco")), "--run-dir", str(tmp_path / "run"),
+                 "--no-progress", "--set", "train.rounds=2"]) == 0
+    assert len(calls) == 1

@@ -5,10 +5,17 @@ partition checked against it (``check_data``, ``check_run``).
 
 The config itself (``dcco.config``) is plain data that imports no method, model or torch;
 these are its run-side checks, each raising a ``ConfigError`` that names the key to change.
+
+A run's config is checked once on its way: where the run starts (the CLI, ``dcco.fit``,
+the demo, the grid, the Flower app) ``resolved`` checks it and makes it concrete, and the
+run directory and the pretraining that receive that config find it checked (``CHECKED``) and
+do not check it again. A config changed on the way (``dataclasses.replace``) is another
+config, and is checked afresh.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -25,21 +32,30 @@ from dcco.run.devices import resolve_device
 from dcco.run.planning import build_partition
 from dcco.run.privacy import Privacy
 
+CHECKED: weakref.WeakSet[RunConfig] = weakref.WeakSet()
+"""The configs ``validate`` has passed in this process (frozen values, so an equal config is
+the same check); ``RESOLVED``, those ``resolved`` returned."""
+RESOLVED: weakref.WeakSet[RunConfig] = weakref.WeakSet()
+
 
 def validate(cfg: RunConfig) -> RunConfig:
     """``cfg``, checked across sections against its method: the method's round settings (as
     ``dcco.core.algorithm.Algorithm`` takes them), its head, its norm against its clients'
     batches and its data against its clients' sizes, and ``auto`` resolvable on this machine.
+    A config checked before (``CHECKED``) is not checked again.
 
     Raises:
         ConfigError: naming the key to change.
     """
+    if cfg in CHECKED:
+        return cfg
     try:
         _validate(cfg)
     except ConfigError:
         raise
     except ValueError as e:  # the algorithm's and the precision's checks name the keys
         raise ConfigError(str(e)) from None
+    CHECKED.add(cfg)
     return cfg
 
 
@@ -106,12 +122,19 @@ def resolved(cfg: RunConfig) -> RunConfig:
     """``cfg`` validated (``validate``), with every ``auto`` of ``[train]``'s precision and
     compile made concrete for ``train.device`` on this machine: what a run directory stores.
 
+    A config ``resolved`` returned before (``RESOLVED``) is returned as it is.
+
     Raises:
         ConfigError: naming the key to change.
     """
+    if cfg in RESOLVED:
+        return cfg
     validate(cfg)
     s = speed_of(cfg)
-    return replace(cfg, train=replace(cfg.train, precision=s.precision, compile=s.compile))
+    out = replace(cfg, train=replace(cfg.train, precision=s.precision, compile=s.compile))
+    CHECKED.add(out)  # ``auto`` made concrete as ``validate`` found it resolvable
+    RESOLVED.add(out)
+    return out
 
 
 def projector(cfg: RunConfig) -> tuple[int, ...]:
