@@ -6,10 +6,13 @@ group norm, seeds 0-2 of its 5), and the untrained encoders of the same network,
 norm (results/random_init-small-bn, appendix C's floor) for the grid's cells and with group
 norm (results/random_init-small) for the claims grid's.
 
-    python experiments/fedssl_table.py [--scale one-step-bn]
+    python experiments/fedssl_table.py [--scale one-step-bn] [--plot docs/fedssl.png]
 
 Each row: linear@5000 (%) by seed, finished seeds only, and the gain over the untrained
-encoder of the same seed, and against DCCO of the same seed.
+encoder of the same seed, and against DCCO of the same seed (paired: mean ± sd of the
+seeds' differences, and whether every seed lies on one side). ``--plot``: each setting's
+methods as bars of their mean with every seed as a dot, DCCO's mean as a line and the
+untrained encoder's as a dotted one.
 """
 
 from __future__ import annotations
@@ -44,14 +47,68 @@ def row(values: dict[int, float], floor: dict[int, float], dcco: dict[int, float
     mean = statistics.fmean(values.values())
     over = [values[s] - floor[s] for s in seeds if s in floor]
     against = [values[s] - dcco[s] for s in seeds if s in dcco]
-    paired = (lambda d: f"{statistics.fmean(d):+.1f}" if d else "—")
     return f"{mean:.1f}{spread} ({shown}) | {paired(over)} | {paired(against)}"
+
+
+def paired(d: list[float]) -> str:
+    """Paired differences over seeds: mean ± sd, and which side every seed lies on."""
+    if not d or not any(d):  # none, or DCCO against itself
+        return "—"
+    spread = f" ± {statistics.stdev(d):.1f}" if len(d) > 1 else ""
+    side = ("above on every seed" if min(d) > 0 else "below on every seed" if max(d) < 0
+            else "either side")
+    return f"{statistics.fmean(d):+.1f}{spread} ({len(d)} seed{'s' * (len(d) > 1)}, {side})"
+
+
+def cells(scale: str, slug: str, method: str) -> dict[int, float]:
+    """linear@5000 by seed of a method's finished cells: the grid's, or the claims grid's
+    (group norm) for DCCO and the FedAvg baselines."""
+    folder = (RESULTS / "table1_claims_fmnist-small" if method in CLAIMS
+              else RESULTS / f"fedssl_fmnist-{scale}")
+    return {s: v for s in range(3) if (v := probe(folder / f"{slug}-{method}-s{s}")) is not None}
+
+
+def plot(scale: str, floor: dict[int, float], path: Path) -> None:
+    """The settings side by side: bars of each method's mean, its seeds as dots, DCCO's mean
+    as a solid line and the untrained encoder's (batch norm) as a dotted one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = (*METHODS, "cco_fedavg", "contrastive_fedavg", "dcco")
+    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(6 * len(SETTINGS), 4), sharey=True)
+    for ax, (label, slug) in zip(axes, SETTINGS, strict=True):
+        for i, method in enumerate(names):
+            values = cells(scale, slug, method)
+            if not values:
+                ax.text(i, 50.5, "not run", rotation=90, ha="center", va="bottom", fontsize=8)
+                continue
+            color = "tab:red" if method == "dcco" else (
+                "tab:grey" if method in CLAIMS else "tab:blue")
+            ax.bar(i, statistics.fmean(values.values()), color=color, alpha=0.6)
+            ax.plot([i] * len(values), list(values.values()), "k.", markersize=5)
+        dcco = cells(scale, slug, "dcco")
+        if dcco:
+            ax.axhline(statistics.fmean(dcco.values()), color="tab:red", lw=1)
+        if floor:
+            ax.axhline(statistics.fmean(floor.values()), color="k", ls=":", lw=1)
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        ax.set_title(f"{label} (scale {scale}; grey and red: claims grid, group norm)",
+                     fontsize=9)
+        ax.set_ylim(50, 80)
+    axes[0].set_ylabel("linear probe, 5,000 labels (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", default="one-step-bn")
-    scale = parser.parse_args().scale
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the plot here")
+    args = parser.parse_args()
+    scale = args.scale
     floor = {s: v for s in range(3)
              if (v := probe(RESULTS / "random_init-small-bn" / f"s{s}")) is not None}
     floor_gn = {s: v for s in range(3)
@@ -61,20 +118,17 @@ def main() -> None:
           "(same seed) |")
     print("|---|---|---|---:|---:|")
     for label, slug in SETTINGS:
-        dcco = {s: v for s in range(3) if (v := probe(
-            RESULTS / "table1_claims_fmnist-small" / f"{slug}-dcco-s{s}")) is not None}
+        dcco = cells(scale, slug, "dcco")
         for method in METHODS:
-            values = {s: v for s in range(3) if (v := probe(
-                RESULTS / f"fedssl_fmnist-{scale}" / f"{slug}-{method}-s{s}")) is not None}
-            print(f"| {label} | {method} | {row(values, floor, dcco)} |")
+            print(f"| {label} | {method} | {row(cells(scale, slug, method), floor, dcco)} |")
         for method in CLAIMS:  # the claims grid's, group norm, its own recipe
-            values = {s: v for s in range(3) if (v := probe(
-                RESULTS / "table1_claims_fmnist-small" / f"{slug}-{method}-s{s}")) is not None}
             print(f"| {label} | {method} (claims grid, group norm) | "
-                  f"{row(values, floor_gn, dcco)} |")
+                  f"{row(cells(scale, slug, method), floor_gn, dcco)} |")
     for name, values in (("batch norm", floor), ("group norm", floor_gn)):
         shown = ", ".join(f"{values[s]:.1f}" for s in sorted(values))
         print(f"untrained encoder, {name}: {shown}")
+    if args.plot is not None:
+        plot(scale, floor, args.plot)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,6 @@ class DCCOStrategy(Strategy):
         self.rounds = StrategyRounds(self.algorithm, self.model, self.nodes, min_survivors,
                                      secagg, self._watch())
         self._asked_nodes: set[int] | None = None
-        self._skipped: dict | None = None
 
     @property
     def cache(self) -> StatisticsCache | None:
@@ -168,7 +167,8 @@ class DCCOStrategy(Strategy):
         asked = self._asked_nodes or {m.metadata.src_node_id for m in replies}
         outcome = self.rounds.aggregate(server_round, replies, asked)
         if outcome.skipped:
-            self._skipped = outcome.metrics
+            LOG.warning("DCCO round %d: skipped, the model unchanged: %s", server_round,
+                        outcome.reason)
             return None, None
         return outcome.arrays, MetricRecord(outcome.metrics)
 
