@@ -5,23 +5,24 @@ imports Flower; the rest of dcco never does. See ``docs/flower.md``. By role:
   (``pyproject.toml``, ``[tool.flwr.app.components]``): ``app.client_app`` and
   ``app.server_app``, its nodes, worker and federation (``dcco.flower.app``).
 - For your own Flower app (docs/own_code.md): ``dcco.flower.DCCOStrategy``, a strategy your
-  ServerApp starts as it would start Flower's ``FedAvg`` (``strategy``, a package by phase),
-  and ``dcco.flower.answer``, what your ClientApp's ``train`` handler returns (``userapp``), and
-  ``dcco.flower.evaluate_encoder``, what its ``evaluate`` handler returns for an encoder
-  (``evaluation``), with ``ImageViews``, a ready
-  image augmentation; ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+
-  (``secure_round``, ``mods``). They are imported on first use, so that a ClientApp's module
-  stays free of torch.
-- Shared by both: ``codec`` (packed records: the one core of message encoding, under two
-  layouts, below), ``exchanges`` (a round's two exchanges, written
-  once over a ``Wire``: dcco's app lays its messages out as ``app.wire`` does, several of the
-  run's clients a node and a packed instruction; a user's app as ``userwire`` does, one
-  client a node in Flower's own ``arrays`` and ``config`` records, which a user's handler
-  reads without dcco: two layouts, not one format), ``secagg`` (both exchanges through
-  SecAgg+), ``appconfig`` (the ``flower.*`` settings), ``placement``, ``polling``,
-  ``metering``, ``timing``.
+  ServerApp starts as it would start Flower's ``FedAvg`` (``strategy``, a package by phase,
+  with ``server_model``); ``dcco.flower.answer``, what your ClientApp's ``train`` handler
+  returns (``userapp``); ``dcco.flower.evaluate_encoder``, what its ``evaluate`` handler
+  returns for an encoder (``evaluation``); ``ImageViews``, a ready image augmentation; and
+  ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+ (``secure_round``, ``mods``). They
+  are imported on first use, so that a ClientApp's module stays free of torch.
+- Shared by both: ``exchanges`` (a round's two exchanges, written once over a ``Wire``),
+  ``secagg`` (both exchanges through SecAgg+), ``appconfig`` (the ``flower.*`` settings),
+  ``placement``, ``polling``, ``metering``, ``timing``.
 - ``testing/``: the in-process grid, the loopback deployment and Flower's floor, for tests
   and benchmarks; nothing else imports it.
+
+Message encoding is two layouts over one shared core, not one module: ``codec`` packs
+tensors, statistics and updates into records, and each layout puts them in a message.
+``app.wire`` is dcco's own app's: a node hosts several of the run's clients and gets one packed
+instruction for all of them. ``userwire`` is a user's app's: one client a node, in Flower's
+own ``arrays`` and ``config`` records, which a user's handler can read without dcco. The two
+differ in what a message holds, so a single format would make one of them pay for the other.
 """
 
 import warnings
