@@ -54,3 +54,24 @@ def test_demo__its_config_file_is_the_demos_config():
 
     path = Path(__file__).resolve().parents[1] / "configs" / "demo_fmnist.toml"
     assert load_config(path) == DEMO_CONFIG
+
+
+def test_recipes__one_place_for_every_entry_points_defaults():
+    """The demo, ``dcco.fit``, the Flower strategy and a config file start from the named
+    recipes of ``dcco.config.recipes``, and nothing else holds a set of defaults."""
+    import inspect
+
+    from dcco.config import RunConfig
+    from dcco.config.recipes import DEMO, PAPER, RECIPES, USER
+    from dcco.demo import DEMO_CONFIG
+    from dcco.fitting import fit_config
+    from dcco.flower import DCCOStrategy
+
+    assert set(RECIPES) == {"paper", "user", "demo"}
+    assert DEMO_CONFIG is DEMO and PAPER == RunConfig()
+    fitted = fit_config("dcco", 1, USER.clients_per_round, list(USER.projector), 0, [])
+    assert fitted.optim == USER.optim and fitted.loss.lambd == USER.lambd
+    strategy = inspect.signature(DCCOStrategy).parameters
+    assert (strategy["optimizer"].default, strategy["lr"].default,
+            strategy["warmup_rounds"].default, strategy["lambd"].default) == (
+        USER.optim.optimizer, USER.optim.lr, USER.optim.warmup_rounds, USER.lambd)

@@ -15,16 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dcco.config import (
-    AugmentConfig,
-    DataConfig,
-    EvalConfig,
-    ModelConfig,
-    OptimConfig,
-    RunConfig,
-    TrainConfig,
-    load_config,
-)
+from dcco.config import RunConfig, load_config
+from dcco.config.recipes import DEMO
 from dcco.errors import UserError
 from dcco.evaluate import StepCallback, is_current
 from dcco.evaluate.runs import (
@@ -49,18 +41,8 @@ from dcco.run.splits import load_splits
 
 METHODS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
 
-DEMO_CONFIG = RunConfig(
-    data=DataConfig(dataset="fashion_mnist", alpha=0.0, samples_per_client=4),
-    model=ModelConfig(arch="resnet14", widths=(16, 32, 64), projector=(128, 128, 128)),
-    augment=AugmentConfig(crop_scale=(0.25, 1.0)),
-    train=TrainConfig(method="dcco", rounds=200, clients_per_round=32, log_every=10,
-                      checkpoint_every=50, knn_every=100),
-    optim=OptimConfig(optimizer="lars", lr=1.5, weight_decay=1e-6, warmup_rounds=10),
-    eval=EvalConfig(labels=1000, probe_steps=300, probe_batch=256, scratch_epochs=30,
-                    knn_bank=5000, knn_queries=1000),
-)
-"""A budget for 2 CPU cores; see README for what it shows. configs/demo_fmnist.toml holds the
-same settings as a file (tests/test_demo.py checks it)."""
+DEMO_CONFIG = DEMO
+"""The demo's recipe (``dcco.config.recipes.DEMO``; configs/demo_fmnist.toml as a file)."""
 
 
 PARTS = (*METHODS, "supervised", "random_init")

@@ -1,0 +1,43 @@
+"""The named recipes, in one place: which defaults each entry point starts from.
+
+- ``PAPER``: ``RunConfig()``'s defaults, the paper's CIFAR-100 federated pretraining (Adam
+  5e-3, a 1024-wide projector, λ = 20): what a config file changes, and what
+  ``dcco pretrain`` and ``dcco reproduce`` start from.
+- ``USER``: a user's own model (``dcco.config.user``): the defaults of ``dcco.fit`` and of
+  the Flower strategy ``dcco.flower.DCCOStrategy``, chosen by measurement (Adam 1e-3 after 10
+  warm-up rounds, a 512³ projector, λ = 5).
+- ``DEMO``: ``dcco demo``, sized for 2 CPU cores (the `small` ResNet14, LARS 1.5, 200 rounds of
+  32 one-class clients of 4 photos); ``configs/demo_fmnist.toml`` holds it as a file.
+
+``RECIPES`` names them; each entry point says which it uses.
+"""
+
+from __future__ import annotations
+
+from dcco.config.augment import AugmentConfig
+from dcco.config.eval import EvalConfig
+from dcco.config.model import ModelConfig
+from dcco.config.optim import OptimConfig
+from dcco.config.runconfig import RunConfig
+from dcco.config.sections import DataConfig, TrainConfig
+from dcco.config.user import USER, UserDefaults
+
+PAPER = RunConfig()
+"""The paper's recipe: every key at its default."""
+
+DEMO = RunConfig(
+    data=DataConfig(dataset="fashion_mnist", alpha=0.0, samples_per_client=4),
+    model=ModelConfig(arch="resnet14", widths=(16, 32, 64), projector=(128, 128, 128)),
+    augment=AugmentConfig(crop_scale=(0.25, 1.0)),
+    train=TrainConfig(method="dcco", rounds=200, clients_per_round=32, log_every=10,
+                      checkpoint_every=50, knn_every=100),
+    optim=OptimConfig(optimizer="lars", lr=1.5, weight_decay=1e-6, warmup_rounds=10),
+    eval=EvalConfig(labels=1000, probe_steps=300, probe_batch=256, scratch_epochs=30,
+                    knn_bank=5000, knn_queries=1000),
+)
+"""``dcco demo``'s recipe: a budget for 2 CPU cores (README, "What the main job does")."""
+
+RECIPES: dict[str, RunConfig | UserDefaults] = {"paper": PAPER, "user": USER, "demo": DEMO}
+"""Every named recipe; no other set of defaults exists (``tests/test_demo.py``)."""
+
+__all__ = ["DEMO", "PAPER", "RECIPES", "USER"]
