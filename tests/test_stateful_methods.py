@@ -253,12 +253,14 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
         with pytest.raises(ConfigError, match="start from their own model"):
             validate(load_config(path, ["train.local_steps=2", setting]))
     assert parse_run_config({"train.method": "fedu"})[0].train.method == "fedu"  # dcco's app
-    with pytest.raises(ValueError, match="in a Flower app of your own it is not implemented"):
-        Strategy(method="fedema")
+    for method in ("fedema", "byol_fedavg", "simsiam_fedavg"):  # no predictor or target built
+        with pytest.raises(ValueError, match="in a Flower app of your own it is not implemented"):
+            Strategy(method=method)
     import dcco
 
     clients = {f"c{i}": torch.randn(4, 16) for i in range(40)}
-    for method in ("fedu", "fedema", "moco_fedavg"):  # refused before a folder is written
+    for method in ("fedu", "fedema", "moco_fedavg", "byol_fedavg", "simsiam_fedavg"):
+        # refused before a folder is written
         with pytest.raises(ConfigError, match="fit does not build around your encoder"):
             dcco.fit(torch.nn.Linear(16, 8), clients, rounds=2, augment=lambda x: x,
                      method=method, run_dir=tmp_path / method, progress=False)

@@ -18,6 +18,7 @@ from dcco.config import USER, ConfigError, RunConfig, from_dict, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
 from dcco.errors import shown
+from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.run.rundir import FIT_WORDS, RunDir
@@ -200,10 +201,11 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
                      own_augment=augment is not None)
     check_run(cfg, data, towers=False)
-    if METHODS[method].stateful:
-        raise ConfigError(f"{method} needs a dual encoder with a target network (BYOL's, "
-                          f"MoCo's key encoder), which fit does not build around your encoder "
-                          f"yet; run it on dcco's networks with dcco pretrain")
+    if METHODS[method].stateful or issubclass(METHODS[method], PredictiveMethod):
+        raise ConfigError(f"{method} needs a dual encoder with a predictor or a target network "
+                          f"(BYOL's, SimSiam's, MoCo's key encoder), which fit does not build "
+                          f"around your encoder yet; run it on dcco's networks with dcco "
+                          f"pretrain")
     model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed)
     record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
               "projector": dims, "augment": "yours" if augment is not None else "dcco",

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dcco.config import LossConfig
 from dcco.core.method import Method
 from dcco.flower.secure_round import SecAgg
+from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import build_method
 
 
@@ -34,6 +35,12 @@ def strategy_method(method: str, lambd: float, absent_statistics: str,
         raise ValueError(f"{method} is centralized; a strategy needs a federated method")
     if built.stateful:
         raise ValueError(f"{method}'s clients keep state between rounds, which runs in "
+                         f"dcco's simulator and dcco's own Flower app (dcco.flower.app); "
+                         f"in a Flower app of your own it is not implemented yet")
+    predictive = isinstance(built, PredictiveMethod)  # BYOL's, SimSiam's head
+    if predictive:
+        raise ValueError(f"{method} needs a predictor and a target network around the nodes' "
+                         f"encoder (and a server that moves BYOL's target), which runs in "
                          f"dcco's simulator and dcco's own Flower app (dcco.flower.app); "
                          f"in a Flower app of your own it is not implemented yet")
     if absent_statistics not in ("drop", "cached"):
