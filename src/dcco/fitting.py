@@ -201,7 +201,7 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
                      own_augment=augment is not None)
     check_run(cfg, data, towers=False)
-    if METHODS[method].stateful or issubclass(METHODS[method], PredictiveMethod):
+    if issubclass(METHODS[method], PredictiveMethod):  # the stateful methods are among them
         raise ConfigError(f"{method} needs a dual encoder with a predictor or a target network "
                           f"(BYOL's, SimSiam's, MoCo's key encoder), which fit does not build "
                           f"around your encoder yet; run it on dcco's networks with dcco "

@@ -97,18 +97,19 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """The module ran at its new path already."""
 
 
-def moved_names(module: str):
-    """A module ``__getattr__`` for ``MOVED_NAMES[module]``: each old name gives the object
-    from ``dcco.config`` and a ``DeprecationWarning`` that names the new path."""
-    names = MOVED_NAMES[module]
+def moved_names(module: str, to: dict[str, str] | None = None):
+    """A module ``__getattr__`` for the names ``module`` no longer holds: each old name gives
+    the object from its new module, with a ``DeprecationWarning`` that names the new path.
+    ``to``: each name's new module; None: ``MOVED_NAMES[module]``, all now in ``dcco.config``."""
+    homes = to if to is not None else dict.fromkeys(MOVED_NAMES[module], "dcco.config")
 
     def __getattr__(name: str):
-        if name not in names:
+        if name not in homes:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        warnings.warn(f"{module}.{name} moved to dcco.config.{name}; import it from there "
+        warnings.warn(f"{module}.{name} moved to {homes[name]}.{name}; import it from there "
                       f"(the old path goes in a later release; CHANGELOG.md lists every move)",
                       DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module("dcco.config"), name)
+        return getattr(importlib.import_module(homes[name]), name)
 
     return __getattr__
 

@@ -4,8 +4,7 @@ with a ``DeprecationWarning`` that names each one's new module."""
 
 from __future__ import annotations
 
-import importlib
-import warnings
+from dcco.moved import moved_names
 
 MOVED_TO = {
     "Privacy": "dcco.run.privacy",
@@ -26,10 +25,4 @@ MOVED_TO = {
 """Each name this module held and its module now."""
 
 
-def __getattr__(name: str):
-    if name not in MOVED_TO:
-        raise AttributeError(f"module 'dcco.run.rounds' has no attribute {name!r}")
-    warnings.warn(f"dcco.run.rounds.{name} moved to {MOVED_TO[name]}.{name}; import it from "
-                  f"there (the old path goes in a later release)", DeprecationWarning,
-                  stacklevel=2)
-    return getattr(importlib.import_module(MOVED_TO[name]), name)
+__getattr__ = moved_names(__name__, MOVED_TO)
