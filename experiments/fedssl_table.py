@@ -2,9 +2,11 @@
 SimSiam and DCCO, for docs/results.md, from the finished cells of
 experiments/fedssl_fmnist.toml (each scale's folder under experiments/results), DCCO's and
 the FedAvg baselines' cells of the claims grid (experiments/table1_claims_fmnist.toml,
-group norm, seeds 0-2 of its 5), and the untrained encoders of the same network, with batch
-norm (results/random_init-small-bn, appendix C's floor) for the grid's cells and with group
-norm (results/random_init-small) for the claims grid's.
+group norm, seeds 0-2 of its 5), the cross-silo grids (experiments/fedssl_cross_silo_fmnist.toml
+and its DCCO, experiments/fedssl_cross_silo_dcco_fmnist.toml, batch norm, scale small), and
+the untrained encoders of the same network, with batch norm (results/random_init-small-bn,
+appendix C's floor) for the batch-norm cells and with group norm (results/random_init-small)
+for the claims grid's.
 
     python experiments/fedssl_table.py [--scale one-step-bn] [--plot docs/fedssl.png]
 
@@ -26,6 +28,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("fedu", "fedema", "moco_fedavg", "byol_fedavg", "simsiam_fedavg")
 CLAIMS = ("dcco", "cco_fedavg", "contrastive_fedavg")
 SETTINGS = (("non-IID 4", "non-iid-4"), ("non-IID 16", "non-iid-16"))
+CROSS_SILO = ("cross-silo Dir 0.1", "cross-silo-dir-0-1")
+"""10 clients of 500 photos, all of them a round: its own grids, at scale ``small``, whatever
+the scale of the tiny-client cells."""
 
 
 def probe(path: Path) -> float | None:
@@ -60,12 +65,23 @@ def paired(d: list[float]) -> str:
     return f"{statistics.fmean(d):+.1f}{spread} ({len(d)} seed{'s' * (len(d) > 1)}, {side})"
 
 
+def folder(scale: str, slug: str, method: str) -> Path | None:
+    """Where a method's cells of a setting are: the grid's folder, the claims grid's (group
+    norm) for DCCO and the FedAvg baselines, the cross-silo grids' for that setting (None:
+    the method has no cells there)."""
+    if slug == CROSS_SILO[1]:
+        return (RESULTS / "fedssl_cross_silo_dcco_fmnist-small" if method == "dcco"
+                else RESULTS / "fedssl_cross_silo_fmnist-small" if method in METHODS else None)
+    return (RESULTS / "table1_claims_fmnist-small" if method in CLAIMS
+            else RESULTS / f"fedssl_fmnist-{scale}")
+
+
 def cells(scale: str, slug: str, method: str) -> dict[int, float]:
-    """linear@5000 by seed of a method's finished cells: the grid's, or the claims grid's
-    (group norm) for DCCO and the FedAvg baselines."""
-    folder = (RESULTS / "table1_claims_fmnist-small" if method in CLAIMS
-              else RESULTS / f"fedssl_fmnist-{scale}")
-    return {s: v for s in range(3) if (v := probe(folder / f"{slug}-{method}-s{s}")) is not None}
+    """linear@5000 by seed of a method's finished cells in a setting."""
+    where = folder(scale, slug, method)
+    if where is None:
+        return {}
+    return {s: v for s in range(3) if (v := probe(where / f"{slug}-{method}-s{s}")) is not None}
 
 
 def plot(scale: str, floor: dict[int, float], path: Path) -> None:
@@ -77,15 +93,17 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = (*METHODS, "cco_fedavg", "contrastive_fedavg", "dcco")
-    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(6 * len(SETTINGS), 4), sharey=True)
-    for ax, (label, slug) in zip(axes, SETTINGS, strict=True):
+    shown = (*SETTINGS, CROSS_SILO)
+    fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), sharey=True)
+    for ax, (label, slug) in zip(axes, shown, strict=True):
         for i, method in enumerate(names):
             values = cells(scale, slug, method)
             if not values:
                 ax.text(i, 50.5, "not run", rotation=90, ha="center", va="bottom", fontsize=8)
                 continue
             color = "tab:red" if method == "dcco" else (
-                "tab:grey" if method in CLAIMS else "tab:blue")
+                "tab:grey" if folder(scale, slug, method).name.startswith("table1")
+                else "tab:blue")
             ax.bar(i, statistics.fmean(values.values()), color=color, alpha=0.6)
             ax.plot([i] * len(values), list(values.values()), "k.", markersize=5)
         dcco = cells(scale, slug, "dcco")
@@ -94,7 +112,8 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
         if floor:
             ax.axhline(statistics.fmean(floor.values()), color="k", ls=":", lw=1)
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-        ax.set_title(f"{label} (scale {scale}; grey and red: claims grid, group norm)",
+        ax.set_title(f"{label} (scale small; DCCO batch norm)" if slug == CROSS_SILO[1]
+                     else f"{label} (scale {scale}; grey and red: claims grid, group norm)",
                      fontsize=9)
         ax.set_ylim(50, 80)
     axes[0].set_ylabel("linear probe, 5,000 labels (%)")
@@ -124,6 +143,10 @@ def main() -> None:
         for method in CLAIMS:  # the claims grid's, group norm, its own recipe
             print(f"| {label} | {method} (claims grid, group norm) | "
                   f"{row(cells(scale, slug, method), floor_gn, dcco)} |")
+    label, slug = CROSS_SILO  # its DCCO has batch norm too, the floor is the same network's
+    dcco = cells(scale, slug, "dcco")
+    for method in (*METHODS, "dcco"):
+        print(f"| {label} | {method} | {row(cells(scale, slug, method), floor, dcco)} |")
     for name, values in (("batch norm", floor), ("group norm", floor_gn)):
         shown = ", ".join(f"{values[s]:.1f}" for s in sorted(values))
         print(f"untrained encoder, {name}: {shown}")
