@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from dcco.tensorfile import Stacked
+
 MAX_STATE_BYTES = 8 << 30
 """The largest store a run may plan for: beyond it the run is refused."""
 
@@ -162,12 +164,14 @@ class ClientStates:
         return sum(v.numel() * v.element_size() for e in self._entries.values()
                    for v in e.values())
 
-    def state(self) -> dict[str, Tensor]:
+    def state(self) -> dict[str, Tensor | Stacked]:
         """The store as named tensors for a checkpoint: the clients whose entries hold the
-        same names, dtypes and shapes (in any order) in one group, each tensor stacked over the group's
-        clients (``client_state.<group>.<name>``, the ids in ``client_state.<group>.clients``):
-        a few dozen tensors for thousands of clients, where a tensor a client's name would
-        outgrow the checkpoint's header. Stacking copies the store once."""
+        same names, dtypes and shapes (in any order) in one group, each tensor stacked over
+        the group's clients (``client_state.<group>.<name>``, the ids in
+        ``client_state.<group>.clients``): a few dozen tensors for thousands of clients,
+        where a tensor a client's name would outgrow the checkpoint's header. The stacks are
+        ``Stacked``: the entries themselves, written row by row (``dcco.tensorfile``), not
+        a copy of the store."""
         groups: dict[tuple, list[int]] = {}
         for client, entry in sorted(self._entries.items()):
             shape = tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in entry.items()))
@@ -176,31 +180,43 @@ class ClientStates:
         for g, (shape, clients) in enumerate(groups.items()):
             out[f"{PREFIX}{g}.{CLIENTS}"] = torch.tensor(clients, dtype=torch.int64)
             for name, _, _ in shape:
-                out[f"{PREFIX}{g}.{name}"] = torch.stack([self._entries[c][name]
-                                                          for c in clients])
+                out[f"{PREFIX}{g}.{name}"] = Stacked(tuple(self._entries[c][name]
+                                                            for c in clients))
         return out
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Tensor],
+    def from_state(cls, state: Mapping[str, Tensor | Stacked],
                    dtype: torch.dtype = torch.float32) -> ClientStates:
-        """The store saved in ``state`` (empty when it holds none)."""
+        """The store saved in ``state`` (empty when it holds none), read a stacked tensor at
+        a time: from a checkpoint's lazy mapping (``dcco.run.checkpoint.checkpoint_state``)
+        it holds the store and one tensor of it at most."""
         store = cls(dtype)
-        groups: dict[int, dict[str, Tensor]] = {}
-        for key, value in state.items():
+        groups: dict[int, list[str]] = {}
+        for key in state:
             if not key.startswith(PREFIX):
                 continue
             group, _, name = key[len(PREFIX):].partition(".")
             if not group.isdigit() or not name:
                 raise ValueError(f"checkpoint key {key!r} is not {PREFIX}<group>.<name>")
-            groups.setdefault(int(group), {})[name] = value
-        for g, tensors in sorted(groups.items()):
-            clients = tensors.pop(CLIENTS, None)
-            if clients is None or any(t.shape[:1] != clients.shape for t in tensors.values()):
+            groups.setdefault(int(group), []).append(name)
+        for g, names in sorted(groups.items()):
+            if CLIENTS not in names:
                 raise ValueError(f"checkpoint group {PREFIX}{g} needs its {CLIENTS} and one "
                                  f"row of each tensor a client")
-            for row, client in enumerate(clients.tolist()):
-                store._entries[int(client)] = {k: v[row].to("cpu").clone()
-                                               for k, v in tensors.items()}
+            clients = state[f"{PREFIX}{g}.{CLIENTS}"]
+            clients = (clients.tensor() if isinstance(clients, Stacked) else clients).tolist()
+            entries = [store._entries.setdefault(int(c), {}) for c in clients]
+            for name in names:
+                if name == CLIENTS:
+                    continue
+                stacked = state[f"{PREFIX}{g}.{name}"]
+                if stacked.shape[:1] != (len(clients),):
+                    raise ValueError(f"checkpoint group {PREFIX}{g} needs its {CLIENTS} and "
+                                     f"one row of each tensor a client")
+                rows = stacked.rows if isinstance(stacked, Stacked) else stacked
+                for entry, row in zip(entries, rows, strict=True):
+                    entry[name] = row.to("cpu").clone()
+                del stacked, rows  # one stacked tensor at a time
         return store
 
 

@@ -2,23 +2,23 @@
 
 A checkpoint holds the model, the optimiser state and the number of finished rounds. Nothing
 else is needed to resume exactly: every random stream is a pure function of (seed, round).
+It is written and read a tensor at a time (``dcco.tensorfile``): the clients' kept models of
+FedEMA and FedU are saved row by row and restored tensor by tensor, never copied whole.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dcco.errors import UserError
 from dcco.files import atomic_write_bytes, atomic_write_text, umask_mode  # noqa: F401 (re-exported)
+from dcco.tensorfile import SafetensorError, Stacked, TensorFile, write_tensors
 
 FORMAT = "dcco-checkpoint/1"
 
@@ -30,19 +30,22 @@ class CheckpointError(UserError):
 def save_checkpoint(path: str | Path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None, rounds_done: int,
                     meta: dict[str, Any] | None = None,
-                    state: dict[str, torch.Tensor] | None = None) -> None:
+                    state: Mapping[str, torch.Tensor | Stacked] | None = None) -> None:
     """Save model and optimiser state atomically to ``path`` (a .safetensors file), with the
-    run's other round state (``state``, e.g. the last aggregated statistics) if any."""
+    run's other round state (``state``, e.g. the last aggregated statistics, the clients'
+    kept models as ``Stacked`` rows) if any."""
     path = Path(path)
-    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    tensors |= {f"state.{k}": v.detach().contiguous().cpu() for k, v in (state or {}).items()}
+    tensors: dict[str, torch.Tensor | Stacked] = {
+        f"model.{k}": v.detach() for k, v in model.state_dict().items()}
+    tensors |= {f"state.{k}": v if isinstance(v, Stacked) else v.detach()
+                for k, v in (state or {}).items()}
     opt_meta: dict[str, Any] = {}
     if optimizer is not None:
         state = optimizer.state_dict()
         for pid, pstate in state["state"].items():
             for key, value in pstate.items():
                 if torch.is_tensor(value):
-                    tensors[f"optim.{pid}.{key}"] = value.detach().contiguous().cpu()
+                    tensors[f"optim.{pid}.{key}"] = value.detach()
                 else:
                     opt_meta[f"{pid}.{key}"] = value
         opt_meta["param_groups"] = state["param_groups"]
@@ -52,41 +55,40 @@ def save_checkpoint(path: str | Path, model: nn.Module,
         "optim": json.dumps(opt_meta),
         "meta": json.dumps(meta or {}),
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=header)
-        os.chmod(tmp, umask_mode())
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_tensors(path, tensors, header)
 
 
-def read_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and header of a checkpoint, with clear errors for bad files."""
+def read_checkpoint(path: str | Path, prefix: str = ""
+                    ) -> tuple[Mapping[str, torch.Tensor], dict[str, str]]:
+    """The tensors (those whose names start with ``prefix``, the prefix dropped; each read
+    from the file when asked for) and header of a checkpoint, with clear errors for bad
+    files."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        tensors = load_file(path)
-        with open(path, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n)).get("__metadata__", {})
+        tensors = TensorFile(path, prefix)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} is unreadable or corrupt: {e}") from None
+    header = tensors.metadata
     if header.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a dcco checkpoint (format {header.get('format')!r})")
     return tensors, header
+
+
+def _read(tensors: Mapping[str, torch.Tensor], key: str, path: Path | str) -> torch.Tensor:
+    try:
+        return tensors[key]
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt: {e}") from None
 
 
 def load_checkpoint(path: str | Path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> int:
     """Restore model (and optimiser) state in place; returns the number of finished rounds."""
     tensors, header = read_checkpoint(path)
-    model_state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    model_state = {k[len("model."):]: _read(tensors, k, path) for k in tensors
+                   if k.startswith("model.")}
     try:
         model.load_state_dict(model_state, strict=True)
     except RuntimeError as e:
@@ -94,10 +96,10 @@ def load_checkpoint(path: str | Path, model: nn.Module,
     if optimizer is not None:
         opt_meta = json.loads(header["optim"])
         state: dict[int, dict[str, Any]] = {}
-        for key, value in tensors.items():
+        for key in tensors:
             if key.startswith("optim."):
                 _, pid, name = key.split(".", 2)
-                state.setdefault(int(pid), {})[name] = value
+                state.setdefault(int(pid), {})[name] = _read(tensors, key, path)
         for key, value in opt_meta.items():
             if key != "param_groups":
                 pid, name = key.split(".", 1)
@@ -111,7 +113,7 @@ def checkpoint_meta(path: str | Path) -> dict[str, Any]:
     return json.loads(read_checkpoint(path)[1]["meta"])
 
 
-def checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The round state saved with a checkpoint (``save_checkpoint``'s ``state``)."""
-    tensors, _ = read_checkpoint(path)
-    return {k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")}
+def checkpoint_state(path: str | Path) -> Mapping[str, torch.Tensor]:
+    """The round state saved with a checkpoint (``save_checkpoint``'s ``state``), each
+    tensor read from the file when asked for."""
+    return read_checkpoint(path, "state.")[0]
