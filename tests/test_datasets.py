@@ -141,7 +141,8 @@ def test_load_dataset__failed_download_is_reported_fast(tmp_path, monkeypatch):
         load_dataset("cifar10", "test", tmp_path / "empty", download=True)
     assert len(ATTEMPTS) == 2  # no retry of either
     assert all(timeout == datasets.DOWNLOAD_TIMEOUT_S <= 10 for _, timeout in ATTEMPTS)
-    assert not list((tmp_path / "home" / ".cache" / "dcco").rglob("*.part"))  # nothing left
+    assert not [p for p in (tmp_path / "home" / ".cache" / "dcco").rglob("*")
+                if p.name.startswith(".")]  # no temporary file left
 
 
 def _serve(files: dict[str, bytes], monkeypatch) -> list[str]:
@@ -346,3 +347,24 @@ def test_load_dataset__real_fashion_mnist_from_debian_package(monkeypatch):
     assert ds.num_classes == 10 and ds.labels.bincount().tolist() == [6000] * 10
     # numpy frombuffer, no loop over the 60,000 samples: such a loop runs a line a sample
     assert lines < LINES_WITHOUT_A_SAMPLE_LOOP, lines
+
+
+def test_download__a_file_with_the_wrong_md5_is_refused_and_not_kept(tmp_path, monkeypatch):
+    """A download lands under its name only whole and with the expected md5; otherwise
+    nothing is left, not even a temporary file."""
+    import hashlib
+    import io
+    import urllib.request
+
+    body = b"fashion" * 100_000  # several read chunks
+
+    def serve(url, timeout):
+        return io.BytesIO(body)
+
+    monkeypatch.setattr(urllib.request, "urlopen", serve)
+    path = tmp_path / "d" / "file.gz"
+    with pytest.raises(DataError, match="arrived with md5 .*, expected 0+"):
+        datasets._download("https://example.org/file.gz", path, "0" * 32)
+    assert not path.exists() and not list(path.parent.iterdir())
+    datasets._download("https://example.org/file.gz", path, hashlib.md5(body).hexdigest())
+    assert path.read_bytes() == body and [p.name for p in path.parent.iterdir()] == ["file.gz"]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def umask_mode(mode: int = 0o666) -> int:
@@ -18,21 +21,31 @@ def umask_mode(mode: int = 0o666) -> int:
     return mode & ~current
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``; the file gets
-    the permissions a plain ``open()`` would give it (the umask's)."""
+@contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """A binary file to write ``path``'s new content into: a temporary file beside it that,
+    once the block ends, is flushed to disk and replaces ``path`` (``os.replace``), with the
+    permissions a plain ``open()`` would give it (the umask's). An error in the block leaves
+    ``path`` as it was and no temporary file behind."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``
+    (``atomic_writer``)."""
+    with atomic_writer(path) as fh:
+        fh.write(data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -13,8 +13,6 @@ own ``load_file`` reads them.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from dcco.files import umask_mode
+from dcco.files import atomic_writer
 
 CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
          torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
@@ -103,21 +101,12 @@ def write_tensors(path: str | Path, tensors: Mapping[str, Tensor | Stacked],
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, umask_mode())
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(len(head).to_bytes(8, "little"))
-            fh.write(head)
-            for name in order:
-                for part in _parts(tensors[name]):
-                    fh.write(_bytes(part))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as fh:
+        fh.write(len(head).to_bytes(8, "little"))
+        fh.write(head)
+        for name in order:
+            for part in _parts(tensors[name]):
+                fh.write(_bytes(part))
 
 
 class TensorFile(Mapping[str, Tensor]):

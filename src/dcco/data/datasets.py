@@ -37,7 +37,7 @@ from torch import Tensor
 
 from dcco.data.cache import cached_arrays
 from dcco.errors import UserError, shown
-from dcco.files import umask_mode
+from dcco.files import atomic_writer, umask_mode
 
 DatasetName = Literal["fashion_mnist", "cifar10", "cifar100"]
 Split = Literal["train", "test"]
@@ -333,20 +333,14 @@ def _download(url: str, path: Path, md5: str) -> None:
         DataError: the file arrived with the wrong md5.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        os.fchmod(fd, umask_mode())
-        digest = hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "wb") as out, \
-                urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        if digest.hexdigest() != md5:
+    digest = hashlib.md5(usedforsecurity=False)
+    with atomic_writer(path) as out, \
+            urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+        while chunk := response.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+        if digest.hexdigest() != md5:  # in the block: the file is then not replaced
             raise DataError(f"{url} arrived with md5 {digest.hexdigest()}, expected {md5}")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- CIFAR (python pickle format)
