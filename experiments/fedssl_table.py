@@ -26,7 +26,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("fedu", "fedema", "moco_fedavg", "byol_fedavg", "simsiam_fedavg")
-CLAIMS = ("dcco", "cco_fedavg", "contrastive_fedavg")
+CLAIMS = ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco")
+"""The claims grid's methods shown (group norm, its LARS 1.5 recipe; centralized training's
+cells are one for every setting)."""
+GROUP_NORM = (*CLAIMS, "fedsc")
+"""Methods whose cells have group norm: the claims grid's and FedSC's (experiments/fedsc_fmnist.toml,
+scale small, the claims grid's recipe)."""
 SETTINGS = (("non-IID 4", "non-iid-4"), ("non-IID 16", "non-iid-16"))
 CROSS_SILO = ("cross-silo Dir 0.1", "cross-silo-dir-0-1")
 """10 clients of 500 photos, all of them a round: its own grids, at scale ``small``, whatever
@@ -72,6 +77,8 @@ def folder(scale: str, slug: str, method: str) -> Path | None:
     if slug == CROSS_SILO[1]:
         return (RESULTS / "fedssl_cross_silo_dcco_fmnist-small" if method == "dcco"
                 else RESULTS / "fedssl_cross_silo_fmnist-small" if method in METHODS else None)
+    if method == "fedsc":
+        return RESULTS / "fedsc_fmnist-small"
     return (RESULTS / "table1_claims_fmnist-small" if method in CLAIMS
             else RESULTS / f"fedssl_fmnist-{scale}")
 
@@ -81,7 +88,9 @@ def cells(scale: str, slug: str, method: str) -> dict[int, float]:
     where = folder(scale, slug, method)
     if where is None:
         return {}
-    return {s: v for s in range(3) if (v := probe(where / f"{slug}-{method}-s{s}")) is not None}
+    prefix = "" if method == "centralized_cco" else f"{slug}-"  # one cell for every setting
+    return {s: v for s in range(3)
+            if (v := probe(where / f"{prefix}{method}-s{s}")) is not None}
 
 
 def plot(scale: str, floor: dict[int, float], path: Path) -> None:
@@ -92,7 +101,7 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = (*METHODS, "cco_fedavg", "contrastive_fedavg", "dcco")
+    names = (*METHODS, "cco_fedavg", "contrastive_fedavg", "fedsc", "centralized_cco", "dcco")
     shown = (*SETTINGS, CROSS_SILO)
     fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), sharey=True)
     for ax, (label, slug) in zip(axes, shown, strict=True):
@@ -102,8 +111,7 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
                 ax.text(i, 50.5, "not run", rotation=90, ha="center", va="bottom", fontsize=8)
                 continue
             color = "tab:red" if method == "dcco" else (
-                "tab:grey" if folder(scale, slug, method).name.startswith("table1")
-                else "tab:blue")
+                "tab:grey" if method in GROUP_NORM else "tab:blue")
             ax.bar(i, statistics.fmean(values.values()), color=color, alpha=0.6)
             ax.plot([i] * len(values), list(values.values()), "k.", markersize=5)
         dcco = cells(scale, slug, "dcco")
@@ -113,8 +121,7 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
             ax.axhline(statistics.fmean(floor.values()), color="k", ls=":", lw=1)
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
         ax.set_title(f"{label} (scale small; DCCO batch norm)" if slug == CROSS_SILO[1]
-                     else f"{label} (scale {scale}; grey and red: claims grid, group norm)",
-                     fontsize=9)
+                     else f"{label} (scale {scale}; grey and red: group norm)", fontsize=9)
         ax.set_ylim(50, 80)
     axes[0].set_ylabel("linear probe, 5,000 labels (%)")
     fig.tight_layout()
@@ -140,8 +147,9 @@ def main() -> None:
         dcco = cells(scale, slug, "dcco")
         for method in METHODS:
             print(f"| {label} | {method} | {row(cells(scale, slug, method), floor, dcco)} |")
-        for method in CLAIMS:  # the claims grid's, group norm, its own recipe
-            print(f"| {label} | {method} (claims grid, group norm) | "
+        for method in (*CLAIMS, "fedsc"):  # group norm, the claims grid's recipe
+            where = "FedSC grid" if method == "fedsc" else "claims grid"
+            print(f"| {label} | {method} ({where}, group norm) | "
                   f"{row(cells(scale, slug, method), floor_gn, dcco)} |")
     label, slug = CROSS_SILO  # its DCCO has batch norm too, the floor is the same network's
     dcco = cells(scale, slug, "dcco")
