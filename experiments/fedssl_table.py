@@ -34,7 +34,7 @@ GROUP_NORM = (*CLAIMS, "fedsc")
 scale small, the claims grid's recipe)."""
 SETTINGS = (("non-IID 4", "non-iid-4"), ("non-IID 16", "non-iid-16"))
 CROSS_SILO = ("cross-silo Dir 0.1", "cross-silo-dir-0-1")
-"""10 clients of 500 photos, all of them a round: its own grids, at scale ``small``, whatever
+"""10 clients of 64 photos, all of them a round: its own grids, at scale ``small``, whatever
 the scale of the tiny-client cells."""
 
 

@@ -55,3 +55,17 @@ def test_checkpoint__corrupt_or_mismatched_files_name_the_problem(tmp_path):
     save_checkpoint(good, _net(), None, 0)
     with pytest.raises(CheckpointError, match="does not fit"):
         load_checkpoint(good, nn.Linear(4, 3))
+
+
+def test_checkpoint__a_file_broken_after_it_was_opened_is_named_when_a_tensor_is_read(tmp_path):
+    """The tensors are read when asked for: a checkpoint that breaks after it was opened
+    gives a CheckpointError naming it, not the reader's own error."""
+    from dcco.run.checkpoint import checkpoint_state
+
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, _net(), None, rounds_done=1, state={"a": torch.ones(3)})
+    state = checkpoint_state(path)
+    assert torch.equal(state["a"], torch.ones(3))
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="ckpt.safetensors is unreadable or corrupt"):
+        state["a"]

@@ -67,7 +67,7 @@ def read_checkpoint(path: str | Path, prefix: str = ""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        tensors = TensorFile(path, prefix)
+        tensors = _CheckpointTensors(path, prefix)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} is unreadable or corrupt: {e}") from None
     header = tensors.metadata
@@ -76,19 +76,23 @@ def read_checkpoint(path: str | Path, prefix: str = ""
     return tensors, header
 
 
-def _read(tensors: Mapping[str, torch.Tensor], key: str, path: Path | str) -> torch.Tensor:
-    try:
-        return tensors[key]
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt: {e}") from None
+class _CheckpointTensors(TensorFile):
+    """A checkpoint's tensors, read when asked for; a read that fails (the file changed or
+    broke since it was opened) is a ``CheckpointError`` naming the file."""
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        try:
+            return super().__getitem__(key)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"checkpoint {self.path} is unreadable or corrupt: "
+                                  f"{e}") from None
 
 
 def load_checkpoint(path: str | Path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> int:
     """Restore model (and optimiser) state in place; returns the number of finished rounds."""
     tensors, header = read_checkpoint(path)
-    model_state = {k[len("model."):]: _read(tensors, k, path) for k in tensors
-                   if k.startswith("model.")}
+    model_state = {k[len("model."):]: tensors[k] for k in tensors if k.startswith("model.")}
     try:
         model.load_state_dict(model_state, strict=True)
     except RuntimeError as e:
@@ -99,7 +103,7 @@ def load_checkpoint(path: str | Path, model: nn.Module,
         for key in tensors:
             if key.startswith("optim."):
                 _, pid, name = key.split(".", 2)
-                state.setdefault(int(pid), {})[name] = _read(tensors, key, path)
+                state.setdefault(int(pid), {})[name] = tensors[key]
         for key, value in opt_meta.items():
             if key != "param_groups":
                 pid, name = key.split(".", 1)
