@@ -278,6 +278,59 @@ def test_fit__interrupted_then_called_again_continues_to_the_same_weights(tmp_pa
                  **(FIT | {"rounds": 7}))
 
 
+HEADS = {"byol_fedavg": ((12, 16), True), "simsiam_fedavg": ((4, 16), False),
+         "moco_fedavg": (None, True), "fedema": ((12, 16), True)}
+"""Each method's predictor widths after FIT's projector (12, 16) and whether it has a target
+network: BYOL's (the projector's first width, then d), SimSiam's (d/4, then d), MoCo's key
+encoder (a target without a predictor)."""
+
+
+@pytest.mark.parametrize("method", list(HEADS))
+def test_fit__predictive_methods_train_your_encoder_with_their_head_as_the_reference_does(
+        tmp_path, method):
+    torch.manual_seed(8)
+    first, second = UserCNN(), UserCNN()
+    second.load_state_dict(first.state_dict())
+    start = {k: v.clone() for k, v in first.state_dict().items()}
+    lars = [*SETTINGS, 'optim.optimizer="lars"', "optim.lr=1.5", "optim.weight_decay=1e-6"]
+    fit = FIT | {"rounds": 4, "method": method}
+    a = dcco.fit(first, _clients(), run_dir=tmp_path / "a", settings=lars, **fit)
+    b = dcco.fit(second, _clients(), run_dir=tmp_path / "b",
+                 settings=[*lars, 'train.backend="reference"'], **fit)
+    net, (widths, has_target) = a.model, HEADS[method]
+    assert net.backbone is first and a.summary["rounds"] == 4
+    assert (None if net.predictor is None else tuple(
+        m.out_features for m in net.predictor.modules() if isinstance(m, nn.Linear))) == widths
+    assert (net.target is not None) == has_target
+    sa, sb = net.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys()
+    assert _rel(sa, sb) <= 1e-9  # the batched simulator's rounds are the reference loop's
+    assert any(not torch.equal(start[k], first.state_dict()[k]) for k in start)
+    if has_target:  # a copy of your encoder: BYOL's server moves it by EMA toward the online
+        # network; MoCo's and FedEMA's clients each keep their own, from the global model
+        moved = [not torch.equal(sa[f"target.0.{k}"], start[k]) for k in start]
+        assert any(moved) if method == "byol_fedavg" else not any(moved)
+        assert all(not torch.equal(sa[f"target.0.{k}"], v) for k, v in first.state_dict().items()
+                   if not torch.equal(v, start[k]))
+    encoder = dcco.load_encoder(a.run_dir, model=UserCNN())  # beside the head's weights
+    x = _augment(_clients()["phone-0"]).float()
+    with torch.no_grad():
+        assert torch.allclose(encoder(x), first.float()(x), atol=1e-5)
+
+
+def test_fit__a_predictor_that_does_not_fit_is_refused_before_a_folder_is_written(tmp_path):
+    for method, predictor in (("byol_fedavg", "[12, 8]"), ("moco_fedavg", "[12, 16]")):
+        with pytest.raises(UserError, match="model.predictor"):
+            dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / method, **FIT,
+                     method=method, settings=[f"model.predictor={predictor}"])
+        assert not (tmp_path / method).exists()
+    with pytest.raises(ValueError, match="one encoder shared by both views"):
+        dcco.dual_encoder(UserCNN(), (12, 16), second=UserCNN(), method="fedu",
+                          sample=torch.zeros(1, 8, 8), sample_y=torch.zeros(1, 8, 8))
+    with pytest.raises(ValueError, match="give method= too"):
+        dcco.dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8), predictor=(4, 16))
+
+
 def test_fit__clips_your_encoders_encodings_as_configured(tmp_path):
     torch.manual_seed(7)
     start = UserCNN().state_dict()

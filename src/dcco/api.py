@@ -44,8 +44,9 @@ from dcco.core.server import (
 )
 from dcco.core.stats import EncodingStats, Moments, encoding_stats, merge
 from dcco.methods.base import Method
+from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
-from dcco.models import DualEncoder, build_projector
+from dcco.models import DualEncoder, Head, build_projector, head_modules
 from dcco.models.dual import buffers_kept
 
 Model = nn.Module
@@ -98,8 +99,16 @@ def feature_dim(encoder: nn.Module, sample: Tensor | None) -> int:
 
 def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128, 128), *,
                  second: nn.Module | None = None, sample: Tensor | None = None,
-                 sample_y: Tensor | None = None, seed: int = 0) -> DualEncoder:
-    """Your encoder (or two towers) with dcco's projector, as a ``DualEncoder``.
+                 sample_y: Tensor | None = None, seed: int = 0, method: str | None = None,
+                 predictor: Iterable[int] | None = None) -> DualEncoder:
+    """Your encoder (or two towers) with dcco's projector, as a ``DualEncoder``; with
+    ``method``, also the predictor and target network that method trains with.
+
+    >>> import torch
+    >>> net = dual_encoder(torch.nn.Linear(8, 16), (32, 32), sample=torch.zeros(8),
+    ...                    method="byol_fedavg")
+    >>> net.predictor.out_dim, net.target is not None
+    (32, True)
 
     Args:
         encoder: maps a batch of inputs to (N, feature_dim) features; it keeps its own
@@ -111,7 +120,15 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128
             encodes both views.
         sample, sample_y: one input of each tower (no batch dimension), to measure an
             encoder's output width when it has no ``feature_dim`` attribute.
-        seed: the projectors' initialisation.
+        seed: the projectors' (and predictor's) initialisation.
+        method: a method of ``dcco.methods.registry``. BYOL's (``byol_fedavg``, ``fedu``,
+            ``fedema``) adds a predictor and a target network, a copy of your encoder and
+            the projector that the server moves by EMA; SimSiam's adds a predictor;
+            ``moco_fedavg`` adds its key encoder, a target network without a predictor.
+            The other methods, and None, add nothing.
+        predictor: the predictor's widths, ending in the projection width; None: the
+            method's paper default (BYOL: the projector's first width, then d; SimSiam:
+            d/4, then d).
     """
     from dcco.config import ModelConfig
 
@@ -129,7 +146,40 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128
                          f"{heads[1].out_dim} (give projector widths, or encoders of equal "
                          f"output)")
     second_tower = (second, heads[1]) if second is not None else None
-    return DualEncoder(encoder, heads[0], second=second_tower)
+    head = _head(method, predictor, dims or (heads[0].out_dim,))
+    if head is not None and second is not None:
+        raise ValueError(f"{method} trains a predictor or target network around one encoder "
+                         f"shared by both views; leave second=None")
+    predictor_net, target = head_modules(ModelConfig(), head, encoder, heads[0], seed)
+    return DualEncoder(encoder, heads[0], second=second_tower, predictor=predictor_net,
+                       target=target)
+
+
+def _head(method: str | None, predictor: Iterable[int] | None,
+          dims: tuple[int, ...]) -> Head | None:
+    """The predictor and target ``method`` trains with, after a projector of widths
+    ``dims`` (the encoder's width alone without one)."""
+    if method is None:
+        if predictor is not None:
+            raise ValueError("predictor= sizes a method's predictor: give method= too")
+        return None
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(sorted(METHODS))}")
+    cls = METHODS[method]
+    if not issubclass(cls, PredictiveMethod):
+        if predictor is not None:
+            raise ValueError(f"{method} has no predictor; leave predictor=None")
+        return None
+    d = dims[-1]
+    widths = (cls.default_predictor(dims) if predictor is None
+              else tuple(int(w) for w in predictor))
+    if not cls.default_predictor(dims) and widths:
+        raise ValueError(f"{method} has no predictor (its key encoder is a target network "
+                         f"alone); leave predictor=None")
+    if widths and widths[-1] != d:
+        raise ValueError(f"the predictor must end in the projection width {d}, got "
+                         f"{list(widths)}")
+    return Head(widths, cls.target)
 
 
 class _Shared(nn.Module):

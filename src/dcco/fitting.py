@@ -18,7 +18,6 @@ from dcco.config import USER, ConfigError, RunConfig, from_dict, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
 from dcco.errors import shown
-from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.run.rundir import FIT_WORDS, RunDir
@@ -151,7 +150,10 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
             augmentation then stays off: ``augment.enabled = false``); None: dcco's BYOL
             augmentation, which needs uint8 (N, C, H, W) images with C = 1 or 3.
         method: any federated method (``dcco``, ``dvicreg``, ``cco_fedavg``,
-            ``contrastive_fedavg``, ...).
+            ``contrastive_fedavg``, ...). BYOL's, SimSiam's and MoCo's (``byol_fedavg``,
+            ``fedu``, ``fedema``, ``simsiam_fedavg``, ``moco_fedavg``) train your encoder
+            with their predictor and target network around it (``dcco.dual_encoder``'s
+            ``method``; the predictor's widths: ``model.predictor`` in ``settings``).
         clients_per_round: K (default 32).
         projector: the projector's widths (default 512, 512, 512), or None for none.
         run_dir: where the run is written; None: ``runs/fit-<method>-<time>``.
@@ -201,12 +203,10 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
                      own_augment=augment is not None)
     check_run(cfg, data, towers=False)
-    if issubclass(METHODS[method], PredictiveMethod):  # the stateful methods are among them
-        raise ConfigError(f"{method} needs a dual encoder with a predictor or a target network "
-                          f"(BYOL's, SimSiam's, MoCo's key encoder), which fit does not build "
-                          f"around your encoder yet; run it on dcco's networks with dcco "
-                          f"pretrain")
-    model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed)
+    # with the method's predictor and target network around your encoder, if it has them
+    # (check_run has checked model.predictor against the method and the projector)
+    model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed,
+                         method=method, predictor=cfg.model.predictor)
     record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
               "projector": dims, "augment": "yours" if augment is not None else "dcco",
               "data": _fingerprint(data)}

@@ -33,6 +33,7 @@ from dcco.models.build import (
     build_dual_encoder,
     build_projector,
     check_inputs,
+    head_modules,
 )
 from dcco.models.dual import DualEncoder, Head
 from dcco.models.fixup import FixupBlock, FixupResNet20
@@ -53,7 +54,8 @@ __all__ = [
     "RESNET50_WIDTHS", "WS_EPS", "Arch", "DualEncoder", "FixupBlock", "FixupResNet20", "Head",
     "InputShape", "Norm", "Projector", "ResNet", "ResNet14", "ResNet50",
     "WSConv2d", "WSLinear", "build_backbone", "build_dual_encoder", "build_projector",
-    "check_inputs", "group_count", "group_norm", "has_batch_norm", "standardised_weight",
+    "check_inputs", "group_count", "group_norm", "has_batch_norm", "head_modules",
+    "standardised_weight",
 ]
 
 

@@ -145,13 +145,24 @@ def build_dual_encoder(cfg: ModelConfig, in_channels: InputShape,
         backbone = build_backbone(cfg, shape, seed, tower)
         projector = build_projector(cfg, backbone.feature_dim, projector_dims, seed, tower)
         towers.append((backbone, projector))
-    predictor = target = None
-    if head is not None:
-        predictor = build_projector(cfg, projector_dims[-1], head.predictor, seed, 0,
-                                    name="predictor") if head.predictor else None
-        if head.target == "ema":
-            target = (copy.deepcopy(towers[0][0]), copy.deepcopy(towers[0][1]))
+    predictor, target = head_modules(cfg, head, *towers[0], seed)
     model = DualEncoder(*towers[0], second=towers[1] if len(towers) > 1 else None,
                         predictor=predictor, target=target)
     model.encoding_bound = cfg.clip_encodings
     return model
+
+
+def head_modules(cfg: ModelConfig, head: Head | None, backbone: nn.Module,
+                 projector: nn.Module, seed: int
+                 ) -> tuple[Projector | None, tuple[nn.Module, nn.Module] | None]:
+    """What ``head`` adds around a shared tower: its predictor, initialised from the stream
+    ``(seed, "init", "predictor", 0)`` with ``cfg``'s norm (None: the head has none), and
+    its target network, a copy of the backbone and projector as they are now (None: the
+    targets are the online projections, SimSiam's). None, None without a head."""
+    if head is None:
+        return None, None
+    predictor = build_projector(cfg, projector.out_dim, head.predictor, seed, 0,
+                                name="predictor") if head.predictor else None
+    target = ((copy.deepcopy(backbone), copy.deepcopy(projector)) if head.target == "ema"
+              else None)
+    return predictor, target

@@ -155,14 +155,15 @@ def _load_user_encoder(run: RunDir, record: dict[str, Any], module: nn.Module,
 
     if not hasattr(module, "feature_dim"):
         module.feature_dim = int(record["feature_dim"])
-    model = dual_encoder(module, record["projector"])
+    cfg = run.config()  # the method's predictor and target network are in the checkpoint too
+    model = dual_encoder(module, record["projector"], method=cfg.train.method,
+                         predictor=cfg.model.predictor)
     try:
         load_checkpoint(run.checkpoint_path, model)
     except CheckpointError as e:
         raise UserError(f"{e} (is {type(module).__name__} the encoder {run.path} trained, "
                         f"{record['class']}?)") from None
     meta = checkpoint_meta(run.checkpoint_path)
-    cfg = run.config()
     info = {"method": cfg.train.method, "dataset": cfg.data.dataset, "run": str(run.path),
             "rounds": run.summary().get("rounds"), "seed": cfg.train.seed, "tower": 0}
     normalisation = (YOURS if record.get("augment", "yours") == "yours"
