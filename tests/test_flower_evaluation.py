@@ -12,6 +12,8 @@ from flwr.clientapp import ClientApp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import dcco
+from dcco.config import USER
 from dcco.core.collapse import encoding_figures
 from dcco.core.losses import cco_loss
 from dcco.core.seeding import derive_seed
@@ -40,28 +42,58 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(DIM, 8), nn.Tanh(), nn.Linear(8, 4)).double()
 
 
-def _app(test, train=None, **kw) -> ClientApp:
+def _app(test, train=None, model=_model, **kw) -> ClientApp:
     app = ClientApp()
 
     @app.train()
     def fit(msg: Message, context: Context) -> Message:
-        return answer(msg, context, _model(), _clusters(context.node_id)[0], augment=_noise)
+        return answer(msg, context, model(), _clusters(context.node_id)[0], augment=_noise)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        return evaluate_encoder(msg, context, _model(), test(context.node_id),
+        return evaluate_encoder(msg, context, model(), test(context.node_id),
                                 None if train is None else train(context.node_id),
                                 augment=_noise, **kw)
 
     return app
 
 
-def _run(app: ClientApp, nodes: int = 2, rounds: int = 1, **kw):
+def _run(app: ClientApp, nodes: int = 2, rounds: int = 1, model=_model, **kw):
     strategy = DCCOStrategy(fraction_evaluate=1.0, min_available_nodes=nodes, min_train_nodes=nodes,
                             **kw)
     grid = InProcessGrid(app, [{}] * nodes, {})
-    return strategy.start(grid=grid, initial_arrays=ArrayRecord(_model().state_dict()),
+    return strategy.start(grid=grid, initial_arrays=ArrayRecord(model().state_dict()),
                           num_rounds=rounds)
+
+
+def _node_encodings(result, model: nn.Module, encoder) -> tuple[torch.Tensor, torch.Tensor]:
+    """Node 1's two evaluation views (``views_key=7``) encoded here by the run's model."""
+    model.load_state_dict(result.arrays.to_torch_state_dict())
+    x = _clusters(1)[0]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(0, "evaluate-views", 7) % (1 << 62))
+        x1, x2 = _noise(x), _noise(x)
+    with torch.no_grad():
+        return encoder(model)(x1), encoder(model)(x2)
+
+
+def _byol_model() -> nn.Module:
+    return dcco.dual_encoder(_model(), None, sample=torch.zeros(DIM),
+                             method="byol_fedavg").double()
+
+
+def test_evaluate_encoder__a_dual_encoder_with_a_head_is_evaluated_on_its_projections():
+    def labelled(seed: int) -> DataLoader:
+        return DataLoader(TensorDataset(*_clusters(seed)), batch_size=5)
+
+    result = _run(_app(labelled, lambda node: labelled(50 + node),
+                       model=_byol_model, views_key=7), nodes=1, model=_byol_model,
+                  method="byol_fedavg")
+    got = result.evaluate_metrics_clientapp[1]
+    f, g = _node_encodings(result, _byol_model(), lambda m: m.encode)  # no predictions
+    assert f.shape[1] == 4 and got["cco-loss"] == pytest.approx(
+        float(cco_loss(encoding_stats(f, g).moments(), USER.lambd)), rel=1e-12)
+    assert got["knn-acc"] == 1.0
 
 
 def test_evaluate_encoder__metrics_equal_a_direct_computation_on_the_same_views():
@@ -70,14 +102,7 @@ def test_evaluate_encoder__metrics_equal_a_direct_computation_on_the_same_views(
     each equal to the same computation done here with the round's model."""
     result = _run(_app(lambda node: _clusters(node)[0], views_key=7), nodes=1, lambd=20.0)
     got = result.evaluate_metrics_clientapp[1]
-    model = _model()
-    model.load_state_dict(result.arrays.to_torch_state_dict())
-    x = _clusters(1)[0]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(0, "evaluate-views", 7) % (1 << 62))
-        x1, x2 = _noise(x), _noise(x)
-    with torch.no_grad():
-        f, g = model(x1), model(x2)
+    f, g = _node_encodings(result, _model(), lambda m: m)
     assert got["cco-loss"] == pytest.approx(float(cco_loss(encoding_stats(f, g).moments(),
                                                            20.0)), rel=1e-12)
     figures = encoding_figures(f, g)

@@ -147,6 +147,84 @@ def test_strategy_rounds__equal_the_reference_round_with_the_users_model(method)
         assert 0 <= m["dead_dims"] <= 1 and m["eff_rank"] >= 1  # the figures of its S_A
 
 
+def _two_or_more(node: int) -> torch.Tensor:
+    """A node's samples for a loss within a client (2 to 5 of them)."""
+    gen = torch.Generator().manual_seed(100 + node)
+    return torch.rand(1 + node, 1, 8, 8, generator=gen, dtype=torch.float64)
+
+
+def _headed(method: str) -> nn.Module:
+    """The user's CNN with a projector and ``method``'s predictor and target network."""
+    from dcco.api import dual_encoder
+
+    torch.manual_seed(0)
+    return dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8), method=method).double()
+
+
+@pytest.mark.parametrize("method", ["byol_fedavg", "simsiam_fedavg", "moco_fedavg", "fedu",
+                                    "fedema"])
+def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(method):
+    """BYOL's, SimSiam's and MoCo's rounds, and FedU's and FedEMA's clients that keep their
+    model, in a Flower app of the user's own: three rounds equal dcco's reference rounds on
+    the same views, the server's target update (BYOL) and the clients' kept states (the
+    simulator's store) included."""
+    from dcco.core.algorithm import Algorithm
+    from dcco.core.client_state import ClientStates, RoundStates
+    from dcco.methods.predictive import target_decay
+
+    loss = {"target_decay": 0.9} | ({"moco_queue": 6} if method == "moco_fedavg" else {})
+    strategy = DCCOStrategy(method=method, optimizer="lars", lr=0.5, warmup_rounds=1,
+                            min_available_nodes=4, fraction_evaluate=0.0, loss=loss)
+    grid = _grid(model=lambda: _headed(method), samples=_two_or_more)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(_headed(method).state_dict()),
+                            num_rounds=3)
+    dual, nodes = _headed(method), [1, 2, 3, 4]
+    named = [(n, p) for n, p in dual.named_parameters() if p.requires_grad]
+    opt = build_optimizer(named, strategy.optim)
+    algorithm = Algorithm(build_method(method, strategy.method.loss), local_lr=1.0)
+    store = ClientStates(torch.float64)
+    for r in (1, 2, 3):
+        seed = int(strategy.node_config("update", r, {})["views-seed"])
+        views = [_views(_two_or_more(n), _augment, seed, n, torch.float64) for n in nodes]
+        tau = target_decay(0.9, r - 1, 3)
+        out = run_round(dual, algorithm, torch.cat([v[0] for v in views]),
+                        torch.cat([v[1] for v in views]),
+                        Segments.from_counts([len(_two_or_more(n)) for n in nodes]), "reference",
+                        states=RoundStates(nodes, store, tau) if algorithm.stateful else None)
+        set_lr(opt, scheduled_lr(r - 1, 3, 0.5, 1, strategy.optim.schedule))
+        apply_pseudo_gradient(opt, [p for _, p in named],
+                              [out.pseudo_gradient[n] for n, _ in named])
+        if method == "byol_fedavg":
+            dual.update_target(tau)
+    expected = {k: v.detach() for k, v in dual.state_dict().items()}
+    got = result.arrays.to_torch_state_dict()
+    assert got.keys() == expected.keys() and _rel(got, expected) <= 1e-12
+    start = _headed(method).state_dict()
+    assert _rel(got, {k: v.detach() for k, v in start.items()}) > 1e-4
+    moved = any(not torch.equal(got[k], start[k]) for k in got if k.startswith("target."))
+    assert moved == (method == "byol_fedavg")  # the others' clients keep their own
+    assert all(result.train_metrics_clientapp[r]["update-accepted"] == 4 for r in (1, 2, 3))
+    assert len(store) == 4 if algorithm.stateful else not store
+
+
+def test_strategy__predictive_methods_refuse_a_model_without_their_head():
+    strategy = DCCOStrategy(method="byol_fedavg", min_available_nodes=4)
+    with pytest.raises(ValueError, match=r"no a predictor and no a target|no a predictor"):
+        strategy.start(grid=_grid(), initial_arrays=_initial()[1], num_rounds=1)
+    with pytest.raises(ValueError, match="loss: unknown key 'loss.moco_size'"):
+        DCCOStrategy(method="moco_fedavg", loss={"moco_size": 4})
+    with pytest.raises(ValueError, match="give lambd="):
+        DCCOStrategy(method="byol_fedavg", loss={"lambd": 4.0})
+    with pytest.raises(ValueError, match="under SecAgg\\+ is not implemented"):
+        DCCOStrategy(method="fedema", secagg=SecAgg(UserCNN(), torch.zeros(2, 1, 8, 8), 8))
+    # a node whose model lacks the head fails its reply, named, and the round is skipped
+    headed = ArrayRecord(_headed("simsiam_fedavg").state_dict())
+    result = DCCOStrategy(method="simsiam_fedavg", min_available_nodes=4,
+                          fraction_evaluate=0.0)
+    with pytest.raises(RoundsSkipped, match="dcco.dual_encoder"):
+        result.start(grid=_grid(samples=_two_or_more), initial_arrays=headed, num_rounds=2)
+
+
 def test_answer__the_kept_forward_and_a_second_forward_give_the_same_run_to_the_bit(
         monkeypatch):
     """``answer`` keeps phase 1's forward for phase 2 (in one process, as here): two rounds

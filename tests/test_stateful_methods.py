@@ -248,6 +248,7 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
 
 def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch, tmp_path):
     from dcco.flower import DCCOStrategy as Strategy
+    from dcco.flower import SecAgg
     from dcco.flower.appconfig import parse_run_config
 
     path = tiny_config(method="fedema")
@@ -259,9 +260,8 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
         with pytest.raises(ConfigError, match="start from their own model"):
             validate(load_config(path, ["train.local_steps=2", setting]))
     assert parse_run_config({"train.method": "fedu"})[0].train.method == "fedu"  # dcco's app
-    for method in ("fedema", "byol_fedavg", "simsiam_fedavg"):  # no predictor or target built
-        with pytest.raises(ValueError, match="in a Flower app of your own it is not implemented"):
-            Strategy(method=method)
+    with pytest.raises(ValueError, match="under SecAgg"):  # a node's state, masked sums
+        Strategy(method="fedema", secagg=SecAgg(torch.nn.Linear(4, 4), torch.zeros(2, 4), 8))
     cfg = load_config(path)
     train, _ = load_splits(cfg)
     monkeypatch.setattr("dcco.run.pretraining.MAX_STATE_BYTES", 1 << 10)

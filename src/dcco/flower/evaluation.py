@@ -34,6 +34,7 @@ from dcco.core.stats import encoding_stats
 from dcco.flower import codec
 from dcco.flower.userapp import LABEL_KEYS, default_augment, load_weights, samples_and_labels
 from dcco.flower.userwire import LAMBDA
+from dcco.models import DualEncoder
 
 KNN_K, KNN_TEMPERATURE = 20, EvalConfig().knn_temperature
 """The k-NN's neighbours and temperature: the monitor's temperature (``EvalConfig``), and
@@ -51,7 +52,8 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
     Args:
         msg, context: what your ``@app.evaluate()`` handler received.
         model: a fresh instance of the model the server trains; its weights come from the
-            message.
+            message. A ``dcco.dual_encoder`` is evaluated on its projections (not on its
+            predictor's outputs, nor its target network's).
         test: the node's held-out samples, as ``answer`` takes them (a tensor, a
             ``DataLoader`` or a ``Dataset``).
         train: the node's training samples, with labels, for ``knn-acc``; None, or samples
@@ -85,8 +87,9 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         torch.manual_seed(derive_seed(0, "evaluate-views", key) % (1 << 62))
         x1, x2 = views(x).to(dtype), views(x).to(dtype)
     model.eval()
+    encode = model.encode if isinstance(model, DualEncoder) else model  # not its predictor's
     with torch.no_grad():
-        f, g = model(x1), model(x2)
+        f, g = encode(x1), encode(x2)
         metrics: dict[str, float] = {
             "cco-loss": float(cco_loss(encoding_stats(f, g).moments(), lambd)),
             "num-examples": int(x.shape[0]),
@@ -97,11 +100,11 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         if train is not None and test_y is not None:
             train_x, train_y = samples_and_labels(train)
             if train_y is not None:
-                metrics["knn-acc"] = _knn_accuracy(model, train_x, x, train_y, test_y, dtype)
+                metrics["knn-acc"] = _knn_accuracy(encode, train_x, x, train_y, test_y, dtype)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
-def _knn_accuracy(model: nn.Module, train_x: Tensor, test_x: Tensor, train_y: Tensor,
+def _knn_accuracy(model: Callable[[Tensor], Tensor], train_x: Tensor, test_x: Tensor, train_y: Tensor,
                   test_y: Tensor, dtype: torch.dtype) -> float:
     """The share of test samples whose weighted k-NN vote among the training samples'
     encodings (dcco's k-NN monitor's space and settings) gives their label."""

@@ -95,11 +95,12 @@ class ServerModel:
             self.weights[k] = p.detach().clone()
 
     def average_buffers(self, contents: list[RecordDict], counts: list[int]) -> None:
-        """The floating arrays that nobody trains as the sample-weighted average of what the
-        valid replies hold after their step (their ``buffers`` record); a reply that holds
-        none (or of other shapes, or not finite) leaves them."""
-        kept = [k for k, v in self.weights.items()
-                if v.is_floating_point() and k not in set(self.trained or ())]
+        """The floating arrays that nobody trains (nor a target network's parameters) as the
+        sample-weighted average of what the valid replies hold after their step (their
+        ``buffers`` record); a reply that holds none (or of other shapes, or not finite)
+        leaves them."""
+        own = set(self.trained or ()) | {t for t, _ in self.target_pairs()}
+        kept = [k for k, v in self.weights.items() if v.is_floating_point() and k not in own]
         if not kept:
             return
         sums, total = {}, 0
@@ -116,6 +117,26 @@ class ServerModel:
             total += n
         for k, value in sums.items():
             self.weights[k] = (value / total).to(self.weights[k].dtype)
+
+    def target_pairs(self) -> list[tuple[str, str]]:
+        """(target name, online name) of each parameter of a target network in the model
+        (``dcco.dual_encoder(..., method=...)``'s ``target.0.*`` for ``backbone.*``,
+        ``target.1.*`` for ``projector.*``), as ``DualEncoder.target_pairs`` pairs them: the
+        targets of the trained arrays. The nodes never send them: the server moves BYOL's
+        (``move_target``), and FedU's, FedEMA's and MoCo's clients keep their own."""
+        pairs = []
+        for name in self.trained or ():
+            tower, _, rest = name.partition(".")
+            target = {"backbone": "target.0.", "projector": "target.1."}.get(tower, "") + rest
+            if target in self.weights and tower in ("backbone", "projector"):
+                pairs.append((target, name))
+        return pairs
+
+    def move_target(self, tau: float) -> None:
+        """BYOL's target update after the server's step: ξ ← τ ξ + (1 − τ) θ for each target
+        parameter ξ and its online parameter θ (``DualEncoder.update_target``)."""
+        for target, online in self.target_pairs():
+            self.weights[target] = self.weights[target].lerp(self.weights[online], 1.0 - tau)
 
     def state(self) -> dict:
         """What a checkpoint keeps: the weights, the trained names, the optimiser's state."""

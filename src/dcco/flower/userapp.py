@@ -16,6 +16,7 @@ method's ``update`` message brings the model itself.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -34,13 +35,27 @@ from dcco.api import (
     update_from_kept,
 )
 from dcco.config import LossConfig
+from dcco.config.toml import from_dict
+from dcco.core.algorithm import Algorithm
+from dcco.core.client import ClientUpdate
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
-from dcco.flower.userwire import LAMBDA, LOCAL_LR, METHOD, PHASE, ROUND, VIEWS_SEED, moments_of
+from dcco.flower.userwire import (
+    LAMBDA,
+    LOCAL_LR,
+    LOSS,
+    METHOD,
+    PHASE,
+    ROUND,
+    TARGET_DECAY,
+    VIEWS_SEED,
+    moments_of,
+)
 from dcco.methods.base import Method
+from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 
@@ -102,6 +117,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
     """
     ask = _asked(msg.content, model)
     phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
+    _check_head(method, model)
     if params is not None and (held := _count(samples)) > params.max_weight:
         # over SecAgg+'s max_weight, its masked sums would overflow: the node refuses
         raise ValueError(f"this node holds {held} samples, more than the "
@@ -155,8 +171,12 @@ def answer(msg: Message, context: Context, model: nn.Module,
                                    "metrics": MetricRecord({"num-examples": int(stats.count)})}),
                        reply_to=msg)
     kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2)
-    update = (update_from_kept(kept, ask.shared, method, lr=ask.lr) if kept is not None
-              else local_update(model, x1, x2, ask.shared, method, lr=ask.lr))
+    if method.stateful:
+        update = _stateful_update(model, x1, x2, context, ask)
+    elif kept is not None:
+        update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
+    else:
+        update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr)
     for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
@@ -208,6 +228,8 @@ class _Asked:
     model: dict[str, Tensor] | None
     shared: Moments | None
     secure: secagg.SecureParams | None
+    decay: float = 0.0
+    """The round's τ for a client's own target network (FedU, FedEMA, MoCo)."""
 
 
 def _asked(content: RecordDict, model: nn.Module) -> _Asked:
@@ -219,8 +241,10 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     if missing:
         raise ValueError(f"not a message of dcco.flower.DCCOStrategy (its config record "
                          f"lacks {', '.join(missing)})")
-    method = build_method(str(config[METHOD]),
-                          LossConfig(lambd=float(config.get(LAMBDA, LossConfig().lambd))))
+    loss = LossConfig(lambd=float(config.get(LAMBDA, LossConfig().lambd)))
+    if LOSS in config:  # the method's other settings, which the strategy was given
+        loss = from_dict(LossConfig, json.loads(str(config[LOSS])), "loss")
+    method = build_method(str(config[METHOD]), loss)
     head = (str(config[keys[0]]), int(config[keys[1]]), method,
             float(config.get(LOCAL_LR, 1.0)), int(config[VIEWS_SEED]))
     if secure:
@@ -229,7 +253,44 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
         return _Asked(*head, ins.model, ins.shared, params)
     arrays = content.array_records
     return _Asked(*head, codec.tensors_of(arrays["arrays"]) if "arrays" in arrays else None,
-                  moments_of(arrays["statistics"]) if "statistics" in arrays else None, None)
+                  moments_of(arrays["statistics"]) if "statistics" in arrays else None, None,
+                  float(config.get(TARGET_DECAY, 0.0)))
+
+
+def _check_head(method: Method, model: nn.Module) -> None:
+    """A node's model holds what a predictive method trains with."""
+    if not isinstance(method, PredictiveMethod):
+        return
+    lacks = [what for what, attr, needed in (
+        ("predictor", "predictor", bool(method.default_predictor((2, 2)))),
+        ("target network", "target", method.target == "ema"))
+        if needed and getattr(model, attr, None) is None]
+    if lacks:
+        raise ValueError(f"{method.name} trains with a {' and a '.join(lacks)} around the "
+                         f"encoder, which this node's model lacks: build it with "
+                         f"dcco.dual_encoder(encoder, projector, method={method.name!r})")
+
+
+CLIENT_STATE = "dcco.user-client-state"
+"""A FedU, FedEMA or MoCo node's own state in ``context.state`` (its online network,
+predictor and target network, or its queue), kept from one round it takes part in to the
+next, in the model's dtype."""
+
+
+def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
+                     ask: _Asked) -> ClientUpdate:
+    """The node's round as one client that keeps state (``Algorithm.stateful_updates``, the
+    simulator's): from what it kept (a node never seen starts from the global model), its
+    new state kept in ``context.state``."""
+    def load(_: int) -> dict[str, Tensor] | None:
+        record = context.state.array_records.get(CLIENT_STATE)
+        return None if record is None else codec.tensors_of(record)
+
+    def save(_: int, new: dict[str, Tensor]) -> None:
+        context.state[CLIENT_STATE] = codec.array_record(new)
+
+    return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
+        model, [(0, x1, x2)], load, save, ask.decay)[0]
 
 
 INPUT_KEYS = ("img", "image", "images", "pixel_values", "x", "input", "inputs")

@@ -5,14 +5,16 @@ replies (a ``dcco.flower.exchanges.Wire``; one client a node)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import Tensor, nn
 
+from dcco.config import LossConfig
 from dcco.core.client import ClientUpdate
 from dcco.core.seeding import derive_seed
 from dcco.core.server import ReplyError, validate_statistics, validate_update
@@ -20,12 +22,18 @@ from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
 from dcco.flower.codec import Instruction
 from dcco.flower.server_model import ServerModel
+from dcco.methods.predictive import target_decay
+from dcco.methods.registry import METHODS
 
 PHASE, ROUND, VIEWS_SEED, METHOD, LOCAL_LR = ("phase", "server-round", "views-seed", "method",
                                               "local-lr")
 """Keys of the ``config`` record the strategy sends (``dcco.flower.userapp`` reads them)."""
 LAMBDA = "loss-lambda"
 """The CCO loss's λ, which the nodes' losses use (a node given none: the paper's 20)."""
+LOSS, TARGET_DECAY = "loss-config", "target-decay"
+"""The method's loss settings besides λ (``LossConfig``'s as JSON; a node given none: their
+defaults), and the round's τ, by which a FedU, FedEMA or MoCo client's own target network
+follows its online network after each local step."""
 
 
 def moments_record(m: Moments) -> ArrayRecord:
@@ -43,19 +51,26 @@ def moments_of(record: ArrayRecord) -> Moments:
 @dataclass(frozen=True)
 class NodeSettings:
     """What every training message tells a node: the method, the client rate, λ and the
-    seed that each round's views derive from."""
+    seed that each round's views derive from; the method's other loss settings, and for a
+    client that keeps a target network of its own the round's τ."""
 
     method: str
     local_lr: float
     lambd: float
     seed: int
+    loss: LossConfig | None = None
 
-    def config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
-        """The ``config`` record of round ``r``'s ``phase`` message, over the user's
-        ``train_config`` (``extra``)."""
-        return ConfigRecord(extra | {PHASE: phase, ROUND: r, METHOD: self.method,
-                                     VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
-                                     LOCAL_LR: self.local_lr, LAMBDA: float(self.lambd)})
+    def config(self, phase: str, r: int, extra: dict, rounds: int = 1) -> ConfigRecord:
+        """The ``config`` record of round ``r`` (of ``rounds``)'s ``phase`` message, over the
+        user's ``train_config`` (``extra``)."""
+        out = extra | {PHASE: phase, ROUND: r, METHOD: self.method,
+                       VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
+                       LOCAL_LR: self.local_lr, LAMBDA: float(self.lambd)}
+        if self.loss is not None and self.loss != LossConfig(lambd=self.lambd):
+            out[LOSS] = json.dumps(asdict(self.loss))
+        if self.loss is not None and METHODS[self.method].stateful:
+            out[TARGET_DECAY] = target_decay(self.loss.target_decay, r - 1, rounds)
+        return ConfigRecord(out)
 
 
 class UserWire:
@@ -85,11 +100,11 @@ class UserWire:
 
     def stats_message(self, clients: list[int]) -> RecordDict:
         return RecordDict({"arrays": self._model(),
-                           "config": self.nodes.config("stats", self.r, self.config)})
+                           "config": self.nodes.config("stats", self.r, self.config, self.model.rounds)})
 
     def update_message(self, clients: list[int], model: bool, shared: Moments | None,
                        with_stats: bool) -> RecordDict:
-        content = {"config": self.nodes.config("update", self.r, self.config)}
+        content = {"config": self.nodes.config("update", self.r, self.config, self.model.rounds)}
         if model:
             content["arrays"] = self._model()
         if shared is not None:
@@ -105,7 +120,7 @@ class UserWire:
     def secure_extra(self) -> dict:
         """The strategy's keys for a secure exchange's config (which carries its own phase
         and round)."""
-        return {k: v for k, v in self.nodes.config("", self.r, self.config).items()
+        return {k: v for k, v in self.nodes.config("", self.r, self.config, self.model.rounds).items()
                 if k not in (PHASE, ROUND)}
 
     def stats_check(self, contents: list[RecordDict], spec: StatsSpec
@@ -162,5 +177,5 @@ class UserWire:
         return self.model.params()
 
 
-__all__ = ["LAMBDA", "LOCAL_LR", "METHOD", "PHASE", "ROUND", "VIEWS_SEED", "NodeSettings",
-           "UserWire", "moments_of", "moments_record"]
+__all__ = ["LAMBDA", "LOCAL_LR", "LOSS", "METHOD", "PHASE", "ROUND", "TARGET_DECAY", "VIEWS_SEED",
+           "NodeSettings", "UserWire", "moments_of", "moments_record"]

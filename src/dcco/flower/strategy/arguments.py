@@ -1,12 +1,16 @@
 """The public strategy's arguments, checked before a run: Flower ``FedAvg``'s that it cannot
-honour refused by name with the reason, the method, FedSC's cache of absent nodes, and
-SecAgg+'s needs. Each error names the argument and says what to pass instead."""
+honour refused by name with the reason, the method and its loss's settings, the head a
+predictive method needs in the model, FedSC's cache of absent nodes, and SecAgg+'s needs. Each error names the argument and says what to pass instead."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flwr.app import ConfigRecord
 
 from dcco.config import LossConfig
+from dcco.config.toml import from_dict
 from dcco.core.method import Method
 from dcco.flower.secure_round import SecAgg
 from dcco.methods.predictive import PredictiveMethod
@@ -28,21 +32,23 @@ def refuse_fedavg_arguments(train_metrics_aggr_fn: Callable | None,
 
 
 def strategy_method(method: str, lambd: float, absent_statistics: str,
-                    secagg: SecAgg | None) -> Method:
-    """The method a strategy runs, with λ, checked against the strategy's other choices."""
-    built = build_method(method, LossConfig(lambd=lambd))
+                    secagg: SecAgg | None, loss: Mapping[str, Any] | None = None) -> Method:
+    """The method a strategy runs, with λ and ``loss``'s other settings of its loss
+    (``dcco.config.LossConfig``'s keys), checked against the strategy's other choices."""
+    given = dict(loss or {})
+    if "lambd" in given:
+        raise ValueError("loss['lambd']: λ is the strategy's own argument; give lambd=")
+    try:
+        config = from_dict(LossConfig, given | {"lambd": lambd}, "loss")
+    except ValueError as e:  # an unknown key, a value of the wrong type or range
+        raise ValueError(f"loss: {e}") from None
+    built = build_method(method, config)
     if not built.federated:
         raise ValueError(f"{method} is centralized; a strategy needs a federated method")
-    if built.stateful:
-        raise ValueError(f"{method}'s clients keep state between rounds, which runs in "
-                         f"dcco's simulator and dcco's own Flower app (dcco.flower.app); "
-                         f"in a Flower app of your own it is not implemented yet")
-    predictive = isinstance(built, PredictiveMethod)  # BYOL's, SimSiam's head
-    if predictive:
-        raise ValueError(f"{method} needs a predictor and a target network around the nodes' "
-                         f"encoder (and a server that moves BYOL's target), which runs in "
-                         f"dcco's simulator and dcco's own Flower app (dcco.flower.app); "
-                         f"in a Flower app of your own it is not implemented yet")
+    if isinstance(built, PredictiveMethod) and secagg is not None:
+        raise ValueError(f"{method} under SecAgg+ is not implemented: its predictor and "
+                         f"target network (and FedU's, FedEMA's, MoCo's clients' state) run "
+                         f"with plain messages; use secagg=None")
     if absent_statistics not in ("drop", "cached"):
         raise ValueError(f"absent_statistics must be 'drop' or 'cached', got "
                          f"{absent_statistics!r}")
@@ -54,6 +60,40 @@ def strategy_method(method: str, lambd: float, absent_statistics: str,
                          "SecAgg+ shows the server only their sum: use plain messages "
                          "(secagg=None) or 'drop'")
     return built
+
+
+def train_config_checked(config: ConfigRecord | None, local_lr: float, lr: float
+                         ) -> ConfigRecord:
+    """``start``'s ``train_config`` (an empty one for None), refused with a ``lr`` in it."""
+    config = config or ConfigRecord()
+    if "lr" in config:
+        raise ValueError(f"train_config['lr'] = {config['lr']!r}: DCCO's nodes take one "
+                         f"SGD step at the strategy's local_lr ({local_lr:g}, the "
+                         f"paper's) and the server's optimiser sets the model's step "
+                         f"(DCCOStrategy(lr={lr:g})); remove 'lr' from "
+                         f"train_config and set DCCOStrategy(lr=...) instead")
+    return config
+
+
+def check_arrays(method: Method, secagg: SecAgg | None, weights: Mapping[str, Any]) -> None:
+    """That the model's arrays (``initial_arrays``) hold SecAgg+'s model's, and what
+    ``method`` trains with: BYOL's and SimSiam's predictor, BYOL's target network, MoCo's
+    key encoder, which ``dcco.dual_encoder(..., method=...)`` builds."""
+    if secagg is not None and (lacking := [k for k in secagg.model.state_dict()
+                                           if k not in weights]):
+        raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
+                         f"state_dict of the nodes' model")
+    if not isinstance(method, PredictiveMethod):
+        return
+    lacking = [what for what, prefix, needed in (
+        ("a predictor", "predictor.", bool(method.default_predictor((2, 2)))),
+        ("a target network", "target.", method.target == "ema")) if needed and not any(
+            k.startswith(prefix) for k in weights)]
+    if lacking:
+        raise ValueError(f"initial_arrays has no {' and no '.join(lacking)} ({method.name} "
+                         f"trains with them): give the state_dict of "
+                         f"dcco.dual_encoder(encoder, projector, method={method.name!r}), "
+                         f"and build the nodes' model the same way")
 
 
 def trained_names(trained: Iterable[str] | None, secagg: SecAgg | None, min_train_nodes: int,
@@ -76,4 +116,5 @@ def trained_names(trained: Iterable[str] | None, secagg: SecAgg | None, min_trai
     return order
 
 
-__all__ = ["refuse_fedavg_arguments", "strategy_method", "trained_names"]
+__all__ = ["check_arrays", "refuse_fedavg_arguments", "strategy_method", "train_config_checked",
+           "trained_names"]

@@ -31,6 +31,7 @@ from dcco.flower.roundlog import tally_metrics
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
 from dcco.flower.userwire import NodeSettings, UserWire
+from dcco.methods.predictive import target_decay
 
 LOG = logging.getLogger("flwr.dcco")
 
@@ -69,6 +70,10 @@ class StrategyRounds:
         self.algorithm, self.method = algorithm, algorithm.method
         self.model, self.nodes, self.min_survivors = model, nodes, min_survivors
         self.secagg, self.watch, self.cache = secagg, watch, cache
+        self.moves_target = (getattr(self.method, "target", None) == "ema"
+                             and not self.method.stateful)
+        """Whether the server moves a target network after its step (BYOL's; FedU's,
+        FedEMA's and MoCo's clients each keep their own)."""
 
     def wire(self, r: int, config: dict, arrays: ArrayRecord | None = None) -> UserWire:
         """Round ``r``'s message layout."""
@@ -112,6 +117,9 @@ class StrategyRounds:
         """The server's step with the round's pseudo-gradient, the untrained floating arrays
         averaged from the replies used (plain messages), and the round's metrics."""
         self.model.step(pseudo, r - 1)
+        if self.moves_target:  # BYOL + FedAvg: the server's target network follows
+            self.model.move_target(target_decay(self.method.loss.target_decay, r - 1,
+                                                self.model.rounds))
         if exchanges.used:
             self.model.average_buffers([c for _, c, _ in exchanges.used],
                                        [n for _, _, n in exchanges.used])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
@@ -18,7 +19,7 @@ from dcco.core.statistics_cache import StatisticsCache
 from dcco.flower.roundlog import metrics_line, round_line, run_summary
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
-from dcco.flower.strategy.arguments import refuse_fedavg_arguments, strategy_method, trained_names
+from dcco.flower.strategy import arguments
 from dcco.flower.strategy.checkpoint import resume_strategy, save_strategy
 from dcco.flower.strategy.evaluation import FederatedEvaluation
 from dcco.flower.strategy.rounds import RoundsSkipped, StrategyRounds, skipped_round
@@ -52,7 +53,11 @@ class DCCOStrategy(Strategy):
         min_train_nodes: the fewest nodes sampled a round.
         min_available_nodes: nodes to wait for before a round.
         method: ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method
-            of dcco (``cco_fedavg``, ``contrastive_fedavg``; one exchange).
+            of dcco (``cco_fedavg``, ``contrastive_fedavg``, ``byol_fedavg``,
+            ``simsiam_fedavg``, ``moco_fedavg``, ``fedu``, ``fedema``; one exchange). BYOL's,
+            SimSiam's and MoCo's need the model of ``dcco.dual_encoder(..., method=...)``
+            on the server and the nodes; the server moves BYOL's target network, and FedU's,
+            FedEMA's and MoCo's nodes keep their own state in ``context.state``.
         optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
             (``dcco.core.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
             ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
@@ -85,6 +90,9 @@ class DCCOStrategy(Strategy):
             stopped ServerApp is started again with the same arguments; ``initial_arrays``
             is then ignored, and the log says so), to the same model as an uninterrupted
             run. None: no checkpoint.
+        loss: the method's loss settings besides λ (``dcco.config.LossConfig``'s keys:
+            ``target_decay``, ``moco_queue``, ``fedu_threshold``, ``temperature``, ...),
+            sent to the nodes; None: their defaults.
     """
 
     def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -100,14 +108,14 @@ class DCCOStrategy(Strategy):
                  local_lr: float = 1.0, lambd: float = USER.lambd,
                  min_survivors: int = 1, seed: int = 0,
                  trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
-                 absent_statistics: str = "drop", checkpoint: str | Path | None = None
-                 ) -> None:
-        refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
+                 absent_statistics: str = "drop", checkpoint: str | Path | None = None,
+                 loss: Mapping[str, Any] | None = None) -> None:
+        arguments.refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
         if min_survivors < 1:
             raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
         self.sampler = NodeSampler(fraction_train, min_train_nodes, fraction_evaluate,
                                    min_evaluate_nodes, min_available_nodes, seed)
-        self.method = strategy_method(method, lambd, absent_statistics, secagg)
+        self.method = arguments.strategy_method(method, lambd, absent_statistics, secagg, loss)
         self.algorithm = Algorithm(self.method, local_lr=local_lr)
         self.evaluation = FederatedEvaluation(self.sampler, lambd, arrayrecord_key,
                                               configrecord_key, evaluate_metrics_aggr_fn,
@@ -115,9 +123,9 @@ class DCCOStrategy(Strategy):
         self.optim = OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                                  warmup_rounds=warmup_rounds, schedule=schedule,
                                  vector_lr_scale=vector_lr_scale)
-        self.model = ServerModel(self.optim, trained_names(trained, secagg, min_train_nodes,
-                                                           min_available_nodes))
-        self.nodes = NodeSettings(self.method.name, local_lr, lambd, seed)
+        self.model = ServerModel(self.optim, arguments.trained_names(
+            trained, secagg, min_train_nodes, min_available_nodes))
+        self.nodes = NodeSettings(self.method.name, local_lr, lambd, seed, self.method.loss)
         self.absent_statistics, self.secagg = absent_statistics, secagg
         self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
@@ -132,7 +140,7 @@ class DCCOStrategy(Strategy):
 
     def node_config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
         """The ``config`` record of round ``r``'s ``phase`` message (``NodeSettings``)."""
-        return self.nodes.config(phase, r, extra)
+        return self.nodes.config(phase, r, extra, self.model.rounds)
 
     def _watch(self) -> CollapseWatch:
         return CollapseWatch(watch_start(self.optim.warmup_rounds),
@@ -224,13 +232,7 @@ class DCCOStrategy(Strategy):
         """
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
-        config = train_config or ConfigRecord()
-        if "lr" in config:
-            raise ValueError(f"train_config['lr'] = {config['lr']!r}: DCCO's nodes take one "
-                             f"SGD step at the strategy's local_lr ({self.local_lr:g}, the "
-                             f"paper's) and the server's optimiser sets the model's step "
-                             f"(DCCOStrategy(lr={self.optim.lr:g})); remove 'lr' from "
-                             f"train_config and set DCCOStrategy(lr=...) instead")
+        config = arguments.train_config_checked(train_config, self.local_lr, self.optim.lr)
         self.summary()
         began = time.perf_counter()
         result = Result(arrays=initial_arrays)
@@ -282,14 +284,11 @@ class DCCOStrategy(Strategy):
         the arrays (``start`` calls it; Flower's own loop of ``configure_train`` and
         ``aggregate_train`` needs it called first)."""
         self.model.begin(initial_arrays, num_rounds)
+        arguments.check_arrays(self.method, self.secagg, self.model.weights)
         self.sampler.begin()
         self.evaluation.missing = False
         self.rounds.cache = StatisticsCache() if self.absent_statistics == "cached" else None
         self.rounds.watch = self._watch()
-        if self.secagg is not None and (lacking := [
-                k for k in self.secagg.model.state_dict() if k not in self.model.weights]):
-            raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
-                             f"state_dict of the nodes' model")
 
 
 DCCO = DCCOStrategy
