@@ -2,8 +2,9 @@
 SimSiam and DCCO, for docs/results.md, from the finished cells of
 experiments/fedssl_fmnist.toml (each scale's folder under experiments/results), DCCO's and
 the FedAvg baselines' cells of the claims grid (experiments/table1_claims_fmnist.toml,
-group norm, seeds 0-2 of its 5), the cross-silo grids (experiments/fedssl_cross_silo_fmnist.toml
-and its DCCO, experiments/fedssl_cross_silo_dcco_fmnist.toml, batch norm, scale small), and
+group norm, seeds 0-2 of its 5), the cross-silo grids (experiments/fedssl_cross_silo_fmnist.toml,
+its DCCO and centralized CCO, experiments/fedssl_cross_silo_dcco_fmnist.toml, and its FedSC,
+experiments/fedssl_cross_silo_fedsc_fmnist.toml; batch norm, scale small), and
 the untrained encoders of the same network, with batch norm (results/random_init-small-bn,
 appendix C's floor) for the batch-norm cells and with group norm (results/random_init-small)
 for the claims grid's.
@@ -36,6 +37,11 @@ SETTINGS = (("non-IID 4", "non-iid-4"), ("non-IID 16", "non-iid-16"))
 CROSS_SILO = ("cross-silo Dir 0.1", "cross-silo-dir-0-1")
 """10 clients of 64 photos, all of them a round: its own grids, at scale ``small``, whatever
 the scale of the tiny-client cells."""
+CROSS_SILO_GRIDS = {"dcco": "fedssl_cross_silo_dcco_fmnist-small",
+                    "centralized_cco": "fedssl_cross_silo_dcco_fmnist-small",
+                    "fedsc": "fedssl_cross_silo_fedsc_fmnist-small"}
+"""The cross-silo cells that are not experiments/fedssl_cross_silo_fmnist.toml's: DCCO's
+grid (DCCO, centralized CCO on the pooled 640 photos) and FedSC's."""
 
 
 def probe(path: Path) -> float | None:
@@ -74,9 +80,8 @@ def folder(scale: str, slug: str, method: str) -> Path | None:
     """Where a method's cells of a setting are: the grid's folder, the claims grid's (group
     norm) for DCCO and the FedAvg baselines, the cross-silo grids' for that setting (None:
     the method has no cells there)."""
-    if slug == CROSS_SILO[1]:
-        return (RESULTS / "fedssl_cross_silo_dcco_fmnist-small" if method == "dcco"
-                else RESULTS / "fedssl_cross_silo_fmnist-small" if method in METHODS else None)
+    if slug == CROSS_SILO[1]:  # every method has batch norm there
+        return RESULTS / CROSS_SILO_GRIDS.get(method, "fedssl_cross_silo_fmnist-small")
     if method == "fedsc":
         return RESULTS / "fedsc_fmnist-small"
     return (RESULTS / "table1_claims_fmnist-small" if method in CLAIMS
@@ -111,7 +116,7 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
                 ax.text(i, 50.5, "not run", rotation=90, ha="center", va="bottom", fontsize=8)
                 continue
             color = "tab:red" if method == "dcco" else (
-                "tab:grey" if method in GROUP_NORM else "tab:blue")
+                "tab:grey" if method in GROUP_NORM and slug != CROSS_SILO[1] else "tab:blue")
             ax.bar(i, statistics.fmean(values.values()), color=color, alpha=0.6)
             ax.plot([i] * len(values), list(values.values()), "k.", markersize=5)
         dcco = cells(scale, slug, "dcco")
@@ -153,7 +158,8 @@ def main() -> None:
                   f"{row(cells(scale, slug, method), floor_gn, dcco)} |")
     label, slug = CROSS_SILO  # its DCCO has batch norm too, the floor is the same network's
     dcco = cells(scale, slug, "dcco")
-    for method in (*METHODS, "dcco"):
+    for method in (*METHODS, "cco_fedavg", "contrastive_fedavg", "fedsc", "centralized_cco",
+                   "dcco"):
         print(f"| {label} | {method} | {row(cells(scale, slug, method), floor, dcco)} |")
     for name, values in (("batch norm", floor), ("group norm", floor_gn)):
         shown = ", ".join(f"{values[s]:.1f}" for s in sorted(values))

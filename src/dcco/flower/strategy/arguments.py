@@ -86,8 +86,8 @@ def check_arrays(method: Method, secagg: SecAgg | None, weights: Mapping[str, An
     if not isinstance(method, PredictiveMethod):
         return
     lacking = [what for what, prefix, needed in (
-        ("a predictor", "predictor.", bool(method.default_predictor((2, 2)))),
-        ("a target network", "target.", method.target == "ema")) if needed and not any(
+        ("predictor", "predictor.", bool(method.default_predictor((2, 2)))),
+        ("target network", "target.", method.target == "ema")) if needed and not any(
             k.startswith(prefix) for k in weights)]
     if lacking:
         raise ValueError(f"initial_arrays has no {' and no '.join(lacking)} ({method.name} "
