@@ -279,7 +279,7 @@ def test_fit__interrupted_then_called_again_continues_to_the_same_weights(tmp_pa
 
 
 HEADS = {"byol_fedavg": ((12, 16), True), "simsiam_fedavg": ((4, 16), False),
-         "moco_fedavg": (None, True), "fedema": ((12, 16), True)}
+         "moco_fedavg": (None, True), "fedu": ((12, 16), True), "fedema": ((12, 16), True)}
 """Each method's predictor widths after FIT's projector (12, 16) and whether it has a target
 network: BYOL's (the projector's first width, then d), SimSiam's (d/4, then d), MoCo's key
 encoder (a target without a predictor)."""
@@ -329,6 +329,26 @@ def test_fit__a_predictor_that_does_not_fit_is_refused_before_a_folder_is_writte
                           sample=torch.zeros(1, 8, 8), sample_y=torch.zeros(1, 8, 8))
     with pytest.raises(ValueError, match="give method= too"):
         dcco.dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8), predictor=(4, 16))
+    for widths in ((), (16,)):  # BYOL without its predictor is not BYOL
+        with pytest.raises(ValueError, match="two or more positive widths"):
+            dcco.dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8),
+                              method="byol_fedavg", predictor=widths)
+
+
+def test_fit__fedu_fedema_and_moco_train_an_encoder_with_a_frozen_layer(tmp_path):
+    """A frozen layer's target never moves from it: the clients keep and follow only the
+    trained parameters' targets, and the frozen layer stays as it was."""
+    for method in ("fedu", "fedema", "moco_fedavg"):
+        torch.manual_seed(9)
+        encoder = UserCNN()
+        encoder.conv.requires_grad_(False)
+        frozen = encoder.conv.weight.detach().double()
+        trained = encoder.head.weight.detach().double()
+        result = dcco.fit(encoder, _clients(), run_dir=tmp_path / method, settings=SETTINGS,
+                          **(FIT | {"rounds": 3, "method": method}))
+        assert result.summary["rounds"] == 3
+        assert torch.equal(encoder.conv.weight.double(), frozen)
+        assert not torch.equal(encoder.head.weight.double(), trained)
 
 
 def test_fit__clips_your_encoders_encodings_as_configured(tmp_path):

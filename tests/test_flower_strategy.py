@@ -153,21 +153,56 @@ def _two_or_more(node: int) -> torch.Tensor:
     return torch.rand(1 + node, 1, 8, 8, generator=gen, dtype=torch.float64)
 
 
-def _headed(method: str) -> nn.Module:
+class UserBatchNormCNN(UserCNN):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm2d(6)
+
+
+def _headed(method: str, encoder: type[nn.Module] = UserCNN) -> nn.Module:
     """The user's CNN with a projector and ``method``'s predictor and target network."""
     from dcco.api import dual_encoder
 
     torch.manual_seed(0)
-    return dual_encoder(UserCNN(), (12, 16), sample=torch.zeros(1, 8, 8), method=method).double()
+    return dual_encoder(encoder(), (12, 16), sample=torch.zeros(1, 8, 8), method=method).double()
 
 
-@pytest.mark.parametrize("method", ["byol_fedavg", "simsiam_fedavg", "moco_fedavg", "fedu",
-                                    "fedema"])
-def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(method):
+def _nodes_buffers(dual, algorithm, nodes, views, store, tau) -> dict[str, torch.Tensor]:
+    """Batch norm's running statistics as the server averages them: each node's after its
+    step (a forward of its views from the global model; a stateful client's from its own
+    start), weighted by its samples."""
+    import copy
+
+    from dcco.core.client_state import RoundStates
+
+    floating = [k for k, v in dual.named_buffers() if v.is_floating_point()]
+    sums, total = dict.fromkeys(floating, 0.0), 0
+    for n, (x1, x2) in zip(nodes, views, strict=True):
+        node = copy.deepcopy(dual)
+        if algorithm.stateful:
+            run_round(node, algorithm, x1, x2, Segments.from_counts([len(x1)]), "reference",
+                      states=RoundStates([n], copy.deepcopy(store), tau))
+        else:
+            with torch.no_grad():
+                node(x1, x2)
+        own = dict(node.named_buffers())
+        for k in floating:
+            sums[k] = sums[k] + len(x1) * own[k]
+        total += len(x1)
+    integers = {k: v.clone() for k, v in dual.named_buffers() if not v.is_floating_point()}
+    return {k: v / total for k, v in sums.items()} | integers  # the server keeps integers
+
+
+@pytest.mark.parametrize("method,encoder", [
+    ("byol_fedavg", UserCNN), ("simsiam_fedavg", UserCNN), ("moco_fedavg", UserCNN),
+    ("fedu", UserCNN), ("fedema", UserCNN), ("byol_fedavg", UserBatchNormCNN),
+    ("fedema", UserBatchNormCNN)])
+def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(method, encoder):
     """BYOL's, SimSiam's and MoCo's rounds, and FedU's and FedEMA's clients that keep their
     model, in a Flower app of the user's own: three rounds equal dcco's reference rounds on
     the same views, the server's target update (BYOL) and the clients' kept states (the
-    simulator's store) included."""
+    simulator's store) included; with batch norm, its running statistics are the nodes'
+    after their step (a stateful client's from its own start), averaged by samples."""
     from dcco.core.algorithm import Algorithm
     from dcco.core.client_state import ClientStates, RoundStates
     from dcco.methods.predictive import target_decay
@@ -175,10 +210,10 @@ def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(m
     loss = {"target_decay": 0.9} | ({"moco_queue": 6} if method == "moco_fedavg" else {})
     strategy = DCCOStrategy(method=method, optimizer="lars", lr=0.5, warmup_rounds=1,
                             min_available_nodes=4, fraction_evaluate=0.0, loss=loss)
-    grid = _grid(model=lambda: _headed(method), samples=_two_or_more)
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(_headed(method).state_dict()),
-                            num_rounds=3)
-    dual, nodes = _headed(method), [1, 2, 3, 4]
+    grid = _grid(model=lambda: _headed(method, encoder), samples=_two_or_more)
+    result = strategy.start(grid=grid, num_rounds=3,
+                            initial_arrays=ArrayRecord(_headed(method, encoder).state_dict()))
+    dual, nodes = _headed(method, encoder), [1, 2, 3, 4]
     named = [(n, p) for n, p in dual.named_parameters() if p.requires_grad]
     opt = build_optimizer(named, strategy.optim)
     algorithm = Algorithm(build_method(method, strategy.method.loss), local_lr=1.0)
@@ -187,6 +222,7 @@ def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(m
         seed = int(strategy.node_config("update", r, {})["views-seed"])
         views = [_views(_two_or_more(n), _augment, seed, n, torch.float64) for n in nodes]
         tau = target_decay(0.9, r - 1, 3)
+        buffers = _nodes_buffers(dual, algorithm, nodes, views, store, tau)
         out = run_round(dual, algorithm, torch.cat([v[0] for v in views]),
                         torch.cat([v[1] for v in views]),
                         Segments.from_counts([len(_two_or_more(n)) for n in nodes]), "reference",
@@ -196,12 +232,14 @@ def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(m
                               [out.pseudo_gradient[n] for n, _ in named])
         if method == "byol_fedavg":
             dual.update_target(tau)
+        dual.load_state_dict(dual.state_dict() | buffers)  # the server's average of them
     expected = {k: v.detach() for k, v in dual.state_dict().items()}
     got = result.arrays.to_torch_state_dict()
     assert got.keys() == expected.keys() and _rel(got, expected) <= 1e-12
-    start = _headed(method).state_dict()
+    start = _headed(method, encoder).state_dict()
     assert _rel(got, {k: v.detach() for k, v in start.items()}) > 1e-4
-    moved = any(not torch.equal(got[k], start[k]) for k in got if k.startswith("target."))
+    moved = any(not torch.equal(got[k], start[k]) for k, _ in dual.named_parameters()
+                if k.startswith("target."))
     assert moved == (method == "byol_fedavg")  # the others' clients keep their own
     assert all(result.train_metrics_clientapp[r]["update-accepted"] == 4 for r in (1, 2, 3))
     assert len(store) == 4 if algorithm.stateful else not store
@@ -209,11 +247,17 @@ def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(m
 
 def test_strategy__predictive_methods_refuse_a_model_without_their_head():
     strategy = DCCOStrategy(method="byol_fedavg", min_available_nodes=4)
-    with pytest.raises(ValueError, match=r"has no predictor and no target network .*"
+    with pytest.raises(ValueError, match=r"not a dual encoder's, and byol_fedavg trains with .*"
                                          r"dcco.dual_encoder\(encoder, projector, "
                                          r"method='byol_fedavg'\)"):
         strategy.start(grid=_grid(), initial_arrays=_initial()[1], num_rounds=1)
-    with pytest.raises(ValueError, match="loss: unknown key 'loss.moco_size'"):
+    byol = ArrayRecord(_headed("byol_fedavg").state_dict())
+    for method, why in (("simsiam_fedavg", "hold a target network, which simsiam_fedavg has not"),
+                        ("dcco", "hold a predictor, which dcco has not")):
+        with pytest.raises(ValueError, match=why):
+            DCCOStrategy(method=method, min_available_nodes=4).start(
+                grid=_grid(), initial_arrays=byol, num_rounds=1)
+    with pytest.raises(ValueError, match="unknown key 'loss.moco_size'"):
         DCCOStrategy(method="moco_fedavg", loss={"moco_size": 4})
     with pytest.raises(ValueError, match="give lambd="):
         DCCOStrategy(method="byol_fedavg", loss={"lambd": 4.0})

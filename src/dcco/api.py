@@ -176,6 +176,9 @@ def _head(method: str | None, predictor: Iterable[int] | None,
     if not cls.default_predictor(dims) and widths:
         raise ValueError(f"{method} has no predictor (its key encoder is a target network "
                          f"alone); leave predictor=None")
+    if cls.default_predictor(dims) and (len(widths) < 2 or min(widths) < 1):
+        raise ValueError(f"{method}'s predictor needs two or more positive widths (hidden, "
+                         f"then d = {d}), got {list(widths)}; None: its default")
     if widths and widths[-1] != d:
         raise ValueError(f"the predictor must end in the projection width {d}, got "
                          f"{list(widths)}")

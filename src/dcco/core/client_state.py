@@ -60,8 +60,9 @@ class Layout:
         if getattr(model, "target", None) is None:
             raise ValueError("a stateful client needs a dual encoder with a target network "
                              "(BYOL's, MoCo's key encoder)")
+        trained = set(names)  # a frozen online parameter's target never moves from it
         return cls(tuple(n for n in names if not n.startswith("predictor.")), predictor,
-                   tuple(model.target_pairs()))
+                   tuple((t, o) for t, o in model.target_pairs() if o in trained))
 
 
 @dataclass(frozen=True)

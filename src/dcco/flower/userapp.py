@@ -55,7 +55,7 @@ from dcco.flower.userwire import (
     moments_of,
 )
 from dcco.methods.base import Method
-from dcco.methods.predictive import PredictiveMethod
+from dcco.methods.predictive import head_parts
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 
@@ -185,7 +185,8 @@ def answer(msg: Message, context: Context, model: nn.Module,
         ordered = {k: update.delta[k] for k in model.state_dict() if k in update.delta}
         return Message(secagg.secure_update_reply(replace(update, delta=ordered), params),
                        reply_to=msg)
-    _forward_for_buffers(model, x1, x2)
+    if not method.stateful:  # a stateful client's step left its own running statistics
+        _forward_for_buffers(model, x1, x2)
     reply = {"arrays": codec.array_record(update.delta),
              "metrics": MetricRecord({"num-examples": update.num_samples,
                                       "loss": float(update.loss)})}
@@ -258,17 +259,15 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
 
 
 def _check_head(method: Method, model: nn.Module) -> None:
-    """A node's model holds what a predictive method trains with."""
-    if not isinstance(method, PredictiveMethod):
-        return
-    lacks = [what for what, attr, needed in (
-        ("predictor", "predictor", bool(method.default_predictor((2, 2)))),
-        ("target network", "target", method.target == "ema"))
-        if needed and getattr(model, attr, None) is None]
-    if lacks:
-        raise ValueError(f"{method.name} trains with a {' and a '.join(lacks)} around the "
-                         f"encoder, which this node's model lacks: build it with "
-                         f"dcco.dual_encoder(encoder, projector, method={method.name!r})")
+    """A node's model holds what a predictive method trains with, and no head another
+    method's would be (its loss would read predictions or targets that nothing trains)."""
+    for what, attr, needed in zip(("predictor", "target network"), ("predictor", "target"),
+                                  head_parts(method), strict=True):
+        if needed != (getattr(model, attr, None) is not None):
+            raise ValueError(f"this node's model {'has no' if needed else 'holds a'} {what}, "
+                             f"which {method.name} {'trains with' if needed else 'has not'}: "
+                             f"build it with dcco.dual_encoder(encoder, projector, "
+                             f"method={method.name!r})")
 
 
 CLIENT_STATE = "dcco.user-client-state"
@@ -282,12 +281,17 @@ def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
     """The node's round as one client that keeps state (``Algorithm.stateful_updates``, the
     simulator's): from what it kept (a node never seen starts from the global model), its
     new state kept in ``context.state``."""
+    probe = next(iter(model.parameters()))
+
     def load(_: int) -> dict[str, Tensor] | None:
         record = context.state.array_records.get(CLIENT_STATE)
-        return None if record is None else codec.tensors_of(record)
+        return None if record is None else {
+            k: v.to(probe.device, probe.dtype if v.is_floating_point() else v.dtype)
+            for k, v in codec.tensors_of(record).items()}
 
     def save(_: int, new: dict[str, Tensor]) -> None:
-        context.state[CLIENT_STATE] = codec.array_record(new)
+        context.state[CLIENT_STATE] = codec.array_record(
+            {k: v.to(probe.dtype) if v.is_floating_point() else v for k, v in new.items()})
 
     return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
         model, [(0, x1, x2)], load, save, ask.decay)[0]

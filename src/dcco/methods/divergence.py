@@ -110,9 +110,11 @@ class DivergenceAware(BYOLBase, abc.ABC):
         return end | start.keep
 
     def state_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
-        """The shapes of one client's state: its trainable parameters and target network."""
+        """The shapes of one client's state: its trainable parameters and their target
+        network's (``Layout.of``)."""
+        targets = {t for t, _ in Layout.of(model).target}
         return {n: p.shape for n, p in model.named_parameters()
-                if p.requires_grad or n.startswith("target.")} | {SCALE: torch.Size([])}
+                if p.requires_grad or n in targets} | {SCALE: torch.Size([])}
 
 
 class FedU(DivergenceAware):

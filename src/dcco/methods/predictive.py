@@ -88,6 +88,14 @@ class SimSiamBase(PredictiveMethod):
     loss_kind: ClassVar[str] = "SimSiam loss (−cos, symmetrised; −1 to 1)"
 
 
+def head_parts(method: object) -> tuple[bool, bool]:
+    """Whether ``method`` trains with a predictor (BYOL's, SimSiam's), and whether with a
+    target network (BYOL's; MoCo's key encoder); neither for the other methods."""
+    if not isinstance(method, PredictiveMethod):
+        return False, False
+    return bool(method.default_predictor((2, 2))), method.target == "ema"
+
+
 def target_decay(base: float, round_index: int, rounds: int) -> float:
     """BYOL's τ for the target update after round ``round_index`` (0-based) of ``rounds``:
     1 − (1 − τ_base)(cos(π k/K) + 1)/2, rising from τ_base to 1 (Grill et al. 2020, §3.2)."""

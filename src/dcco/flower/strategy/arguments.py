@@ -13,7 +13,7 @@ from dcco.config import LossConfig
 from dcco.config.toml import from_dict
 from dcco.core.method import Method
 from dcco.flower.secure_round import SecAgg
-from dcco.methods.predictive import PredictiveMethod
+from dcco.methods.predictive import PredictiveMethod, head_parts
 from dcco.methods.registry import build_method
 
 
@@ -39,16 +39,16 @@ def strategy_method(method: str, lambd: float, absent_statistics: str,
     if "lambd" in given:
         raise ValueError("loss['lambd']: λ is the strategy's own argument; give lambd=")
     try:
-        config = from_dict(LossConfig, given | {"lambd": lambd}, "loss")
-    except ValueError as e:  # an unknown key, a value of the wrong type or range
-        raise ValueError(f"loss: {e}") from None
+        LossConfig(lambd=lambd)
+    except ValueError as e:
+        raise ValueError(f"lambd = {lambd!r}: {e}") from None
+    config = from_dict(LossConfig, given | {"lambd": lambd}, "loss")  # names a bad key
     built = build_method(method, config)
     if not built.federated:
         raise ValueError(f"{method} is centralized; a strategy needs a federated method")
     if isinstance(built, PredictiveMethod) and secagg is not None:
-        raise ValueError(f"{method} under SecAgg+ is not implemented: its predictor and "
-                         f"target network (and FedU's, FedEMA's, MoCo's clients' state) run "
-                         f"with plain messages; use secagg=None")
+        raise ValueError(f"{method} under SecAgg+ is not implemented (its clients' state and "
+                         f"head run with plain messages only); use secagg=None")
     if absent_statistics not in ("drop", "cached"):
         raise ValueError(f"absent_statistics must be 'drop' or 'cached', got "
                          f"{absent_statistics!r}")
@@ -83,17 +83,19 @@ def check_arrays(method: Method, secagg: SecAgg | None, weights: Mapping[str, An
                                            if k not in weights]):
         raise ValueError(f"initial_arrays lacks {lacking[0]} of secagg.model; give the "
                          f"state_dict of the nodes' model")
-    if not isinstance(method, PredictiveMethod):
+    hint = (f"give the state_dict of dcco.dual_encoder(encoder, projector, "
+            f"method={method.name!r}), and build the nodes' model the same way")
+    if not any(k.startswith("backbone.") for k in weights):  # not a dual encoder's arrays
+        if any(head_parts(method)):
+            raise ValueError(f"initial_arrays are not a dual encoder's, and {method.name} "
+                             f"trains with a predictor or a target network: {hint}")
         return
-    lacking = [what for what, prefix, needed in (
-        ("predictor", "predictor.", bool(method.default_predictor((2, 2)))),
-        ("target network", "target.", method.target == "ema")) if needed and not any(
-            k.startswith(prefix) for k in weights)]
-    if lacking:
-        raise ValueError(f"initial_arrays has no {' and no '.join(lacking)} ({method.name} "
-                         f"trains with them): give the state_dict of "
-                         f"dcco.dual_encoder(encoder, projector, method={method.name!r}), "
-                         f"and build the nodes' model the same way")
+    for what, prefix, needed in zip(("predictor", "target network"), ("predictor.", "target."),
+                                    head_parts(method), strict=True):
+        if needed != any(k.startswith(prefix) for k in weights):
+            raise ValueError(f"initial_arrays {'have no' if needed else 'hold a'} {what}, "
+                             f"which {method.name} {'trains with' if needed else 'has not'}: "
+                             f"{hint}")
 
 
 def trained_names(trained: Iterable[str] | None, secagg: SecAgg | None, min_train_nodes: int,
