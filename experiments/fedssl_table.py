@@ -37,11 +37,15 @@ SETTINGS = (("non-IID 4", "non-iid-4"), ("non-IID 16", "non-iid-16"))
 CROSS_SILO = ("cross-silo Dir 0.1", "cross-silo-dir-0-1")
 """10 clients of 64 photos, all of them a round: its own grids, at scale ``small``, whatever
 the scale of the tiny-client cells."""
-CROSS_SILO_GRIDS = {"dcco": "fedssl_cross_silo_dcco_fmnist-small",
-                    "centralized_cco": "fedssl_cross_silo_dcco_fmnist-small",
+ONE_STEP = "fedssl_cross_silo_dcco_fmnist-small"
+LOCAL_EPOCHS = "fedssl_cross_silo_fmnist-small"
+CROSS_SILO_GRIDS = {"dcco": ONE_STEP, "centralized_cco": ONE_STEP, "cco_fedavg": ONE_STEP,
+                    "contrastive_fedavg": ONE_STEP,
                     "fedsc": "fedssl_cross_silo_fedsc_fmnist-small"}
-"""The cross-silo cells that are not experiments/fedssl_cross_silo_fmnist.toml's: DCCO's
-grid (DCCO, centralized CCO on the pooled 640 photos) and FedSC's."""
+"""The cross-silo cells at the DCCO paper's round (one local step, the server's LARS):
+DCCO's grid (DCCO, its paper's FedAvg baselines, centralized CCO on the pooled 640 photos)
+and FedSC's; the other methods' are at their papers' 5 local epochs (``LOCAL_EPOCHS``), where
+the DCCO paper's baselines ran too (shown as rows of their own)."""
 
 
 def probe(path: Path) -> float | None:
@@ -81,16 +85,17 @@ def folder(scale: str, slug: str, method: str) -> Path | None:
     norm) for DCCO and the FedAvg baselines, the cross-silo grids' for that setting (None:
     the method has no cells there)."""
     if slug == CROSS_SILO[1]:  # every method has batch norm there
-        return RESULTS / CROSS_SILO_GRIDS.get(method, "fedssl_cross_silo_fmnist-small")
+        return RESULTS / CROSS_SILO_GRIDS.get(method, LOCAL_EPOCHS)
     if method == "fedsc":
         return RESULTS / "fedsc_fmnist-small"
     return (RESULTS / "table1_claims_fmnist-small" if method in CLAIMS
             else RESULTS / f"fedssl_fmnist-{scale}")
 
 
-def cells(scale: str, slug: str, method: str) -> dict[int, float]:
-    """linear@5000 by seed of a method's finished cells in a setting."""
-    where = folder(scale, slug, method)
+def cells(scale: str, slug: str, method: str, where: Path | None = None) -> dict[int, float]:
+    """linear@5000 by seed of a method's finished cells in a setting (in ``where``, else
+    the method's folder there)."""
+    where = where or folder(scale, slug, method)
     if where is None:
         return {}
     prefix = "" if method == "centralized_cco" else f"{slug}-"  # one cell for every setting
@@ -158,9 +163,13 @@ def main() -> None:
                   f"{row(cells(scale, slug, method), floor_gn, dcco)} |")
     label, slug = CROSS_SILO  # its DCCO has batch norm too, the floor is the same network's
     dcco = cells(scale, slug, "dcco")
-    for method in (*METHODS, "cco_fedavg", "contrastive_fedavg", "fedsc", "centralized_cco",
-                   "dcco"):
+    for method in METHODS:
         print(f"| {label} | {method} | {row(cells(scale, slug, method), floor, dcco)} |")
+    for method in ("cco_fedavg", "contrastive_fedavg"):  # at the BYOL papers' local recipe
+        values = cells(scale, slug, method, RESULTS / LOCAL_EPOCHS)
+        print(f"| {label} | {method} (5 local epochs) | {row(values, floor, dcco)} |")
+    for method in ("cco_fedavg", "contrastive_fedavg", "fedsc", "centralized_cco", "dcco"):
+        print(f"| {label} | {method} (one step) | {row(cells(scale, slug, method), floor, dcco)} |")
     for name, values in (("batch norm", floor), ("group norm", floor_gn)):
         shown = ", ".join(f"{values[s]:.1f}" for s in sorted(values))
         print(f"untrained encoder, {name}: {shown}")
