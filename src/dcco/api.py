@@ -170,13 +170,12 @@ def _head(method: str | None, predictor: Iterable[int] | None,
         if predictor is not None:
             raise ValueError(f"{method} has no predictor; leave predictor=None")
         return None
-    d = dims[-1]
-    widths = (cls.default_predictor(dims) if predictor is None
-              else tuple(int(w) for w in predictor))
-    if not cls.default_predictor(dims) and widths:
+    d, default = dims[-1], cls.default_predictor(dims)
+    widths = default if predictor is None else tuple(int(w) for w in predictor)
+    if not default and widths:
         raise ValueError(f"{method} has no predictor (its key encoder is a target network "
                          f"alone); leave predictor=None")
-    if cls.default_predictor(dims) and (len(widths) < 2 or min(widths) < 1):
+    if default and (len(widths) < 2 or min(widths) < 1):
         raise ValueError(f"{method}'s predictor needs two or more positive widths (hidden, "
                          f"then d = {d}), got {list(widths)}; None: its default")
     if widths and widths[-1] != d:

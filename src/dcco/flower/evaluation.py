@@ -104,13 +104,13 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
-def _knn_accuracy(model: Callable[[Tensor], Tensor], train_x: Tensor, test_x: Tensor, train_y: Tensor,
-                  test_y: Tensor, dtype: torch.dtype) -> float:
+def _knn_accuracy(encode: Callable[[Tensor], Tensor], train_x: Tensor, test_x: Tensor,
+                  train_y: Tensor, test_y: Tensor, dtype: torch.dtype) -> float:
     """The share of test samples whose weighted k-NN vote among the training samples'
     encodings (dcco's k-NN monitor's space and settings) gives their label."""
     from dcco.evaluate.knn import knn_predict
 
-    bank, queries = model(train_x.to(dtype)), model(test_x.to(dtype))
+    bank, queries = encode(train_x.to(dtype)), encode(test_x.to(dtype))
     if bank.shape[0] != train_y.shape[0] or queries.shape[0] != test_y.shape[0]:
         raise ValueError(f"labels do not match the samples: {train_y.shape[0]} labels for "
                          f"{bank.shape[0]} training samples, {test_y.shape[0]} for "

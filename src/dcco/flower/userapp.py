@@ -38,6 +38,7 @@ from dcco.config import LossConfig
 from dcco.config.toml import from_dict
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import ClientUpdate
+from dcco.core.client_state import restored, stored
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
@@ -55,7 +56,7 @@ from dcco.flower.userwire import (
     moments_of,
 )
 from dcco.methods.base import Method
-from dcco.methods.predictive import head_parts
+from dcco.methods.predictive import head_mismatch
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 
@@ -261,19 +262,21 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
 def _check_head(method: Method, model: nn.Module) -> None:
     """A node's model holds what a predictive method trains with, and no head another
     method's would be (its loss would read predictions or targets that nothing trains)."""
-    for what, attr, needed in zip(("predictor", "target network"), ("predictor", "target"),
-                                  head_parts(method), strict=True):
-        if needed != (getattr(model, attr, None) is not None):
-            raise ValueError(f"this node's model {'has no' if needed else 'holds a'} {what}, "
-                             f"which {method.name} {'trains with' if needed else 'has not'}: "
-                             f"build it with dcco.dual_encoder(encoder, projector, "
-                             f"method={method.name!r})")
+    wrong = head_mismatch(method, getattr(model, "predictor", None) is not None,
+                          getattr(model, "target", None) is not None)
+    if wrong is not None:
+        what, needed = wrong
+        raise ValueError(f"this node's model {'has no' if needed else 'holds a'} {what}, "
+                         f"which {method.name} {'trains with' if needed else 'has not'}: "
+                         f"build it with dcco.dual_encoder(encoder, projector, "
+                         f"method={method.name!r})")
 
 
 CLIENT_STATE = "dcco.user-client-state"
 """A FedU, FedEMA or MoCo node's own state in ``context.state`` (its online network,
 predictor and target network, or its queue), kept from one round it takes part in to the
-next, in the model's dtype."""
+next as the simulator's store holds it (``stored``: float32 tensors in the model's dtype,
+a method's float64 scalars as they are)."""
 
 
 def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
@@ -285,13 +288,11 @@ def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
 
     def load(_: int) -> dict[str, Tensor] | None:
         record = context.state.array_records.get(CLIENT_STATE)
-        return None if record is None else {
-            k: v.to(probe.device, probe.dtype if v.is_floating_point() else v.dtype)
-            for k, v in codec.tensors_of(record).items()}
+        return None if record is None else restored(codec.tensors_of(record), probe.dtype,
+                                                     probe.device, probe.dtype)
 
     def save(_: int, new: dict[str, Tensor]) -> None:
-        context.state[CLIENT_STATE] = codec.array_record(
-            {k: v.to(probe.dtype) if v.is_floating_point() else v for k, v in new.items()})
+        context.state[CLIENT_STATE] = codec.array_record(stored(new, probe.dtype))
 
     return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
         model, [(0, x1, x2)], load, save, ask.decay)[0]

@@ -50,15 +50,19 @@ def moments_of(record: ArrayRecord) -> Moments:
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """What every training message tells a node: the method, the client rate, λ and the
-    seed that each round's views derive from; the method's other loss settings, and for a
-    client that keeps a target network of its own the round's τ."""
+    """What every training message tells a node: the method, the client rate, the seed that
+    each round's views derive from, the method's loss settings (λ on its own key, the others
+    when they are not the defaults), and for a client that keeps a target network of its own
+    the round's τ."""
 
     method: str
     local_lr: float
-    lambd: float
     seed: int
-    loss: LossConfig | None = None
+    loss: LossConfig
+
+    @property
+    def lambd(self) -> float:
+        return self.loss.lambd
 
     def config(self, phase: str, r: int, extra: dict, rounds: int = 1) -> ConfigRecord:
         """The ``config`` record of round ``r`` (of ``rounds``)'s ``phase`` message, over the
@@ -66,9 +70,9 @@ class NodeSettings:
         out = extra | {PHASE: phase, ROUND: r, METHOD: self.method,
                        VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
                        LOCAL_LR: self.local_lr, LAMBDA: float(self.lambd)}
-        if self.loss is not None and self.loss != LossConfig(lambd=self.lambd):
+        if self.loss != LossConfig(lambd=self.lambd):
             out[LOSS] = json.dumps(asdict(self.loss))
-        if self.loss is not None and METHODS[self.method].stateful:
+        if METHODS[self.method].stateful:
             out[TARGET_DECAY] = target_decay(self.loss.target_decay, r - 1, rounds)
         return ConfigRecord(out)
 

@@ -96,6 +96,18 @@ def head_parts(method: object) -> tuple[bool, bool]:
     return bool(method.default_predictor((2, 2))), method.target == "ema"
 
 
+def head_mismatch(method: object, has_predictor: bool, has_target: bool
+                  ) -> tuple[str, bool] | None:
+    """The first part of a model's head that does not fit ``method`` (``head_parts``):
+    ``("predictor" | "target network", needed)``, needed True where the model lacks it and
+    False where it holds one the method does not train; None when the head fits."""
+    for what, needed, has in zip(("predictor", "target network"), head_parts(method),
+                                 (has_predictor, has_target), strict=True):
+        if needed != has:
+            return what, needed
+    return None
+
+
 def target_decay(base: float, round_index: int, rounds: int) -> float:
     """BYOL's τ for the target update after round ``round_index`` (0-based) of ``rounds``:
     1 − (1 − τ_base)(cos(π k/K) + 1)/2, rising from τ_base to 1 (Grill et al. 2020, §3.2)."""

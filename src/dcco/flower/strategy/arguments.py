@@ -13,7 +13,7 @@ from dcco.config import LossConfig
 from dcco.config.toml import from_dict
 from dcco.core.method import Method
 from dcco.flower.secure_round import SecAgg
-from dcco.methods.predictive import PredictiveMethod, head_parts
+from dcco.methods.predictive import PredictiveMethod, head_mismatch, head_parts
 from dcco.methods.registry import build_method
 
 
@@ -90,12 +90,13 @@ def check_arrays(method: Method, secagg: SecAgg | None, weights: Mapping[str, An
             raise ValueError(f"initial_arrays are not a dual encoder's, and {method.name} "
                              f"trains with a predictor or a target network: {hint}")
         return
-    for what, prefix, needed in zip(("predictor", "target network"), ("predictor.", "target."),
-                                    head_parts(method), strict=True):
-        if needed != any(k.startswith(prefix) for k in weights):
-            raise ValueError(f"initial_arrays {'have no' if needed else 'hold a'} {what}, "
-                             f"which {method.name} {'trains with' if needed else 'has not'}: "
-                             f"{hint}")
+    wrong = head_mismatch(method, any(k.startswith("predictor.") for k in weights),
+                          any(k.startswith("target.") for k in weights))
+    if wrong is not None:
+        what, needed = wrong
+        raise ValueError(f"initial_arrays {'have no' if needed else 'hold a'} {what}, "
+                         f"which {method.name} {'trains with' if needed else 'has not'}: "
+                         f"{hint}")
 
 
 def trained_names(trained: Iterable[str] | None, secagg: SecAgg | None, min_train_nodes: int,

@@ -31,7 +31,7 @@ from dcco.flower.roundlog import tally_metrics
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
 from dcco.flower.userwire import NodeSettings, UserWire
-from dcco.methods.predictive import target_decay
+from dcco.methods.predictive import head_parts, target_decay
 
 LOG = logging.getLogger("flwr.dcco")
 
@@ -70,8 +70,7 @@ class StrategyRounds:
         self.algorithm, self.method = algorithm, algorithm.method
         self.model, self.nodes, self.min_survivors = model, nodes, min_survivors
         self.secagg, self.watch, self.cache = secagg, watch, cache
-        self.moves_target = (getattr(self.method, "target", None) == "ema"
-                             and not self.method.stateful)
+        self.moves_target = head_parts(self.method)[1] and not self.method.stateful
         """Whether the server moves a target network after its step (BYOL's; FedU's,
         FedEMA's and MoCo's clients each keep their own)."""
 

@@ -125,7 +125,7 @@ class DCCOStrategy(Strategy):
                                  vector_lr_scale=vector_lr_scale)
         self.model = ServerModel(self.optim, arguments.trained_names(
             trained, secagg, min_train_nodes, min_available_nodes))
-        self.nodes = NodeSettings(self.method.name, local_lr, lambd, seed, self.method.loss)
+        self.nodes = NodeSettings(self.method.name, local_lr, seed, self.method.loss)
         self.absent_statistics, self.secagg = absent_statistics, secagg
         self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
