@@ -210,10 +210,23 @@ def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(m
     loss = {"target_decay": 0.9} | ({"moco_queue": 6} if method == "moco_fedavg" else {})
     strategy = DCCOStrategy(method=method, optimizer="lars", lr=0.5, warmup_rounds=1,
                             min_available_nodes=4, fraction_evaluate=0.0, loss=loss)
-    grid = _grid(model=lambda: _headed(method, encoder), samples=_two_or_more)
+    sent: list[tuple[int, set[str]]] = []  # each training message's round and arrays
+
+    def seen(n, msg, reply):
+        sent.append((int(msg.content.config_records["config"]["server-round"]),
+                     set(codec.tensors_of(msg.content.array_records["arrays"]))))
+        return reply
+
+    grid = _grid(model=lambda: _headed(method, encoder), samples=_two_or_more, tamper=seen)
     result = strategy.start(grid=grid, num_rounds=3,
                             initial_arrays=ArrayRecord(_headed(method, encoder).state_dict()))
     dual, nodes = _headed(method, encoder), [1, 2, 3, 4]
+    # a client that keeps its own target network is not sent the server's, once the server
+    # knows the trained arrays (from round 1's replies)
+    targets = {k for k, _ in dual.named_parameters() if k.startswith("target.")}
+    assert bool(targets) == (method != "simsiam_fedavg") and len(sent) == 12 and all(
+        targets <= keys if r == 1 or not build_method(method).stateful else not targets & keys
+        for r, keys in sent)
     named = [(n, p) for n, p in dual.named_parameters() if p.requires_grad]
     opt = build_optimizer(named, strategy.optim)
     algorithm = Algorithm(build_method(method, strategy.method.loss), local_lr=1.0)

@@ -135,7 +135,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
                              f"'stats', but this node holds "
                              f"{'none' if kept is None else 'round ' + str(kept['round'])}")
         weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
-    load_weights(model, weights)
+    load_weights(model, _with_own_targets(model, weights) if method.stateful else weights)
     kept_views = context.state.config_records.get(KEPT_VIEWS_ROUND)
     if (phase == "update" and kept_views is not None and int(kept_views["round"]) == r
             and int(kept_views["seed"]) == seed):
@@ -421,6 +421,15 @@ def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
         else:
             model(x1)
             model(x2)
+
+
+def _with_own_targets(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``weights`` with the model's own values of the target-network arrays they lack: a
+    FedU, FedEMA or MoCo client starts from its own target network or a copy of the global
+    online one (``dcco.core.client.stateful_update``), so the server does not send it."""
+    pairs = model.target_pairs() if hasattr(model, "target_pairs") else []
+    own = model.state_dict()
+    return {t: own[t] for t, _ in pairs if t not in weights} | dict(weights)
 
 
 def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:

@@ -88,7 +88,8 @@ class UserWire:
             optimiser's parameters). nodes: what every message tells a node.
         r: the round (from 1). config: the user's ``train_config``.
         secagg_model: the nodes' model under SecAgg+ (its arrays' order), or None.
-        arrays: the model to send (default: ``model``'s weights).
+        arrays: the model to send (default: ``model``'s weights), less what the nodes
+            keep (``kept_by_nodes``).
     """
 
     def __init__(self, model: ServerModel, nodes: NodeSettings, r: int, config: dict,
@@ -96,11 +97,27 @@ class UserWire:
                  arrays: ArrayRecord | None = None) -> None:
         self.model, self.nodes, self.r, self.config = model, nodes, r, config
         self.secagg_model, self._arrays = secagg_model, arrays
+        self._sent: ArrayRecord | None = None
 
     def _model(self) -> ArrayRecord:
-        if self._arrays is None:  # one record for every node's message
-            self._arrays = codec.array_record(self.model.weights)
-        return self._arrays
+        if self._sent is None:  # one record for every node's message
+            kept = self.kept_by_nodes()
+            if self._arrays is not None and not kept:
+                self._sent = self._arrays
+            else:
+                weights = (self.model.weights if self._arrays is None
+                           else codec.tensors_of(self._arrays))
+                self._sent = codec.array_record({k: v for k, v in weights.items()
+                                                 if k not in kept})
+        return self._sent
+
+    def kept_by_nodes(self) -> set[str]:
+        """The arrays a training message leaves out: for FedU, FedEMA and MoCo, whose
+        clients keep their own target network, the target of each trained array (known
+        from the first round's replies, or ``trained``); none for the other methods."""
+        if not METHODS[self.nodes.method].stateful:
+            return set()
+        return {t for t, _ in self.model.target_pairs()}
 
     def stats_message(self, clients: list[int]) -> RecordDict:
         return RecordDict({"arrays": self._model(),

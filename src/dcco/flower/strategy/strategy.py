@@ -57,7 +57,8 @@ class DCCOStrategy(Strategy):
             ``simsiam_fedavg``, ``moco_fedavg``, ``fedu``, ``fedema``; one exchange). BYOL's,
             SimSiam's and MoCo's need the model of ``dcco.dual_encoder(..., method=...)``
             on the server and the nodes; the server moves BYOL's target network, and FedU's,
-            FedEMA's and MoCo's nodes keep their own state in ``context.state``.
+            FedEMA's and MoCo's nodes keep their own state in ``context.state`` (and are
+            not sent the server's target network).
         optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
             (``dcco.core.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
             ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
