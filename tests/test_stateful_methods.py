@@ -205,6 +205,62 @@ def test_client_states__thousands_of_clients_save_as_a_few_stacked_tensors(tmp_p
                                             a[k].dtype == b[k].dtype for k in a), client
 
 
+def test_disk_store__puts_back_its_checkpoints_snapshot_and_names_what_is_missing(tmp_path):
+    """The store on disk: entries as the memory store holds them; a snapshot taken for a
+    checkpoint survives the rounds after it and is what ``load`` gives back; the snapshot
+    before it is kept, older ones and those of checkpoints never written deleted."""
+    from dcco.core.disk_states import SNAPSHOT_KEY, DiskClientStates
+
+    store = DiskClientStates(tmp_path / "states", torch.float16)
+    memory = ClientStates(torch.float16)
+    entry = {"w": torch.full((3,), 1 / 3), SCALE: torch.tensor(0.1, dtype=torch.float64)}
+    for s in (store, memory):
+        s.put(5, entry)
+    assert 5 in store and 6 not in store and store.get(6) is None and len(store) == 1
+    got = store.get(5)
+    assert got.keys() == memory.get(5).keys() and all(
+        torch.equal(got[k], memory.get(5)[k]) and got[k].dtype == memory.get(5)[k].dtype
+        for k in got)
+    assert store.nbytes > 3 * 2 + 8  # the file: its header and its bytes
+    first = store.state()
+    store.put(5, {"w": torch.zeros(3)})  # a round after the checkpoint
+    store.put(7, {"w": torch.ones(3)})
+    second = store.state()
+    third = store.state()
+    assert [int(x[SNAPSHOT_KEY]) for x in (first, second, third)] == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "states").iterdir()) == [
+        "live", "snapshot-2", "snapshot-3"]
+    store.load(second)  # a crash before the third checkpoint was written
+    assert sorted(p.name for p in (tmp_path / "states").iterdir()) == ["live", "snapshot-2"]
+    assert len(store) == 2 and torch.equal(store.get(7)["w"], torch.ones(3))
+    again = DiskClientStates(tmp_path / "states", torch.float16)  # a new process
+    assert len(again) == 0
+    again.load(second)
+    assert torch.equal(again.get(5)["w"], torch.zeros(3)) and 7 in again
+    with pytest.raises(ValueError, match="snapshot-1, are missing"):
+        again.load(first)
+    with pytest.raises(ValueError, match="client_state_store = 'memory'"):
+        again.load(memory.state())
+
+
+def test_disk_store__refused_where_it_would_not_fit_or_over_ranks(tiny_config, monkeypatch,
+                                                                  tmp_path):
+    import shutil
+    from collections import namedtuple
+
+    cfg = load_config(tiny_config(method="fedema"), ["train.client_state_store=\"disk\""])
+    train, _ = load_splits(cfg)
+    pt = Pretraining(cfg, train, state_dir=tmp_path / "states")
+    assert type(pt.client_states).__name__ == "DiskClientStates"
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 90, 10))
+    with pytest.raises(ConfigError, match="GiB free on the disk of"):
+        Pretraining(cfg, train, state_dir=tmp_path / "states")
+    monkeypatch.setattr("dcco.run.pretraining.rank_and_size", lambda: (0, 2))
+    with pytest.raises(ConfigError, match="runs in one process"):
+        Pretraining(cfg, train, state_dir=tmp_path / "states")
+
+
 def _run(cfg, train, rounds):
     pt = Pretraining(cfg, train)
     for _ in range(rounds):
@@ -212,16 +268,21 @@ def _run(cfg, train, rounds):
     return pt
 
 
-@pytest.mark.parametrize("method", ["fedu", "fedema", "moco_fedavg"])
+@pytest.mark.parametrize("method,store", [("fedu", "memory"), ("fedema", "memory"),
+                                          ("moco_fedavg", "memory"), ("fedema", "disk"),
+                                          ("moco_fedavg", "disk")])
 def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
-        tiny_config, tmp_path, method):
+        tiny_config, tmp_path, method, store):
+    """In memory and on disk (``dcco.core.disk_states``), where the resumed run's store is
+    put back from the checkpoint's snapshot after the uninterrupted rounds moved on."""
     from safetensors.torch import load_file
 
     from dcco.run.checkpoint import save_checkpoint
 
     cfg = load_config(tiny_config(method=method, rounds=4, checkpoint_every=2),
                       ["data.num_clients=6", "train.local_steps=2", "optim.optimizer=\"sgd\"",
-                       "optim.lr=1.0", "train.local_lr=0.05", "loss.moco_queue=5"])
+                       "optim.lr=1.0", "train.local_lr=0.05", "loss.moco_queue=5",
+                       f"train.client_state_store=\"{store}\""])
     train, _ = load_splits(cfg)
     pt = _run(cfg, train, 4)
     seen = set()
@@ -229,21 +290,34 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
         seen |= set(plan_round(cfg, pt.partition, r).clients.tolist())
     assert len(pt.client_states) == len(seen) > 4  # some came back
     if method == "fedema":  # a returning client's λ was set at its first mix
-        assert any(k.endswith(f".{SCALE}") for k in pt.client_states.state())
+        assert any(SCALE in pt.client_states.held(c) for c in seen)
     if method == "moco_fedavg":  # each client's queue: 4 keys a round, the newest 5 kept
         queues = [pt.client_states.held(c)["moco.queue"] for c in seen]
         assert {q.shape for q in queues} == {torch.Size([4, 16]), torch.Size([5, 16])}
     whole = RunDir.create(tmp_path / "whole", cfg)
     run_pretraining(cfg, whole, train)
     stopped = RunDir.create(tmp_path / "stopped", cfg)
-    half = _run(cfg, train, 2)
+    half = Pretraining(cfg, train, state_dir=stopped.client_states_path)
+    for _ in range(2):
+        half.step()
     save_checkpoint(stopped.checkpoint_path, half.model, half.optimizer, 2,
                     state=half.round_state())
+    for _ in range(2):  # rounds past the checkpoint, lost with the process
+        half.step()
+    del half
     run_pretraining(cfg, stopped, train, resume=True)
     a, b = load_file(whole.checkpoint_path), load_file(stopped.checkpoint_path)
-    assert a.keys() == b.keys() and any(k.startswith("state.client_state.") for k in a)
+    assert a.keys() == b.keys() and any(k.startswith("state.client_state") for k in a)
     for key in a:
-        assert torch.equal(a[key], b[key]), key
+        if key != "state.client_state_disk.snapshot":
+            assert torch.equal(a[key], b[key]), key
+    if store == "disk":  # each client's file, to the bit
+        last = [RunDir(tmp_path / name).client_states_path for name in ("whole", "stopped")]
+        files = [sorted(p.name for p in (d / "live").iterdir()) for d in last]
+        assert files[0] == files[1] and len(files[0]) == len(seen)
+        for name in files[0]:
+            x, y = (load_file(d / "live" / name) for d in last)
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
 
 
 def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch, tmp_path):
@@ -265,7 +339,8 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
     cfg = load_config(path)
     train, _ = load_splits(cfg)
     monkeypatch.setattr("dcco.run.pretraining.MAX_STATE_BYTES", 1 << 10)
-    with pytest.raises(ConfigError, match="client_state_dtype = 'float16'"):
+    with pytest.raises(ConfigError, match="client_state_store = 'disk'.*client_state_dtype "
+                                          "= 'float16'"):
         Pretraining(cfg, train)
 
 

@@ -22,9 +22,10 @@ def umask_mode(mode: int = 0o666) -> int:
 
 
 @contextmanager
-def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+def atomic_writer(path: Path, sync: bool = True) -> Iterator[BinaryIO]:
     """A binary file to write ``path``'s new content into: a temporary file beside it that,
-    once the block ends, is flushed to disk and replaces ``path`` (``os.replace``), with the
+    once the block ends, is flushed to disk (``sync``; False: left to the system, for a file
+    that something else makes durable later) and replaces ``path`` (``os.replace``), with the
     permissions a plain ``open()`` would give it (the umask's). An error in the block leaves
     ``path`` as it was and no temporary file behind."""
     path = Path(path)
@@ -34,7 +35,8 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

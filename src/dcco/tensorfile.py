@@ -74,9 +74,10 @@ def _bytes(t: Tensor) -> memoryview:
 
 
 def write_tensors(path: str | Path, tensors: Mapping[str, Tensor | Stacked],
-                  metadata: Mapping[str, str] | None = None) -> None:
+                  metadata: Mapping[str, str] | None = None, sync: bool = True) -> None:
     """Write ``tensors`` to ``path`` as a safetensors file, atomically (a temporary file
-    beside it, flushed to disk, then ``os.replace``), a row of a ``Stacked`` tensor at a time.
+    beside it, flushed to disk unless not ``sync``, then ``os.replace``), a row of a
+    ``Stacked`` tensor at a time.
 
     The tensors go in order of element size, largest first, so that each one's bytes start
     at a multiple of its element size, as safetensors' own writer places them.
@@ -101,7 +102,7 @@ def write_tensors(path: str | Path, tensors: Mapping[str, Tensor | Stacked],
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    with atomic_writer(path) as fh:
+    with atomic_writer(path, sync) as fh:
         fh.write(len(head).to_bytes(8, "little"))
         fh.write(head)
         for name in order:

@@ -176,6 +176,11 @@ class TrainConfig:
     keeps between its rounds, its own model or its queue (``dcco.core.client_state``):
     "float32", as the client left it; "float16", half the memory, each float32 value rounded
     once when stored (a float64 run's tensors are held as they are)."""
+    client_state_store: Literal["memory", "disk"] = "memory"
+    """FedU, FedEMA and MoCo in the simulator: where the clients' kept states live.
+    "memory", on the CPU, up to 8 GiB; "disk", a file a client in the run directory's
+    ``client_states`` (``dcco.core.disk_states``), as much as the disk holds, each
+    checkpoint a snapshot of hard links; in one process (not over torch.distributed)."""
     backend: Literal["batched", "reference"] = "batched"
     """"batched": a round's clients in one forward and backward (exact for one local step on
     all of a client's samples); "reference": client by client, as a deployment runs them."""

@@ -240,7 +240,8 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
         The summary written to ``summary.json`` (``pretraining_loop``'s partial record for a
         run that was told to stop).
     """
-    pt = Pretraining(cfg, train_set, model=model, augment=augment)
+    pt = Pretraining(cfg, train_set, model=model, augment=augment,
+                     state_dir=run.client_states_path)
     if resume:
         resume_from_checkpoint(pt, run)
     return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round, stop=stop,

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
+import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +34,7 @@ from dcco.core.collapse import (
     encoding_figures,
 )
 from dcco.core.devices import to_device
+from dcco.core.disk_states import DiskClientStates
 from dcco.core.distributed import (
     AllReduceExecutor,
     local_segments,
@@ -114,12 +119,15 @@ class Pretraining:
         holds_client_states: whether this process keeps what the clients of a stateful method
             keep between rounds (FedU, FedEMA, MoCo's queue): the simulator does; a Flower
             server does not, its nodes do.
+        state_dir: the folder of the clients' states with ``train.client_state_store =
+            "disk"`` (the run directory's ``client_states``); None: a temporary folder,
+            deleted with the store.
     """
 
     def __init__(self, cfg: RunConfig, train_set: Dataset,
                  partition: Partition | None = None, model: DualEncoder | None = None,
                  augment: Callable[[Tensor], Tensor] | None = None,
-                 holds_client_states: bool = True) -> None:
+                 holds_client_states: bool = True, state_dir: Path | None = None) -> None:
         self.cfg = validate(cfg)
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
@@ -169,7 +177,7 @@ class Pretraining:
         self.cache = self._statistics_cache()
         """The server's cache of every client's last statistics
         (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
-        self.client_states = self._client_states() if holds_client_states else None
+        self.client_states = self._client_states(state_dir) if holds_client_states else None
         """What each client that has taken part keeps between its rounds, for a method whose
         clients keep their model (FedU, FedEMA; saved in checkpoints), else None."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
@@ -396,10 +404,11 @@ class Pretraining:
                 f"(FedSC: 10 to 20), or use 'drop'")
         return StatisticsCache()
 
-    def _client_states(self) -> ClientStates | None:
+    def _client_states(self, state_dir: Path | None) -> ClientStates | DiskClientStates | None:
         """A new store for a method whose clients keep their model, refused where it would
-        not fit; None for the other methods. Over torch.distributed every rank holds the
-        whole store (``share_client_states``), so the limit is each process's."""
+        not fit (in memory: ``MAX_STATE_BYTES``; on disk: the disk's free space); None for
+        the other methods. Over torch.distributed every rank holds the whole store
+        (``share_client_states``), in memory, so the limit is each process's."""
         if not self.method.stateful:
             return None
         t = self.cfg.train
@@ -408,15 +417,34 @@ class Pretraining:
         seen = clients_seen(t.seed, t.rounds, self.partition.num_clients,
                             t.clients_per_round)
         size = seen * entry
+        need = (f"{self.method.name}'s clients keep state between their rounds: "
+                f"{entry / 2**20:.2f} MiB a client, for the {seen} clients that {t.rounds} "
+                f"rounds of {t.clients_per_round} sample, {size / 2**30:.1f} GiB")
+        half = "" if t.client_state_dtype == "float16" else (
+            " or train.client_state_dtype = 'float16' (half of it)")
+        if t.client_state_store == "disk":
+            if self.world > 1:
+                raise ConfigError("train.client_state_store = 'disk' runs in one process; "
+                                  "over torch.distributed every rank holds the store in "
+                                  "memory ('memory')")
+            directory = state_dir
+            if directory is None:
+                directory = Path(tempfile.mkdtemp(prefix="dcco-client-states-"))
+            free = shutil.disk_usage(directory.parent if not directory.exists()
+                                     else directory).free
+            if size > free:
+                raise ConfigError(f"{need}, more than the {free / 2**30:.1f} GiB free on the "
+                                  f"disk of {directory}; free some, or use fewer rounds or "
+                                  f"clients, a smaller model{half}")
+            store = DiskClientStates(directory, dtype)
+            if state_dir is None:
+                weakref.finalize(store, shutil.rmtree, directory, True)
+            return store
         if size > MAX_STATE_BYTES:
-            half = "" if t.client_state_dtype == "float16" else (
-                " or train.client_state_dtype = 'float16' (half of it)")
             raise ConfigError(
-                f"{self.method.name}'s clients keep state between their rounds: "
-                f"{entry / 2**20:.2f} MiB a client, for the {seen} clients that "
-                f"{t.rounds} rounds of {t.clients_per_round} sample, {size / 2**30:.1f} GiB, "
-                f"over the {MAX_STATE_BYTES / 2**30:.0f} GiB limit; use fewer rounds or "
-                f"clients, a smaller model{half}")
+                f"{need}, over the {MAX_STATE_BYTES / 2**30:.0f} GiB limit in memory; use "
+                f"train.client_state_store = 'disk', fewer rounds or clients, a smaller "
+                f"model{half}")
         return ClientStates(dtype)
 
     def round_state(self) -> dict[str, Tensor]:
@@ -438,7 +466,9 @@ class Pretraining:
         self.aggregate = Moments(values, count=count) if values else None
         if self.cache is not None:
             self.cache = StatisticsCache.from_state(state)
-        if self.client_states is not None:
+        if isinstance(self.client_states, DiskClientStates):
+            self.client_states.load(state)
+        elif self.client_states is not None:
             self.client_states = ClientStates.from_state(state, self.client_states.dtype)
 
 

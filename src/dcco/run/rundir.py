@@ -172,6 +172,9 @@ class RunDir:
     """A file whose presence asks a running Flower run to stop at its next logged round
     (``stop_requested``): the ServerApp runs in a process of its own, started by the SuperLink,
     so a file is how a user (or a test) reaches it."""
+    client_states_path = property(lambda self: self.path / "client_states")
+    """FedU's, FedEMA's and MoCo's clients' states with ``train.client_state_store = "disk"``
+    (``dcco.core.disk_states``)."""
 
     def stop_requested(self) -> str | None:
         """Whether ``STOP`` exists: consumed (removed, so a resumed run goes on) and reported
