@@ -132,6 +132,25 @@ def test_config_command__plain_prints_the_list_as_list_does(capsys):
     assert capsys.readouterr().out == plain and "optim.lr" in plain
 
 
+def test_methods_table__the_guides_is_the_readmes_and_names_every_method():
+    """The methods' table (paper, what a client sends, exchanges, state, backends) is the
+    same in the README and docs/guide.md, and has a row for every method dcco registers."""
+    from dcco.methods.registry import METHODS
+
+    def table(path: Path) -> list[str]:
+        lines = path.read_text().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("| method | from |"))
+        end = next(i for i in range(start, len(lines) + 1)
+                   if i == len(lines) or not lines[i].startswith("|"))
+        return lines[start:end]
+
+    readme = table(ROOT / "README.md")
+    assert readme == table(ROOT / "docs" / "guide.md")
+    named = {name for row in readme[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    centralized = {"centralized_byol", "centralized_simsiam"}  # "(and centralized)"
+    assert set(METHODS) - centralized <= named, set(METHODS) - centralized - named
+
+
 def test_readme__stops_early_and_its_links_resolve():
     """The README is a short tour (at most 250 lines), every file it links exists, and its
     one outside link is the paper's."""

@@ -39,7 +39,9 @@ Choices the papers leave open, and the ones made here:
   rounds, whose model the server's average returns unchanged), μ = 0 and λ stays unset.
 - The target network's moving-average rate after each local step is BYOL's schedule at the
   round (``predictive.target_decay`` of ``loss.target_decay``), the same for every step of a
-  round.
+  round. The papers give a fixed rate (0.99); the schedule is the one ``byol_fedavg``'s
+  server-side target follows, so that FedU and FedEMA differ from BYOL + FedAvg in where
+  the target lives, not in its rate (``loss.target_decay`` is its start: 0.99 by default).
 - With batch norm, a client keeps its weights, not running statistics: its round starts from
   the global model's (its forwards in training mode do not read them).
 """
@@ -118,6 +120,12 @@ class DivergenceAware(BYOLBase, abc.ABC):
 
 
 class FedU(DivergenceAware):
+    """FedU: Zhuang, Gan, Wen & Zhang, "Collaborative Unsupervised Visual Representation
+    Learning from Decentralized Data", ICCV 2021. A returning client takes the global online
+    network, and the global predictor only when ‖W_g − W_k‖ < ``loss.fedu_threshold``
+    (its divergence-aware predictor update); the module's docstring gives the choices made
+    where the paper leaves them open."""
+
     name: ClassVar[str] = "fedu"
     loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
@@ -134,6 +142,11 @@ class FedU(DivergenceAware):
 
 
 class FedEMA(DivergenceAware):
+    """FedEMA: Zhuang, Wen & Zhang, "Divergence-aware Federated Self-Supervised Learning",
+    ICLR 2022. A returning client's online network and predictor move to μ W_k + (1 − μ) W_g,
+    μ = min(λ ‖W_g − W_k‖, 1), λ = τ / ‖W_g − W_k‖ at its first return (``fedema_mu``); the
+    module's docstring gives the choices made where the paper leaves them open."""
+
     name: ClassVar[str] = "fedema"
     loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 

@@ -29,6 +29,13 @@ Choices the papers leave open, and the ones made here:
   negatives at 64 photos: experiments/fedssl_cross_silo_fmnist.toml).
 - **In-batch negatives as well as the queue**: with an empty queue, MoCo's queue-only
   negatives leave a query nothing to contrast with.
+- **The key encoder's momentum is BYOL's schedule** (``loss.target_decay``, 0.99 rising to
+  1 over the run), not v2's fixed 0.999: one setting serves every target network of dcco.
+  Since the key encoder restarts from the global query encoder each round, its momentum
+  only sets how far it follows the queries within a round's local steps (1 to 5 % of the
+  way in 1 to 5 steps at 0.99; a tenth of that at 0.999); ``loss.target_decay = 0.999``
+  gives v2's start. With one local step the key encoder is the round's global query
+  encoder itself: the keys are the queries with their gradient stopped.
 """
 
 from __future__ import annotations
@@ -59,6 +66,13 @@ def _no_predictor(projector: tuple[int, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class MoCoFedAvg(PredictiveMethod):
+    """MoCo v2 with FedAvg: He, Fan, Wu, Xie & Girshick, "Momentum Contrast for Unsupervised
+    Visual Representation Learning", CVPR 2020; Chen, Fan, Girshick & He, "Improved
+    Baselines with Momentum Contrastive Learning", arXiv:2003.04297, 2020; the baseline of
+    FedU's and FedEMA's papers. A client's InfoNCE of its queries against its key encoder's
+    keys and its own queue; the module's docstring gives the choices made where the papers
+    leave them open."""
+
     loss: LossConfig = field(default_factory=LossConfig)
     queue: Tensor | None = field(default=None, compare=False, repr=False)
     """The client's queue during its local steps (set per client by ``client_start``)."""
