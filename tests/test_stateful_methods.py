@@ -320,6 +320,35 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
             assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
 
 
+@pytest.mark.parametrize("method,threshold", [("fedu", 1e9), ("fedu", 0.0), ("fedema", 0.4)])
+def test_stateful_run__logs_its_returning_clients_and_what_their_divergence_made(
+        tiny_config, tmp_path, method, threshold):
+    """metrics.jsonl says, round by round, how many clients came back with a model of their
+    own (counted here from the plan) and what their divergence made: FedU's share that took
+    the global predictor (all of them under an infinite threshold, none under 0), FedEMA's
+    mean μ in (0, 1]."""
+    cfg = load_config(tiny_config(method=method, rounds=4),
+                      ["data.num_clients=6", "train.log_every=1", "train.local_steps=2",
+                       "train.local_lr=0.05", f"loss.fedu_threshold={threshold}"])
+    train, _ = load_splits(cfg)
+    run = RunDir.create(tmp_path / "run", cfg)
+    run_pretraining(cfg, run, train)
+    records = [r for r in run.metrics() if "loss" in r]
+    partition, seen, returning = Pretraining(cfg, train).partition, set(), []
+    for r in range(4):
+        clients = plan_round(cfg, partition, r).clients.tolist()
+        returning.append(sum(c in seen for c in clients))
+        seen |= set(clients)
+    assert [r["returning_clients"] for r in records] == returning and sum(returning) > 0
+    came = [r for r in records if r["returning_clients"]]
+    assert all(r["divergence"] > 0 for r in came)
+    if method == "fedu":
+        assert {r["fedu_global_predictor"] for r in came} == {1.0 if threshold else 0.0}
+    else:
+        assert all(0 < r["fedema_mu"] <= 1 for r in came) and "fedu_global_predictor" not in \
+            came[0]
+
+
 def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch, tmp_path):
     from dcco.flower import DCCOStrategy as Strategy
     from dcco.flower import SecAgg

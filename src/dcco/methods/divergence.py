@@ -106,6 +106,13 @@ class DivergenceAware(BYOLBase, abc.ABC):
         """A returning client's start from the global model and what it kept (each method
         its own: FedU's, FedEMA's)."""
 
+    @abc.abstractmethod
+    def returned(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+                 layout: Layout) -> dict[str, float]:
+        """What a returning client's start makes of its divergence, for the round's
+        metrics: ``divergence``, ‖W_g − W_k‖, and FedU's choice of the global predictor
+        (``fedu_global_predictor``, 1 or 0) or FedEMA's μ (``fedema_mu``)."""
+
     def client_end(self, end: dict[str, Tensor], start: ClientStart, work: nn.Module,
                    x1: Tensor, x2: Tensor) -> dict[str, Tensor]:
         """What the client keeps: its weights at the round's end, and the method's own."""
@@ -129,11 +136,22 @@ class FedU(DivergenceAware):
     name: ClassVar[str] = "fedu"
     loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
+    def _close(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+               layout: Layout) -> tuple[float, bool]:
+        """‖W_g − W_k‖ and whether it is below the threshold."""
+        distance = divergence(global_weights, state, layout.online)
+        return distance, distance < self.loss.fedu_threshold
+
+    def returned(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+                 layout: Layout) -> dict[str, float]:
+        distance, close = self._close(global_weights, state, layout)
+        return {"divergence": distance, "fedu_global_predictor": float(close)}
+
     def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
               layout: Layout) -> ClientStart:
         """The global online network; the global predictor if ‖W_g − W_k‖ < the threshold,
         else the client's own; the client's own target network."""
-        close = divergence(global_weights, state, layout.online) < self.loss.fedu_threshold
+        close = self._close(global_weights, state, layout)[1]
         predictor = global_weights if close else state
         weights = {n: global_weights[n] for n in layout.online}
         weights |= {n: predictor[n] for n in layout.predictor}
@@ -150,13 +168,23 @@ class FedEMA(DivergenceAware):
     name: ClassVar[str] = "fedema"
     loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
+    def _mu(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+            layout: Layout) -> tuple[float, float, float | None]:
+        """‖W_g − W_k‖, μ and the client's λ after it (``fedema_mu``)."""
+        distance = divergence(global_weights, state, layout.online)
+        scale = float(state[SCALE]) if SCALE in state else None
+        return (distance, *fedema_mu(distance, scale, self.loss.fedema_tau))
+
+    def returned(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+                 layout: Layout) -> dict[str, float]:
+        distance, mu, _ = self._mu(global_weights, state, layout)
+        return {"divergence": distance, "fedema_mu": mu}
+
     def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
               layout: Layout) -> ClientStart:
         """Online network and predictor at μ W_k + (1 − μ) W_g, μ from the online networks'
         divergence (``fedema_mu``); the client's own target network."""
-        scale = float(state[SCALE]) if SCALE in state else None
-        mu, scale = fedema_mu(divergence(global_weights, state, layout.online), scale,
-                              self.loss.fedema_tau)
+        _, mu, scale = self._mu(global_weights, state, layout)
         weights = {n: mu * state[n] + (1.0 - mu) * global_weights[n]
                    for n in (*layout.online, *layout.predictor)}
         weights |= {t: state[t] for t, _ in layout.target}

@@ -32,13 +32,19 @@ RoundCallback = Callable[[RoundMetrics, dict[str, float]], None]
 
 class MetricsWindow:
     """The rounds since the last metrics record (one record every ``train.log_every``
-    rounds): their mean loss, rate, clients, samples and exchanges. A backend with more to
-    report (Flower's reply counters) extends ``add`` and ``record``."""
+    rounds): their mean loss, rate, clients, samples and exchanges; for FedU and FedEMA, the
+    clients a round that came back with a model of their own (``returning_clients``) and
+    the means over them of their divergence ‖W_g − W_k‖ (``divergence``) and of FedU's
+    choice of the global predictor (``fedu_global_predictor``, the share under
+    ``loss.fedu_threshold``) or FedEMA's μ (``fedema_mu``). A backend with more to report
+    (Flower's reply counters) extends ``add`` and ``record``."""
 
     def __init__(self) -> None:
         self.rounds = self.skipped = self.clients = self.samples = self.exchanges = 0
         self.losses: list[float | Tensor] = []
         """Each round's loss: a number, or a tensor still on the device (read at ``record``)."""
+        self.returning: dict[str, float] = {}
+        """The sums of the rounds' ``RoundMetrics.returning`` (FedU, FedEMA)."""
         self.start = time.perf_counter()
 
     def add(self, m: RoundMetrics) -> None:
@@ -50,6 +56,8 @@ class MetricsWindow:
         self.clients += m.num_clients
         self.samples += m.num_samples
         self.exchanges += m.exchanges
+        for key, value in (m.returning or {}).items():
+            self.returning[key] = self.returning.get(key, 0.0) + value
 
     def record(self, round_done: int, lr: float) -> dict[str, Any]:
         """The metrics record of the window: ``loss`` is the mean over its rounds (absent if
@@ -59,9 +67,15 @@ class MetricsWindow:
         if self.losses:
             losses = [float(v) for v in read_numbers(self.losses)]
             rec["loss"] = sum(losses) / len(losses)
-        return rec | {"lr": lr, "rounds_per_sec": self.rounds / (time.perf_counter() - self.start),
-                      "clients": self.clients // done, "samples": self.samples // done,
-                      "exchanges": self.exchanges / done}
+        rec |= {"lr": lr, "rounds_per_sec": self.rounds / (time.perf_counter() - self.start),
+                "clients": self.clients // done, "samples": self.samples // done,
+                "exchanges": self.exchanges / done}
+        if self.returning:  # FedU, FedEMA: per round, and the means over returning clients
+            came = self.returning["returning"]
+            rec["returning_clients"] = came / done
+            rec |= {k: v / came for k, v in self.returning.items()
+                    if k != "returning" and came}
+        return rec
 
 
 def resume_from_checkpoint(pt: Pretraining, run: RunDir) -> None:

@@ -26,6 +26,7 @@ from dcco.core.client_state import (
     DTYPES,
     MAX_STATE_BYTES,
     ClientStates,
+    Layout,
     RoundStates,
     state_bytes,
 )
@@ -55,6 +56,7 @@ from dcco.data.paired import Dataset
 from dcco.data.partition import (
     Partition,
 )
+from dcco.methods.divergence import DivergenceAware
 from dcco.methods.predictive import target_decay
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
@@ -90,6 +92,10 @@ class RoundMetrics:
     """Why the round was skipped (too few valid replies over Flower), or None."""
     details: Any = None
     """What the backend has to say besides (Flower: the round's reply counters)."""
+    returning: dict[str, float] | None = None
+    """FedU and FedEMA: the round's clients that came back with a model of their own
+    (``returning``, their count) and the sums over them of ``DivergenceAware.returned``'s
+    figures (``divergence``, ``fedu_global_predictor`` or ``fedema_mu``); None otherwise."""
 
 
 class Diverged(FloatingPointError):
@@ -239,8 +245,10 @@ class Pretraining:
         r = self.rounds_done
         plan = plan_round(self.cfg, self.partition, r)
         lr = self.lr(r)
+        returning = self._returning(plan.clients)
         if self.world > 1:
-            return self.apply(self._shared_round(plan, r), lr, start)
+            return replace(self.apply(self._shared_round(plan, r), lr, start),
+                           returning=returning)
         x1, x2 = self.views(plan, r)
         absent = None
         if self.cache is not None:
@@ -251,7 +259,26 @@ class Pretraining:
                            plan.segments.to(self.device), self.cfg.train.backend,
                            previous=self.previous(r), noise=self.round_noise(r), absent=absent,
                            chunk=self.chunk, keep_graphs=self.keep_graphs, states=states)
-        return self.apply(result, lr, start)
+        return replace(self.apply(result, lr, start), returning=returning)
+
+    def _returning(self, clients: Tensor) -> dict[str, float] | None:
+        """FedU's and FedEMA's round's clients that kept a model from an earlier round: how
+        many, and the sums of what their starts make of their divergence
+        (``RoundMetrics.returning``), read from the store before the round; None for the
+        other methods."""
+        if self.client_states is None or not isinstance(self.method, DivergenceAware):
+            return None
+        layout = Layout.of(self.model)
+        global_weights = {n: p.detach() for n, p in self.model.named_parameters()}
+        sums: dict[str, float] = {"returning": 0.0}
+        for client in clients.tolist():
+            state = self.client_states.get(client, self.device, self.dtype)
+            if state is None:
+                continue
+            sums["returning"] += 1
+            for key, value in self.method.returned(global_weights, state, layout).items():
+                sums[key] = sums.get(key, 0.0) + value
+        return sums
 
     def _round_states(self, clients: Tensor, round_index: int) -> RoundStates | None:
         """What round ``round_index``'s ``clients`` (their ids) need of the store, for a
