@@ -202,12 +202,17 @@ def test_flower_stateful_rounds__equal_the_simulators_and_nodes_keep_the_clients
         "train.local_lr=0.05", 'optim.optimizer="sgd"', "optim.lr=1.0", "loss.moco_queue=5"))
     train, _ = load_splits(cfg)
     ref = Pretraining(cfg, train)
+    whole = sum(v.numel() * v.element_size() for v in pt.model.state_dict().values())
+    target = sum(p.numel() * p.element_size() for n, p in pt.model.named_parameters()
+                 if n.startswith("target."))
     for _ in range(3):
         agg = fed.step()
         metrics = ref.step()
         assert agg.skipped is None
         assert agg.loss == pytest.approx(float(metrics.loss), rel=1e-9)
         assert params_err(pt, ref) < 1e-9
+        # the server's target network is not sent: the clients keep or restart their own
+        assert target > 0 and whole - target < agg.traffic["per_node_down"] < whole
     held = {}
     for context in fed.grid.contexts.values():
         for key, record in context.state.array_records.items():

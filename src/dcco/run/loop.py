@@ -139,8 +139,8 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     w, latest, started = window(), {}, time.perf_counter()
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
     # a stateful method's clients keep (FedU, FedEMA) or restart (MoCo) their own target
-    # network: the method needs none sent (dcco's Flower app sends the whole model, and its
-    # run reports the bytes it measures)
+    # network: none is sent (nor by dcco's Flower app, whose run reports the bytes it
+    # measures)
     kept = pt.algorithm.stateful
     state_bytes = sum(v.numel() * v.element_size() for n, v in pt.model.state_dict().items()
                       if not (kept and n.startswith("target.")))

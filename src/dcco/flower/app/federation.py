@@ -39,7 +39,7 @@ from dcco.core.seeding import generator
 from dcco.core.server import ReplyTally
 from dcco.core.stats import Moments
 from dcco.flower import codec, secagg
-from dcco.flower.app.wire import AppWire
+from dcco.flower.app.wire import AppWire, kept_by_clients
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid
@@ -194,7 +194,9 @@ class Federation:
         r = self.pt.rounds_done
         self.grid.take()  # node discovery is not the round's traffic
         targets, unreachable = self.targets(r)
-        weights = {k: v.detach() for k, v in self.pt.model.state_dict().items()}
+        kept = kept_by_clients(self.pt.model, self.pt.method)  # FedU's, FedEMA's, MoCo's
+        weights = {k: v.detach() for k, v in self.pt.model.state_dict().items()
+                   if k not in kept}
         wire = AppWire(self.pt, r, weights)
         if self.fcfg.secagg:
             exchanges = SecureExchanges(self.grid, wire, r, targets, self.fcfg.min_survivors,

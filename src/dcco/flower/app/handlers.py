@@ -31,6 +31,7 @@ from dcco.flower.app.nodes import (
     node_statistics,
     node_update,
 )
+from dcco.flower.app.wire import kept_by_clients, with_kept
 from dcco.flower.appconfig import parse_run_config
 from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
 from dcco.run.algorithms import algorithm_of
@@ -62,9 +63,10 @@ def train(content: RecordDict, context: Context) -> RecordDict:
     algorithm = algorithm_of(cfg)
     spec = algorithm.method.stats
     params = None
+    kept = kept_by_clients(model, algorithm.method)  # not sent: the clients' own
     if secagg.is_secure(content):
-        ins, params = secagg.decode_secure_instruction(content, list(model.state_dict()),
-                                                       spec)
+        ins, params = secagg.decode_secure_instruction(
+            content, [k for k in model.state_dict() if k not in kept], spec)
     else:
         ins = codec.decode_instruction(content)
     check_hosted(ins.clients, identity)
@@ -74,7 +76,8 @@ def train(content: RecordDict, context: Context) -> RecordDict:
             raise codec.InstructionError(
                 f"malformed instruction from the server: S_A holds {sorted(ins.shared)}, "
                 f"{algorithm.method.name} needs {sorted(expected)}")
-    load_weights(model, ins.model if ins.model is not None else _kept(context.state, ins.round))
+    load_weights(model, with_kept(model, ins.model if ins.model is not None
+                                  else _kept(context.state, ins.round), kept))
     if (ins.phase == "stats" or ins.with_stats) and spec is None:
         raise ValueError(f"the server asked for statistics, but {algorithm.method.name} "
                          f"shares none; do server and nodes run one config?")

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
-from torch import Tensor
+from torch import Tensor, nn
 
 from dcco.core.client import ClientUpdate
+from dcco.core.client_state import Layout
+from dcco.core.method import Method
 from dcco.core.server import ReplyError, validate_statistics, validate_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
@@ -18,6 +20,24 @@ from dcco.flower.codec import Instruction
 
 if TYPE_CHECKING:  # the run's state, which the app's server holds
     from dcco.run.pretraining import Pretraining
+
+
+def kept_by_clients(model: nn.Module, method: Method) -> set[str]:
+    """The arrays that the server's messages leave out: for FedU, FedEMA and MoCo, whose
+    clients keep their own target network or restart it from the global online one
+    (``dcco.core.client.stateful_update``), the target of each trained parameter; none for
+    the other methods."""
+    if not method.stateful:
+        return set()
+    return {t for t, _ in Layout.of(model).target}
+
+
+def with_kept(model: nn.Module, weights: dict[str, Tensor], kept: set[str]
+              ) -> dict[str, Tensor]:
+    """The server's ``weights`` with the node model's own values of the ``kept`` arrays
+    they leave out (which the clients' rounds overwrite)."""
+    own = model.state_dict()
+    return {k: own[k] for k in kept if k not in weights} | weights
 
 class AppWire:
     """dcco's app's layout of a round's messages (``dcco.flower.codec``): each node hosts
