@@ -29,13 +29,15 @@ from dcco.data.datasets import load_dataset
 from dcco.flower.app.client_app import app as client_app
 from dcco.flower.app.federation import Federation
 from dcco.flower.app.nodes import node_data
+from dcco.flower.app.wire import kept_by_clients
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.methods import build_method
 from dcco.models import build_dual_encoder
 from dcco.run.pretraining import Pretraining
 
-METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg"]
+METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg", "byol_fedavg",
+           "simsiam_fedavg", "moco_fedavg", "fedu", "fedema"]
 NODES = 3
 
 
@@ -48,17 +50,21 @@ def measure(method: str, secure: bool, overrides: list[str]) -> dict:
     train = load_dataset(cfg.data.dataset, "train", cfg.data.data_dir)
     grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": NODES}
                                       for i in range(NODES)], run_config_entries(cfg, fcfg))
-    pt = Pretraining(cfg, train)
+    pt = Pretraining(cfg, train, holds_client_states=False)  # as a Flower server
     fed = Federation(grid, pt, fcfg)
     fed.wait_for_nodes()
     agg = fed.collect()
     node_data.cache_clear()
     model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
+    kept = kept_by_clients(pt.model, pt.method)  # a stateful method's clients' own target
+    state = sum(v.numel() * v.element_size() for k, v in pt.model.state_dict().items()
+                if k not in kept) - model_bytes  # BYOL's target network, running statistics
     d = pt.model.projection_dim
     return {"method": method, "secagg": secure, "nodes": agg.traffic["nodes"],
             "clients": agg.clients, "exchanges": agg.result.exchanges if agg.result else None,
             "measured": agg.traffic, "model_bytes": model_bytes,
-            "formula_per_client": pt.algorithm.message_bytes(d, d, model_bytes)}
+            "formula_per_client": pt.algorithm.message_bytes(d, d, model_bytes,
+                                                             state_bytes=state)}
 
 
 def statistics_cost() -> list[dict]:
