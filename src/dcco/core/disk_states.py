@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from dcco.core.client_state import restored, stored
+from dcco.errors import UserError
 from dcco.tensorfile import write_tensors
 
 SNAPSHOT_KEY = "client_state_disk.snapshot"
@@ -128,16 +129,16 @@ class DiskClientStates:
         deleted.
 
         Raises:
-            ValueError: the checkpoint names no snapshot, or one this directory lacks.
+            UserError: the checkpoint names no snapshot, or one this directory lacks.
         """
         if SNAPSHOT_KEY not in state:
-            raise ValueError(f"the checkpoint holds no snapshot of the clients' states on "
+            raise UserError(f"the checkpoint holds no snapshot of the clients' states on "
                              f"disk ({SNAPSHOT_KEY}); was it written with "
                              f"train.client_state_store = 'memory'?")
         number = int(state[SNAPSHOT_KEY])
         snapshots = self._snapshots()
         if number not in snapshots:
-            raise ValueError(f"the checkpoint's clients' states, snapshot-{number}, are "
+            raise UserError(f"the checkpoint's clients' states, snapshot-{number}, are "
                              f"missing from {self.directory}; the run cannot resume them")
         shutil.rmtree(self.live)
         self.live.mkdir()
