@@ -25,11 +25,11 @@ import torch
 
 from dcco.config import ModelConfig, load_config
 from dcco.core.algorithm import Algorithm
+from dcco.core.client_state import kept_by_clients
 from dcco.data.datasets import load_dataset
 from dcco.flower.app.client_app import app as client_app
 from dcco.flower.app.federation import Federation
 from dcco.flower.app.nodes import node_data
-from dcco.flower.app.wire import kept_by_clients
 from dcco.flower.appconfig import FlowerConfig, run_config_entries
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.methods import build_method

@@ -245,8 +245,11 @@ def test_disk_store__puts_back_its_checkpoints_snapshot_and_names_what_is_missin
 
 def test_disk_store__refused_where_it_would_not_fit_or_over_ranks(tiny_config, monkeypatch,
                                                                   tmp_path):
+    import os
     import shutil
     from collections import namedtuple
+
+    from dcco.core.disk_states import bytes_under
 
     cfg = load_config(tiny_config(method="fedema"), ["train.client_state_store=\"disk\""])
     train, _ = load_splits(cfg)
@@ -256,6 +259,19 @@ def test_disk_store__refused_where_it_would_not_fit_or_over_ranks(tiny_config, m
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 90, 10))
     with pytest.raises(ConfigError, match="GiB free on the disk of"):
         Pretraining(cfg, train, state_dir=tmp_path / "states")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(ConfigError, match="GiB free on the disk of"):
+        Pretraining(cfg, train)  # refused before its temporary folder is made
+    assert not any((tmp_path / "tmp").iterdir())
+    # a resumed run's own files will be replaced: they count as free (a link once)
+    old = tmp_path / "states" / "snapshot-1"
+    old.mkdir()
+    with open(old / "1.safetensors", "wb") as fh:
+        fh.truncate(1 << 30)  # sparse: 1 GiB by its size, none on disk
+    os.link(old / "1.safetensors", tmp_path / "states" / "live" / "1.safetensors")
+    assert bytes_under(tmp_path / "states") == 1 << 30
+    Pretraining(cfg, train, state_dir=tmp_path / "states")
     monkeypatch.setattr("dcco.run.pretraining.rank_and_size", lambda: (0, 2))
     with pytest.raises(ConfigError, match="runs in one process"):
         Pretraining(cfg, train, state_dir=tmp_path / "states")

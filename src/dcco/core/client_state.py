@@ -98,6 +98,16 @@ class RoundStates:
     target_decay: float
 
 
+def kept_by_clients(model: nn.Module, method: object) -> set[str]:
+    """The arrays that the server's messages leave out: for FedU, FedEMA and MoCo, whose
+    clients keep their own target network or restart it from the global online one
+    (``dcco.core.client.stateful_update``), the target of each trained parameter; none for
+    the other methods."""
+    if not getattr(method, "stateful", False):
+        return set()
+    return {t for t, _ in Layout.of(model).target}
+
+
 def state_bytes(shapes: Mapping[str, torch.Size], dtype: torch.dtype) -> int:
     """Bytes of one entry of tensors of ``shapes`` held in ``dtype``."""
     size = torch.empty((), dtype=dtype).element_size()
@@ -222,4 +232,4 @@ class ClientStates:
 
 
 __all__ = ["DTYPES", "MAX_STATE_BYTES", "ClientStart", "ClientStates", "Layout", "RoundStates",
-           "restored", "state_bytes", "stored"]
+           "kept_by_clients", "restored", "state_bytes", "stored"]

@@ -8,6 +8,11 @@ disk, each client's state is one safetensors file in the run directory's
 ``client_states/live`` (``<client>.safetensors``), read when the client is sampled and
 replaced, atomically, when its round ends; the memory it takes is a round's clients'.
 
+Disk. The store takes its live files, plus, between checkpoints, the earlier versions of
+the files replaced since the last snapshot and the one before it: up to three versions of a
+client that every round samples, about one for a client seen rarely. A run is refused
+before it starts where the live files alone would not fit.
+
 Checkpoints. A checkpoint holds no client's tensors, only the number of a snapshot of
 ``live``: ``state`` hard-links every live file into ``client_states/snapshot-<n>`` (a
 link, not a copy: a file that a later round replaces keeps its old content under the
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -153,11 +159,34 @@ class DiskClientStates:
                 shutil.rmtree(path)
 
 
+def bytes_under(directory: Path) -> int:
+    """Bytes of the files under ``directory`` (0 if there is none), a file linked under
+    several names counted once."""
+    seen, total = set(), 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            info = os.stat(os.path.join(root, name))
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+    return total
+
+
+_copied: list[Path] = []
+"""A folder where hard links failed and snapshots copy, once warned about."""
+
+
 def _link(source: Path, target: Path) -> None:
-    """``target`` as a hard link to ``source``, or a copy where the file system has none."""
+    """``target`` as a hard link to ``source``, or a copy where the file system has none
+    (warned once: each snapshot then holds a whole copy of the store)."""
     try:
         os.link(source, target)
     except OSError:
+        if not _copied:
+            _copied.append(target.parent)
+            warnings.warn(f"the file system of {target.parent} makes no hard links: each "
+                          f"snapshot of the clients' states is a whole copy, and the store "
+                          f"takes up to three times its size on disk", stacklevel=3)
         shutil.copyfile(source, target)
 
 
@@ -175,4 +204,4 @@ def _sync_directory(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["SNAPSHOT_KEY", "DiskClientStates"]
+__all__ = ["SNAPSHOT_KEY", "DiskClientStates", "bytes_under"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -363,12 +364,19 @@ def peak_memory(cfg: RunConfig, rounds: int = 3) -> tuple[int, int]:
 def _peak_memory_here(cfg: RunConfig, rounds: int) -> tuple[int, int]:
     import torch
 
+    from dcco.core.disk_states import DiskClientStates
     from dcco.run.pretraining import Pretraining
     from dcco.run.splits import load_splits
 
     free, _ = torch.cuda.mem_get_info()
-    pt = Pretraining(cfg, load_splits(cfg)[0])
-    for _ in range(min(rounds, cfg.train.rounds)):
-        pt.step()
-    torch.cuda.synchronize()
-    return int(free), int(torch.cuda.max_memory_reserved())
+    # the clients' store (FedU, FedEMA, MoCo) sized for these rounds; on disk, a temporary
+    # folder, deleted here (the pool ends this process without its finalizers)
+    pt = Pretraining(cfg, load_splits(cfg)[0], rounds_to_run=rounds)
+    try:
+        for _ in range(min(rounds, cfg.train.rounds)):
+            pt.step()
+        torch.cuda.synchronize()
+        return int(free), int(torch.cuda.max_memory_reserved())
+    finally:
+        if isinstance(pt.client_states, DiskClientStates):
+            shutil.rmtree(pt.client_states.directory, ignore_errors=True)

@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from dcco.config import EvalConfig, RunConfig
+from dcco.core.client_state import kept_by_clients
 from dcco.core.collapse import (
     FIGURES,
     CollapseWarning,
@@ -141,9 +142,9 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     # a stateful method's clients keep (FedU, FedEMA) or restart (MoCo) their own target
     # network: none is sent (nor by dcco's Flower app, whose run reports the bytes it
     # measures)
-    kept = pt.algorithm.stateful
+    kept = kept_by_clients(pt.model, pt.method)
     state_bytes = sum(v.numel() * v.element_size() for n, v in pt.model.state_dict().items()
-                      if not (kept and n.startswith("target.")))
+                      if n not in kept)
     d = pt.model.projection_dim
     message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
                                                state_bytes=state_bytes - model_bytes)

@@ -35,7 +35,7 @@ from dcco.core.collapse import (
     encoding_figures,
 )
 from dcco.core.devices import to_device
-from dcco.core.disk_states import DiskClientStates
+from dcco.core.disk_states import DiskClientStates, bytes_under
 from dcco.core.distributed import (
     AllReduceExecutor,
     local_segments,
@@ -128,12 +128,15 @@ class Pretraining:
         state_dir: the folder of the clients' states with ``train.client_state_store =
             "disk"`` (the run directory's ``client_states``); None: a temporary folder,
             deleted with the store.
+        rounds_to_run: the rounds this object will run where fewer than the config's (a
+            measurement of a few rounds): the clients' store is sized for them.
     """
 
     def __init__(self, cfg: RunConfig, train_set: Dataset,
                  partition: Partition | None = None, model: DualEncoder | None = None,
                  augment: Callable[[Tensor], Tensor] | None = None,
-                 holds_client_states: bool = True, state_dir: Path | None = None) -> None:
+                 holds_client_states: bool = True, state_dir: Path | None = None,
+                 rounds_to_run: int | None = None) -> None:
         self.cfg = validate(cfg)
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
@@ -183,7 +186,8 @@ class Pretraining:
         self.cache = self._statistics_cache()
         """The server's cache of every client's last statistics
         (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
-        self.client_states = self._client_states(state_dir) if holds_client_states else None
+        self.client_states = (self._client_states(state_dir, rounds_to_run)
+                              if holds_client_states else None)
         """What each client that has taken part keeps between its rounds, for a method whose
         clients keep their model (FedU, FedEMA; saved in checkpoints), else None."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
@@ -431,7 +435,8 @@ class Pretraining:
                 f"(FedSC: 10 to 20), or use 'drop'")
         return StatisticsCache()
 
-    def _client_states(self, state_dir: Path | None) -> ClientStates | DiskClientStates | None:
+    def _client_states(self, state_dir: Path | None, rounds_to_run: int | None
+                       ) -> ClientStates | DiskClientStates | None:
         """A new store for a method whose clients keep their model, refused where it would
         not fit (in memory: ``MAX_STATE_BYTES``; on disk: the disk's free space); None for
         the other methods. Over torch.distributed every rank holds the whole store
@@ -441,11 +446,11 @@ class Pretraining:
         t = self.cfg.train
         dtype = DTYPES[t.client_state_dtype]
         entry = state_bytes(self.method.state_shapes(self.model), dtype)
-        seen = clients_seen(t.seed, t.rounds, self.partition.num_clients,
-                            t.clients_per_round)
+        rounds = t.rounds if rounds_to_run is None else min(rounds_to_run, t.rounds)
+        seen = clients_seen(t.seed, rounds, self.partition.num_clients, t.clients_per_round)
         size = seen * entry
         need = (f"{self.method.name}'s clients keep state between their rounds: "
-                f"{entry / 2**20:.2f} MiB a client, for the {seen} clients that {t.rounds} "
+                f"{entry / 2**20:.2f} MiB a client, for the {seen} clients that {rounds} "
                 f"rounds of {t.clients_per_round} sample, {size / 2**30:.1f} GiB")
         half = "" if t.client_state_dtype == "float16" else (
             " or train.client_state_dtype = 'float16' (half of it)")
@@ -454,15 +459,16 @@ class Pretraining:
                 raise ConfigError("train.client_state_store = 'disk' runs in one process; "
                                   "over torch.distributed every rank holds the store in "
                                   "memory ('memory')")
+            where = state_dir if state_dir is not None else Path(tempfile.gettempdir())
+            # a resumed run's own files will be replaced: their disk counts as free
+            free = shutil.disk_usage(_existing(where)).free + bytes_under(where)
+            if size > free:
+                raise ConfigError(f"{need}, more than the {free / 2**30:.1f} GiB free on the "
+                                  f"disk of {where}; free some, or use fewer rounds or "
+                                  f"clients, a smaller model{half}")
             directory = state_dir
             if directory is None:
                 directory = Path(tempfile.mkdtemp(prefix="dcco-client-states-"))
-            free = shutil.disk_usage(directory.parent if not directory.exists()
-                                     else directory).free
-            if size > free:
-                raise ConfigError(f"{need}, more than the {free / 2**30:.1f} GiB free on the "
-                                  f"disk of {directory}; free some, or use fewer rounds or "
-                                  f"clients, a smaller model{half}")
             store = DiskClientStates(directory, dtype)
             if state_dir is None:
                 weakref.finalize(store, shutil.rmtree, directory, True)
@@ -497,6 +503,13 @@ class Pretraining:
             self.client_states.load(state)
         elif self.client_states is not None:
             self.client_states = ClientStates.from_state(state, self.client_states.dtype)
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest folder above that exists (for its disk's free space)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def read_numbers(values: list[float | Tensor]) -> list[float]:

@@ -35,11 +35,12 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from dcco.core.algorithm import RoundResult, RoundSkipped
+from dcco.core.client_state import kept_by_clients
 from dcco.core.seeding import generator
 from dcco.core.server import ReplyTally
 from dcco.core.stats import Moments
 from dcco.flower import codec, secagg
-from dcco.flower.app.wire import AppWire, kept_by_clients
+from dcco.flower.app.wire import AppWire
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid

@@ -11,8 +11,6 @@ from flwr.app import RecordDict
 from torch import Tensor, nn
 
 from dcco.core.client import ClientUpdate
-from dcco.core.client_state import Layout
-from dcco.core.method import Method
 from dcco.core.server import ReplyError, validate_statistics, validate_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec
 from dcco.flower import codec
@@ -20,16 +18,6 @@ from dcco.flower.codec import Instruction
 
 if TYPE_CHECKING:  # the run's state, which the app's server holds
     from dcco.run.pretraining import Pretraining
-
-
-def kept_by_clients(model: nn.Module, method: Method) -> set[str]:
-    """The arrays that the server's messages leave out: for FedU, FedEMA and MoCo, whose
-    clients keep their own target network or restart it from the global online one
-    (``dcco.core.client.stateful_update``), the target of each trained parameter; none for
-    the other methods."""
-    if not method.stateful:
-        return set()
-    return {t for t, _ in Layout.of(model).target}
 
 
 def with_kept(model: nn.Module, weights: dict[str, Tensor], kept: set[str]
