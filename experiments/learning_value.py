@@ -246,8 +246,10 @@ def vector_views(noise: float, mask: float) -> Callable[[Tensor], Tensor]:
 @dataclass(frozen=True)
 class Recipe:
     """What a run changes from ``dcco.fit``'s defaults: its settings (``settings=``), the
-    projector and clients a round (None: fit's default), and the augmentation (crop area,
-    jitter; for vectors noise and masking)."""
+    projector and clients a round (None: fit's default), the augmentation (crop area,
+    jitter; for vectors noise and masking), and the method (``fit``'s ``method``: DCCO, or
+    another, e.g. BYOL or FedEMA with their predictor and target network around the
+    encoder)."""
 
     settings: tuple[str, ...] = ()
     projector: tuple[int, ...] | None | str = "default"
@@ -258,6 +260,7 @@ class Recipe:
     mask: float = 0.3
     rotate: float = 0.0
     erase: float = 0.0
+    method: str = "dcco"
 
 
 BEFORE = ('optim.optimizer="adam"', "optim.lr=1e-3", "optim.warmup_rounds=10",
@@ -330,6 +333,8 @@ def run_one(model: str, recipe: Recipe, seed: int, rounds: int, curve: list[int]
         kwargs["projector"] = recipe.projector
     if recipe.clients_per_round is not None:
         kwargs["clients_per_round"] = recipe.clients_per_round
+    if recipe.method != "dcco":
+        kwargs["method"] = recipe.method
     probes, spent = {}, [0.0]
 
     def on_round(done: int, dual) -> None:
@@ -376,7 +381,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     noise=base.noise if args.noise is None else args.noise,
                     mask=base.mask if args.mask is None else args.mask,
                     rotate=base.rotate if args.rotate is None else args.rotate,
-                    erase=base.erase if args.erase is None else args.erase)
+                    erase=base.erase if args.erase is None else args.erase,
+                    method=args.method or base.method)
     curve = sorted(set(args.curve or []) | {args.rounds})
     data = load_data(args.model in VECTOR_MODELS)
     record = {"command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)]
@@ -387,7 +393,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 "clients_per_round": recipe.clients_per_round,
                                 "crop": recipe.crop, "jitter": recipe.jitter,
                                 "noise": recipe.noise, "mask": recipe.mask,
-                                "rotate": recipe.rotate, "erase": recipe.erase},
+                                "rotate": recipe.rotate, "erase": recipe.erase,
+                                "method": recipe.method},
               "rounds": args.rounds, "machine": machine(), "seeds": []}
     for seed in args.seeds:
         one = run_one(args.model, recipe, seed, args.rounds, curve, data, args.width)
@@ -536,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--erase", type=float, default=None, help="probability")
     p.add_argument("--width", type=int, default=None,
                    help="the model's first width, for the CNNs that take one")
+    p.add_argument("--method", default=None,
+                   help="fit's method (default dcco): byol_fedavg, fedema, moco_fedavg, ...")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--curve", type=int, nargs="*", default=None,
