@@ -108,6 +108,14 @@ def kept_by_clients(model: nn.Module, method: object) -> set[str]:
     return {t for t, _ in Layout.of(model).target}
 
 
+def with_kept(model: nn.Module, weights: Mapping[str, Tensor], kept: set[str]
+              ) -> dict[str, Tensor]:
+    """The server's ``weights`` with the node model's own values of the ``kept`` arrays
+    they leave out (``kept_by_clients``; the clients' rounds overwrite them)."""
+    own = model.state_dict()
+    return {k: own[k] for k in kept if k not in weights} | dict(weights)
+
+
 def state_bytes(shapes: Mapping[str, torch.Size], dtype: torch.dtype) -> int:
     """Bytes of one entry of tensors of ``shapes`` held in ``dtype``."""
     size = torch.empty((), dtype=dtype).element_size()
@@ -232,4 +240,4 @@ class ClientStates:
 
 
 __all__ = ["DTYPES", "MAX_STATE_BYTES", "ClientStart", "ClientStates", "Layout", "RoundStates",
-           "kept_by_clients", "restored", "state_bytes", "stored"]
+           "kept_by_clients", "restored", "state_bytes", "stored", "with_kept"]

@@ -38,7 +38,7 @@ from dcco.config import LossConfig
 from dcco.config.toml import from_dict
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import ClientUpdate
-from dcco.core.client_state import restored, stored
+from dcco.core.client_state import kept_by_clients, restored, stored, with_kept
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
@@ -135,7 +135,8 @@ def answer(msg: Message, context: Context, model: nn.Module,
                              f"'stats', but this node holds "
                              f"{'none' if kept is None else 'round ' + str(kept['round'])}")
         weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
-    load_weights(model, _with_own_targets(model, weights) if method.stateful else weights)
+    # FedU's, FedEMA's and MoCo's clients are not sent the target network they keep
+    load_weights(model, with_kept(model, weights, kept_by_clients(model, method)))
     kept_views = context.state.config_records.get(KEPT_VIEWS_ROUND)
     if (phase == "update" and kept_views is not None and int(kept_views["round"]) == r
             and int(kept_views["seed"]) == seed):
@@ -421,15 +422,6 @@ def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
         else:
             model(x1)
             model(x2)
-
-
-def _with_own_targets(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``weights`` with the model's own values of the target-network arrays they lack: a
-    FedU, FedEMA or MoCo client starts from its own target network or a copy of the global
-    online one (``dcco.core.client.stateful_update``), so the server does not send it."""
-    pairs = model.target_pairs() if hasattr(model, "target_pairs") else []
-    own = model.state_dict()
-    return {t: own[t] for t, _ in pairs if t not in weights} | dict(weights)
 
 
 def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:

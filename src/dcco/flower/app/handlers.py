@@ -22,7 +22,7 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
-from dcco.core.client_state import kept_by_clients
+from dcco.core.client_state import kept_by_clients, with_kept
 from dcco.flower import codec, secagg, timing
 from dcco.flower.app.nodes import (
     build_model,
@@ -32,7 +32,6 @@ from dcco.flower.app.nodes import (
     node_statistics,
     node_update,
 )
-from dcco.flower.app.wire import with_kept
 from dcco.flower.appconfig import parse_run_config
 from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
 from dcco.run.algorithms import algorithm_of

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import RecordDict
-from torch import Tensor, nn
+from torch import Tensor
 
 from dcco.core.client import ClientUpdate
 from dcco.core.server import ReplyError, validate_statistics, validate_update
@@ -19,13 +19,6 @@ from dcco.flower.codec import Instruction
 if TYPE_CHECKING:  # the run's state, which the app's server holds
     from dcco.run.pretraining import Pretraining
 
-
-def with_kept(model: nn.Module, weights: dict[str, Tensor], kept: set[str]
-              ) -> dict[str, Tensor]:
-    """The server's ``weights`` with the node model's own values of the ``kept`` arrays
-    they leave out (which the clients' rounds overwrite)."""
-    own = model.state_dict()
-    return {k: own[k] for k in kept if k not in weights} | weights
 
 class AppWire:
     """dcco's app's layout of a round's messages (``dcco.flower.codec``): each node hosts
