@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.grids import tiny_grid
 from safetensors.torch import load_file
 
 from dcco.cli import main
@@ -31,46 +32,9 @@ from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import RunDir, code_version
 from dcco.run.splits import load_splits
 
-GRID = """
-[grid]
-methods = ["dcco", "supervised"]
-evaluations = ["linear@20"]
-seeds = [0]
-
-[[setting]]
-name = "IID 2"
-alpha = 1000.0
-samples_per_client = 2
-clients_per_round = 4
-
-[base.data]
-dataset = "fashion_mnist"
-data_dir = "{data_dir}"
-
-[base.model]
-widths = [4, 8, 8]
-projector = [16, 16, 16]
-
-[base.train]
-rounds = {rounds}
-knn_every = 0
-log_every = 2
-checkpoint_every = 1000
-
-[base.eval]
-probe_steps = 10
-scratch_epochs = 1
-scratch_batch = 16
-
-[scale.tiny]
-set = []
-"""
-
 
 def _grid(tmp_path: Path, data_dir: Path, rounds: int) -> Path:
-    path = tmp_path / "grid.toml"
-    path.write_text(GRID.format(data_dir=data_dir, rounds=rounds))
-    return path
+    return tiny_grid(tmp_path, data_dir, rounds, ["dcco", "supervised"])
 
 
 def _pretrain(cfg, run, train, test, resume, stop):

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from helpers.grids import tiny_grid
 
 from dcco.config import ConfigError, LossConfig, load_config
 from dcco.core.algorithm import Algorithm
@@ -383,10 +384,40 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
         Strategy(method="fedema", secagg=SecAgg(torch.nn.Linear(4, 4), torch.zeros(2, 4), 8))
     cfg = load_config(path)
     train, _ = load_splits(cfg)
-    monkeypatch.setattr("dcco.run.pretraining.MAX_STATE_BYTES", 1 << 10)
+    monkeypatch.setattr("dcco.run.stores.MAX_STATE_BYTES", 1 << 10)
     with pytest.raises(ConfigError, match="client_state_store = 'disk'.*client_state_dtype "
                                           "= 'float16'"):
         Pretraining(cfg, train)
+
+
+def test_stateful_store_too_large__refused_before_any_run_directory(
+        tiny_config, tiny_fmnist, monkeypatch, tmp_path, capsys):
+    """The clients' store is sized before anything is written: ``dcco pretrain``,
+    ``dcco reproduce`` and ``dcco.fit`` refuse it, naming the size, and leave no folder."""
+    from dcco.cli import main
+    from dcco.fitting import fit
+
+    monkeypatch.setattr("dcco.run.stores.MAX_STATE_BYTES", 1 << 10)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config(method="fedu")), "--run-dir", str(run),
+                 "--no-progress"]) == 2
+    assert "fedu's clients keep state between their rounds" in capsys.readouterr().err
+    assert not run.exists()
+    grid = tiny_grid(tmp_path, tiny_fmnist, 2, ["fedu"])
+    out = tmp_path / "cells"
+    assert main(["reproduce", str(grid), "--scale", "tiny", "--out", str(out),
+                 "--no-progress"]) == 2
+    assert "cell iid-2-fedu-s0: fedu's clients keep state" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())
+    gen = torch.Generator().manual_seed(0)
+    clients = {f"phone-{k}": torch.randint(0, 256, (3, 1, 8, 8), generator=gen,
+                                           dtype=torch.uint8) for k in range(8)}
+    encoder = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16))
+    with pytest.raises(ConfigError, match="fedu's clients keep state"):
+        fit(encoder, clients, method="fedu", rounds=2, clients_per_round=4,
+            projector=(12, 16), augment=lambda x: x.float() / 255, run_dir=tmp_path / "fit",
+            progress=False)
+    assert not (tmp_path / "fit").exists()
 
 
 def _infonce_written_out(q1, q2, k1, k2, queue, tau):

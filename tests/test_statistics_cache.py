@@ -108,7 +108,7 @@ def test_cached_rounds__refused_without_statistics_with_privacy_staleness_or_too
     assert cache_bytes(15000, 300, 32, 32768) == 9600 * 32769 * 8
     cfg = load_config(path, [cached])
     train, _ = load_splits(cfg)
-    monkeypatch.setattr("dcco.run.pretraining.MAX_CACHE_BYTES", 1 << 10)  # 24 clients of 16-wide sums
+    monkeypatch.setattr("dcco.run.stores.MAX_CACHE_BYTES", 1 << 10)  # 24 clients of 16-wide sums
     with pytest.raises(ConfigError, match="GiB of client statistics"):
         Pretraining(cfg, train)
 

@@ -181,8 +181,11 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     """
     from datetime import datetime
 
+    from dcco.methods.registry import build_method
     from dcco.run.loop import run_with_progress
+    from dcco.run.planning import build_partition
     from dcco.run.setup import check_run
+    from dcco.run.stores import STATES_FOLDER, check_stores
 
     if not isinstance(encoder, nn.Module):
         raise TypeError(f"encoder must be a torch.nn.Module (your network), not "
@@ -235,6 +238,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
                                   f"({stored[key]!r}, now {record[key]!r}); give another "
                                   f"run_dir=, or the same arguments to continue it")
     else:
+        check_stores(cfg, build_method(method, cfg.loss), model,
+                     build_partition(cfg, data).num_clients, state_dir=path / STATES_FOLDER)
         run = RunDir.create(path, cfg, FIT_WORDS)
     run.update_summary(user_model=record)
     then = None if on_round is None else (lambda m, _latest: on_round(m.round, model))

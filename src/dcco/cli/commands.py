@@ -110,8 +110,8 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
         cfg = resolved(load_config(args.config, _with_data_dir(args.overrides, args.data_dir,
                                                                args.tensorboard)))
         train, test = load_splits(cfg)  # data errors before any run directory exists
-        check_run(cfg, train)
         path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
+        check_run(cfg, train, run_dir=Path(path))
         run = RunDir.create(path, cfg)
         record_split(run, cfg, train, test)
         _say(f"pretraining {cfg.train.method} into {run.path}")

@@ -83,7 +83,7 @@ def _check_cells(grid, todo: list) -> None:
     train = load_splits(grid.base)[0]
     for cell in pretraining:
         try:
-            check_run(cell.cfg, train)
+            check_run(cell.cfg, train, run_dir=cell.path)
         except ConfigError as e:
             raise ConfigError(f"cell {cell.path.name}: {e}") from None
 

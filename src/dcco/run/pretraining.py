@@ -24,18 +24,16 @@ from dcco.core.algorithm import Algorithm, RoundResult
 from dcco.core.client import trainable_parameters
 from dcco.core.client_state import (
     DTYPES,
-    MAX_STATE_BYTES,
     ClientStates,
     Layout,
     RoundStates,
-    state_bytes,
 )
 from dcco.core.collapse import (
     collapse_figures,
     encoding_figures,
 )
 from dcco.core.devices import to_device
-from dcco.core.disk_states import DiskClientStates, bytes_under
+from dcco.core.disk_states import DiskClientStates
 from dcco.core.distributed import (
     AllReduceExecutor,
     local_segments,
@@ -49,7 +47,7 @@ from dcco.core.precision import prepare_model
 from dcco.core.privacy import RoundNoise
 from dcco.core.seeding import derive_seed, generator
 from dcco.core.simulator import executor_for, keeps_graphs_for, run_round
-from dcco.core.statistics_cache import MAX_CACHE_BYTES, StatisticsCache, cache_bytes
+from dcco.core.statistics_cache import StatisticsCache
 from dcco.core.stats import Moments
 from dcco.data.augment import training_views
 from dcco.data.paired import Dataset
@@ -65,8 +63,8 @@ from dcco.run.algorithms import algorithm_of
 from dcco.run.devices import keeps_graphs, max_batch_of, resolve_device
 from dcco.run.planning import RoundPlan, build_partition, input_record, plan_round
 from dcco.run.privacy import Privacy
-from dcco.run.sampling import clients_seen
 from dcco.run.setup import build_model, check_data, check_partition, speed_of, validate
+from dcco.run.stores import check_stores
 from dcco.run.views import user_views
 
 PROBE_SAMPLES = 256
@@ -183,10 +181,13 @@ class Pretraining:
         if self.world > 1 and cfg.train.client_weighting != "samples":
             raise ConfigError("train.client_weighting = 'uniform' runs in one process: the "
                               "ranks of torch.distributed weigh their shares by sample count")
+        check_stores(cfg, self.method, self.model, self.partition.num_clients,
+                     state_dir=state_dir, rounds_to_run=rounds_to_run, world=self.world,
+                     client_states=holds_client_states)
         self.cache = self._statistics_cache()
         """The server's cache of every client's last statistics
         (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
-        self.client_states = (self._client_states(state_dir, rounds_to_run)
+        self.client_states = (self._client_states(state_dir)
                               if holds_client_states else None)
         """What each client that has taken part keeps between its rounds, for a method whose
         clients keep their model (FedU, FedEMA; saved in checkpoints), else None."""
@@ -418,67 +419,26 @@ class Pretraining:
                 f"optim.warmup_rounds")
 
     def _statistics_cache(self) -> StatisticsCache | None:
-        """A new cache for ``train.absent_statistics = "cached"``, refused where it cannot
-        run or would not fit; None otherwise."""
-        t = self.cfg.train
-        if t.absent_statistics != "cached":
-            return None
-        d = self.model.projection_dim  # both towers project to it
-        values = self.method.stats.num_values(d, d)
-        size = cache_bytes(self.partition.num_clients, t.rounds, t.clients_per_round, values)
-        if size > MAX_CACHE_BYTES:
-            raise ConfigError(
-                f"train.absent_statistics = 'cached' would keep up to {size / 2**30:.1f} GiB "
-                f"of client statistics ({self.partition.num_clients} clients, "
-                f"{values} values each), over the "
-                f"{MAX_CACHE_BYTES / 2**30:.0f} GiB limit; it is meant for a few clients "
-                f"(FedSC: 10 to 20), or use 'drop'")
-        return StatisticsCache()
+        """A new cache for ``train.absent_statistics = "cached"`` (sized by ``check_stores``),
+        None otherwise."""
+        return StatisticsCache() if self.cfg.train.absent_statistics == "cached" else None
 
-    def _client_states(self, state_dir: Path | None, rounds_to_run: int | None
-                       ) -> ClientStates | DiskClientStates | None:
-        """A new store for a method whose clients keep their model, refused where it would
-        not fit (in memory: ``MAX_STATE_BYTES``; on disk: the disk's free space); None for
-        the other methods. Over torch.distributed every rank holds the whole store
-        (``share_client_states``), in memory, so the limit is each process's."""
+    def _client_states(self, state_dir: Path | None) -> ClientStates | DiskClientStates | None:
+        """A new store for a method whose clients keep their model (sized by
+        ``check_stores``); None for the other methods. Over torch.distributed every rank
+        holds the whole store (``share_client_states``), in memory."""
         if not self.method.stateful:
             return None
-        t = self.cfg.train
-        dtype = DTYPES[t.client_state_dtype]
-        entry = state_bytes(self.method.state_shapes(self.model), dtype)
-        rounds = t.rounds if rounds_to_run is None else min(rounds_to_run, t.rounds)
-        seen = clients_seen(t.seed, rounds, self.partition.num_clients, t.clients_per_round)
-        size = seen * entry
-        need = (f"{self.method.name}'s clients keep state between their rounds: "
-                f"{entry / 2**20:.2f} MiB a client, for the {seen} clients that {rounds} "
-                f"rounds of {t.clients_per_round} sample, {size / 2**30:.1f} GiB")
-        half = "" if t.client_state_dtype == "float16" else (
-            " or train.client_state_dtype = 'float16' (half of it)")
-        if t.client_state_store == "disk":
-            if self.world > 1:
-                raise ConfigError("train.client_state_store = 'disk' runs in one process; "
-                                  "over torch.distributed every rank holds the store in "
-                                  "memory ('memory')")
-            where = state_dir if state_dir is not None else Path(tempfile.gettempdir())
-            # a resumed run's own files will be replaced: their disk counts as free
-            free = shutil.disk_usage(_existing(where)).free + bytes_under(where)
-            if size > free:
-                raise ConfigError(f"{need}, more than the {free / 2**30:.1f} GiB free on the "
-                                  f"disk of {where}; free some, or use fewer rounds or "
-                                  f"clients, a smaller model{half}")
-            directory = state_dir
-            if directory is None:
-                directory = Path(tempfile.mkdtemp(prefix="dcco-client-states-"))
-            store = DiskClientStates(directory, dtype)
-            if state_dir is None:
-                weakref.finalize(store, shutil.rmtree, directory, True)
-            return store
-        if size > MAX_STATE_BYTES:
-            raise ConfigError(
-                f"{need}, over the {MAX_STATE_BYTES / 2**30:.0f} GiB limit in memory; use "
-                f"train.client_state_store = 'disk', fewer rounds or clients, a smaller "
-                f"model{half}")
-        return ClientStates(dtype)
+        dtype = DTYPES[self.cfg.train.client_state_dtype]
+        if self.cfg.train.client_state_store == "memory":
+            return ClientStates(dtype)
+        directory = state_dir
+        if directory is None:
+            directory = Path(tempfile.mkdtemp(prefix="dcco-client-states-"))
+        store = DiskClientStates(directory, dtype)
+        if state_dir is None:
+            weakref.finalize(store, shutil.rmtree, directory, True)
+        return store
 
     def round_state(self) -> dict[str, Tensor]:
         """What a checkpoint must keep besides model and optimiser: the last aggregate, the
@@ -503,13 +463,6 @@ class Pretraining:
             self.client_states.load(state)
         elif self.client_states is not None:
             self.client_states = ClientStates.from_state(state, self.client_states.dtype)
-
-
-def _existing(path: Path) -> Path:
-    """``path``, or its nearest folder above that exists (for its disk's free space)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def read_numbers(values: list[float | Tensor]) -> list[float]:

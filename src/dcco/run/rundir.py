@@ -36,6 +36,7 @@ from dcco.errors import UserError, shown
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.scalars import ScalarLog
 from dcco.run.setup import resolved
+from dcco.run.stores import STATES_FOLDER
 
 
 class RunDirError(UserError):
@@ -172,7 +173,7 @@ class RunDir:
     """A file whose presence asks a running Flower run to stop at its next logged round
     (``stop_requested``): the ServerApp runs in a process of its own, started by the SuperLink,
     so a file is how a user (or a test) reaches it."""
-    client_states_path = property(lambda self: self.path / "client_states")
+    client_states_path = property(lambda self: self.path / STATES_FOLDER)
     """FedU's, FedEMA's and MoCo's clients' states with ``train.client_state_store = "disk"``
     (``dcco.core.disk_states``)."""
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from dcco.config import ConfigError, RunConfig
+from dcco.core.distributed import rank_and_size
 from dcco.core.precision import Speed, check, resolve
 from dcco.data.augment import is_image
 from dcco.data.paired import Dataset, is_paired
@@ -31,6 +33,7 @@ from dcco.run.algorithms import algorithm_of
 from dcco.run.devices import resolve_device
 from dcco.run.planning import build_partition
 from dcco.run.privacy import Privacy
+from dcco.run.stores import STATES_FOLDER, check_stores, needs_model
 
 CHECKED: weakref.WeakSet[RunConfig] = weakref.WeakSet()
 """The configs ``validate`` has passed in this process (frozen values, so an equal config is
@@ -218,12 +221,16 @@ def check_partition(cfg: RunConfig, partition: Any) -> None:
             + (" large enough for the method" if cfg.data.partition == "natural" else ""))
 
 
-def check_run(cfg: RunConfig, train_set: Dataset, towers: bool = True) -> None:
+def check_run(cfg: RunConfig, train_set: Dataset, towers: bool = True,
+              run_dir: Path | None = None) -> None:
     """Everything ``Pretraining`` refuses about a config and its data, checked before a run
     directory or any other file is created (``load_splits`` has checked the data against the
     config): the device, the config across its sections (``validate``), the data against the
-    config (``check_data``; ``towers``: false for towers the user builds), the partition's
-    clients against a round's (``check_partition``), and differential privacy's accounting.
+    config (``check_data``; ``towers``: false for towers the user builds, whose stores the
+    caller sizes with ``dcco.run.stores.check_stores``), the partition's clients against a
+    round's (``check_partition``), differential privacy's accounting, and the stores kept
+    beside the model (``check_stores``; ``run_dir``: where the run will be, whose disk holds
+    the clients' states with ``train.client_state_store = "disk"``).
 
     Raises:
         ConfigError: naming the key to change.
@@ -233,8 +240,13 @@ def check_run(cfg: RunConfig, train_set: Dataset, towers: bool = True) -> None:
     check_data(cfg, train_set, towers=towers)
     partition = build_partition(cfg, train_set)
     check_partition(cfg, partition)
+    method = build_method(cfg.train.method, cfg.loss)
     if cfg.privacy.enabled:
-        Privacy.of(cfg, partition, build_method(cfg.train.method, cfg.loss))
+        Privacy.of(cfg, partition, method)
+    if towers and needs_model(cfg, method):
+        check_stores(cfg, method, build_model(cfg, *train_set.input_shapes),
+                     partition.num_clients, world=rank_and_size()[1],
+                     state_dir=None if run_dir is None else Path(run_dir) / STATES_FOLDER)
 
 
 def _device_type(device: str) -> str:
