@@ -13,7 +13,8 @@ for the claims grid's.
 
 Each row: linear@5000 (%) by seed, finished seeds only, and the gain over the untrained
 encoder of the same seed, and against DCCO of the same seed (paired: mean ± sd of the
-seeds' differences, and whether every seed lies on one side). ``--plot``: each setting's
+seeds' differences, and whether every seed lies on one side). A scale other than the one
+step's also gets each method against itself at the one step, paired by seed. ``--plot``: each setting's
 methods as bars of their mean with every seed as a dot, DCCO's mean as a line and the
 untrained encoder's as a dotted one.
 """
@@ -33,6 +34,8 @@ cells are one for every setting)."""
 GROUP_NORM = (*CLAIMS, "fedsc")
 """Methods whose cells have group norm: the claims grid's and FedSC's (experiments/fedsc_fmnist.toml,
 scale small, the claims grid's recipe)."""
+ONE_STEP_SCALE = "one-step-bn"
+"""The scale at dcco's one local step, which ``against_one_step`` pairs other scales with."""
 SETTINGS = (("non-IID 4", "non-iid-4"), ("non-IID 16", "non-iid-16"))
 CROSS_SILO = ("cross-silo Dir 0.1", "cross-silo-dir-0-1")
 """10 clients of 64 photos, all of them a round: its own grids, at scale ``small``, whatever
@@ -62,12 +65,16 @@ def row(values: dict[int, float], floor: dict[int, float], dcco: dict[int, float
     if not values:
         return "not run | | "
     seeds = sorted(values)
-    shown = ", ".join(f"{values[s]:.1f}" for s in seeds)
-    spread = f" ± {statistics.stdev(values.values()):.1f}" if len(values) > 1 else ""
-    mean = statistics.fmean(values.values())
     over = [values[s] - floor[s] for s in seeds if s in floor]
     against = [values[s] - dcco[s] for s in seeds if s in dcco]
-    return f"{mean:.1f}{spread} ({shown}) | {paired(over)} | {paired(against)}"
+    return f"{spread(values)} | {paired(over)} | {paired(against)}"
+
+
+def spread(values: dict[int, float]) -> str:
+    """'mean ± sd (s0, s1, …)' of values by seed."""
+    shown = ", ".join(f"{values[s]:.1f}" for s in sorted(values))
+    sd = f" ± {statistics.stdev(values.values()):.1f}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values.values()):.1f}{sd} ({shown})"
 
 
 def paired(d: list[float]) -> str:
@@ -140,9 +147,26 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def against_one_step(scale: str) -> None:
+    """Each method's cells at ``scale`` against its cells at dcco's one step
+    (``ONE_STEP_SCALE``), paired by seed: what the scale's recipe changes, method by
+    method."""
+    print(f"\n{scale} against {ONE_STEP_SCALE}, the same method and seed: linear@5000 (%)")
+    print(f"| setting | method | {scale} | {ONE_STEP_SCALE} | difference (same seed) |")
+    print("|---|---|---|---|---:|")
+    for label, slug in SETTINGS:
+        for method in METHODS:
+            here, one = cells(scale, slug, method), cells(ONE_STEP_SCALE, slug, method)
+            if not here:
+                continue
+            shown = ", ".join(f"{one[s]:.1f}" for s in sorted(here) if s in one)
+            print(f"| {label} | {method} | {spread(here)} | {shown} | "
+                  f"{paired([here[s] - one[s] for s in sorted(here) if s in one])} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", default="one-step-bn")
+    parser.add_argument("--scale", default=ONE_STEP_SCALE)
     parser.add_argument("--plot", type=Path, default=None, help="also draw the plot here")
     args = parser.parse_args()
     scale = args.scale
@@ -174,6 +198,8 @@ def main() -> None:
     for name, values in (("batch norm", floor), ("group norm", floor_gn)):
         shown = ", ".join(f"{values[s]:.1f}" for s in sorted(values))
         print(f"untrained encoder, {name}: {shown}")
+    if scale != ONE_STEP_SCALE:
+        against_one_step(scale)
     if args.plot is not None:
         plot(scale, floor, args.plot)
 
