@@ -137,7 +137,7 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
         if floor:
             ax.axhline(statistics.fmean(floor.values()), color="k", ls=":", lw=1)
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-        ax.set_title(f"{label} (scale small; all batch norm; the DCCO paper's methods "
+        ax.set_title(f"{label} (scale small; all batch norm;\nthe DCCO paper's methods "
                      f"and FedSC at one step)" if slug == CROSS_SILO[1]
                      else f"{label} (scale {scale}; grey and red: group norm)", fontsize=9)
         ax.set_ylim(50, 80)
