@@ -14,9 +14,10 @@ for the claims grid's.
 Each row: linear@5000 (%) by seed, finished seeds only, and the gain over the untrained
 encoder of the same seed, and against DCCO of the same seed (paired: mean ± sd of the
 seeds' differences, and whether every seed lies on one side). A scale other than the one
-step's also gets each method against itself at the one step, paired by seed. ``--plot``: each setting's
-methods as bars of their mean with every seed as a dot, DCCO's mean as a line and the
-untrained encoder's as a dotted one.
+step's also gets each method against itself at the one step, paired by seed. Then what
+FedU's and FedEMA's rules did in the cells that logged it (``divergence_rules``).
+``--plot``: each setting's methods as bars of their mean with every seed as a dot, DCCO's
+mean as a line and the untrained encoder's as a dotted one.
 """
 
 from __future__ import annotations
@@ -164,6 +165,41 @@ def against_one_step(scale: str) -> None:
                   f"{paired([here[s] - one[s] for s in sorted(here) if s in one])} |")
 
 
+def divergence_rules(scale: str) -> None:
+    """What FedU's and FedEMA's rules did in each finished cell whose ``metrics.jsonl`` logs
+    it (``returning_clients``: cells started after those metrics were added): the logged
+    windows' mean divergence of the returning clients from the global model (its range and
+    median), and, weighted by the returning clients, FedU's share that took the global
+    predictor (with the first window where any did, and the last window's share) or
+    FedEMA's μ (with its range)."""
+    print(f"\n{scale}: the divergence-aware rules, over the logged windows with returning "
+          f"clients")
+    for label, slug in SETTINGS:
+        for method, key in (("fedu", "fedu_global_predictor"), ("fedema", "fedema_mu")):
+            for s in range(3):
+                path = RESULTS / f"fedssl_fmnist-{scale}" / f"{slug}-{method}-s{s}"
+                if probe(path) is None:
+                    continue
+                lines = (path / "metrics.jsonl").read_text().splitlines()
+                windows = [w for w in map(json.loads, lines) if w.get("returning_clients")]
+                if not windows:
+                    continue
+                returning = sum(w["returning_clients"] for w in windows)
+                mean = sum(w["returning_clients"] * w[key] for w in windows) / returning
+                divergence = [w["divergence"] for w in windows]
+                values = [w[key] for w in windows]
+                line = (f"{label} {method} s{s}: divergence {min(divergence):.2f} to "
+                        f"{max(divergence):.2f} (median {statistics.median(divergence):.2f})")
+                if method == "fedu":
+                    first = next((w["round"] for w in windows if w[key] > 0), None)
+                    line += (f"; took the global predictor: {100 * mean:.0f} % of returning "
+                             f"clients, first in the window to round {first}, "
+                             f"{100 * values[-1]:.0f} % in the last")
+                else:
+                    line += f"; mu {mean:.2f} ({min(values):.2f} to {max(values):.2f})"
+                print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", default=ONE_STEP_SCALE)
@@ -200,6 +236,7 @@ def main() -> None:
         print(f"untrained encoder, {name}: {shown}")
     if scale != ONE_STEP_SCALE:
         against_one_step(scale)
+    divergence_rules(scale)
     if args.plot is not None:
         plot(scale, floor, args.plot)
 
