@@ -56,12 +56,14 @@ def _augment(x: torch.Tensor) -> torch.Tensor:
     return x + 0.1 * torch.randn(x.shape, dtype=x.dtype)
 
 
-def _client_app(model=lambda: UserCNN().double(), samples=_samples) -> ClientApp:
+def _client_app(model=lambda: UserCNN().double(), samples=_samples,
+                state_dir: Path | None = None) -> ClientApp:
     app = ClientApp()
 
     @app.train(mods=[secure_aggregation_mod])
     def train(msg: Message, context: Context) -> Message:
-        return answer(msg, context, model(), samples(context.node_id), augment=_augment)
+        return answer(msg, context, model(), samples(context.node_id), augment=_augment,
+                      state_dir=None if state_dir is None else state_dir / str(context.node_id))
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:  # the encodings' mean, a metric
@@ -928,6 +930,46 @@ def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(t
     assert resumed.train_metrics_clientapp[5]["loss"] == pytest.approx(
         whole.train_metrics_clientapp[5]["loss"], rel=1e-12)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    assert "states_key" in torch.load(path, weights_only=True)
     with pytest.raises(ValueError, match="junk.pt is not a DCCO strategy checkpoint"):
         DCCOStrategy(**kw, checkpoint=tmp_path / "junk.pt").start(grid=grid,
                                                                    initial_arrays=initial)
+
+
+def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk(tmp_path):
+    """``answer(state_dir=...)``: a FedEMA node keeps its state in files on its own disk,
+    under the run's key (in the strategy's checkpoint), so a run stopped after 3 of 5 rounds
+    and resumed with new nodes' contexts (a new Flower run) ends where one run of five does;
+    with the state in ``context.state`` the resumed nodes start afresh and it does not."""
+    kw = {"method": "fedema", "optimizer": "lars", "lr": 0.5, "min_available_nodes": 4,
+          "fraction_train": 0.5, "fraction_evaluate": 0.0, "loss": {"target_decay": 0.9}}
+    initial = ArrayRecord(_headed("fedema").state_dict())
+
+    def grid(state_dir: Path | None) -> InProcessGrid:
+        return _grid(model=lambda: _headed("fedema"), samples=_two_or_more, state_dir=state_dir)
+
+    whole = DCCOStrategy(**kw).start(grid=grid(None), initial_arrays=initial, num_rounds=5)
+    finals = {}
+    for name, folder in (("disk", tmp_path / "nodes"), ("context", None)):
+        path = tmp_path / f"{name}.pt"
+        first = DCCOStrategy(**kw, checkpoint=path)
+        original = first.rounds.run
+
+        def stop_after_three(grid, r, nodes, config, timeout, original=original):
+            if r == 4:
+                raise KeyboardInterrupt  # the ServerApp stopped
+            return original(grid, r, nodes, config, timeout)
+
+        first.rounds.run = stop_after_three
+        with pytest.raises(KeyboardInterrupt):
+            first.start(grid=grid(folder), initial_arrays=initial, num_rounds=5)
+        resumed = DCCOStrategy(**kw, checkpoint=path).start(
+            grid=grid(folder), initial_arrays=initial, num_rounds=5)
+        finals[name] = resumed.arrays.to_torch_state_dict()
+    expected = whole.arrays.to_torch_state_dict()
+    assert all(torch.equal(finals["disk"][k], expected[k]) for k in expected)
+    assert _rel(finals["context"], expected) > 1e-6
+    key = torch.load(tmp_path / "disk.pt", weights_only=True)["states_key"]
+    files = sorted(p.relative_to(tmp_path / "nodes") for p in
+                   (tmp_path / "nodes").rglob("*.safetensors"))
+    assert files and {p.parts[1] for p in files} == {key}  # node/key/0.r<round>

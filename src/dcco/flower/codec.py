@@ -4,8 +4,9 @@ Plain messages (Message API records):
 
 =============  ==========================================================================
 instruction    ConfigRecord ``dcco``: ``phase`` ("stats" | "update"), ``round``, ``clients``,
-               ``with_stats`` (stale statistics: send them with the update), and S_A's
-               ``shared_count``; ArrayRecord ``model`` (the global ``state_dict``) in phase
+               ``with_stats`` (stale statistics: send them with the update), S_A's
+               ``shared_count``, and ``states_key`` (the run's key for the clients' states
+               on a node's disk, ``dcco.flower.node_states``); ArrayRecord ``model`` (the global ``state_dict``) in phase
                "stats" and in a round's only exchange; ArrayRecord ``shared`` (S_A as
                ``mean_<name>`` of the method's ``StatsSpec``) in phase "update"
 stats reply    ArrayRecord ``stats`` (``sum_<name>`` of the spec, float64); MetricRecord
@@ -143,6 +144,8 @@ class Instruction:
         shared: S_A for the update phase of a method that shares statistics, else None.
         with_stats: the node also returns its fresh statistics with its update (stale
             statistics: they become the next round's S_A).
+        states_key: the run's key for the clients' states on a node's disk
+            (``dcco.flower.node_states``); "" where the server sends none.
     """
 
     phase: Phase
@@ -151,6 +154,7 @@ class Instruction:
     model: dict[str, Tensor] | None = None
     shared: Moments | None = None
     with_stats: bool = False
+    states_key: str = ""
 
 
 def encode_instruction(ins: Instruction) -> RecordDict:
@@ -158,6 +162,8 @@ def encode_instruction(ins: Instruction) -> RecordDict:
               "with_stats": ins.with_stats}
     if ins.shared is not None:
         config["shared_count"] = float(ins.shared.count)
+    if ins.states_key:
+        config["states_key"] = ins.states_key
     content = RecordDict({CONFIG: ConfigRecord(config)})
     if ins.model is not None:
         content[MODEL] = array_record(ins.model)
@@ -218,7 +224,17 @@ def _decode_instruction(content: RecordDict) -> Instruction:
     if not isinstance(with_stats, bool):
         raise InstructionError(f"malformed instruction from the server: with_stats must be "
                                f"true or false, got {with_stats!r}")
-    return Instruction(phase, round_index, clients, model, shared, with_stats)
+    return Instruction(phase, round_index, clients, model, shared, with_stats,
+                       states_key(cfg))
+
+
+def states_key(cfg: ConfigRecord) -> str:
+    """An instruction's ``states_key`` ("" where it has none), checked to be a string."""
+    key = cfg.get("states_key", "")
+    if not isinstance(key, str):
+        raise InstructionError(f"malformed instruction from the server: states_key must be "
+                               f"a string, got {key!r}")
+    return key
 
 
 def encode_stats_reply(stats: EncodingStats) -> RecordDict:

@@ -61,6 +61,7 @@ from torch import Tensor, nn
 from dcco.core.client import ClientUpdate, client_statistics, client_update
 from dcco.core.server import ReplyTally
 from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec
+from dcco.flower import codec
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
 from dcco.methods.base import Method
@@ -248,6 +249,8 @@ def secure_instruction(ins: Instruction, params: SecureParams) -> FitIns:
               "quantization": int(params.quantization), "payload": "+".join(payload) or "none",
               "with_stats": ins.with_stats,
               "shared_count": float(ins.shared.count) if ins.shared is not None else 0.0}
+    if ins.states_key:
+        config["states_key"] = ins.states_key
     return FitIns(ndarrays_to_parameters(arrays), config | _scales_config(params.scales))
 
 
@@ -283,7 +286,7 @@ def decode_secure_instruction(content: RecordDict, model_keys: Sequence[str],
                           update=float(cfg["update_scale"]), loss=float(cfg["loss_scale"]))
     ins = Instruction(str(cfg["phase"]), int(cfg["round"]),
                       tuple(int(k) for k in cfg["clients"]), model, shared,
-                      bool(cfg.get("with_stats", False)))
+                      bool(cfg.get("with_stats", False)), codec.states_key(cfg))
     params = SecureParams(float(cfg["max_weight"]), float(cfg["clip"]),
                           int(cfg["quantization"]), scales)
     return ins, params

@@ -21,6 +21,7 @@ from torch import Tensor
 from dcco.config import OptimConfig
 from dcco.core.optim import apply_pseudo_gradient, build_optimizer, scheduled_lr, set_lr
 from dcco.flower import codec
+from dcco.flower.node_states import new_states_key
 
 
 class ServerModel:
@@ -38,6 +39,8 @@ class ServerModel:
         self.weights: dict[str, Tensor] = {}
         self.trained: list[str] | None = self.given
         self.rounds = 1
+        self.states_key = ""
+        """The run's key for its clients' states on the nodes' disks (``begin`` draws one)."""
         self._params: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
 
@@ -50,6 +53,7 @@ class ServerModel:
         """
         self.weights = {k: v.clone() for k, v in codec.tensors_of(initial).items()}
         self.rounds, self._params, self._optimizer = rounds, {}, None
+        self.states_key = new_states_key()  # a resumed run's comes back with ``load``
         self.trained = None if self.given is None else list(self.given)
         floating = {k for k, v in self.weights.items() if v.is_floating_point()}
         if self.trained is not None and not set(self.trained) <= floating:
@@ -139,14 +143,17 @@ class ServerModel:
             self.weights[target] = self.weights[target].lerp(self.weights[online], 1.0 - tau)
 
     def state(self) -> dict:
-        """What a checkpoint keeps: the weights, the trained names, the optimiser's state."""
+        """What a checkpoint keeps: the weights, the trained names, the optimiser's state,
+        and the run's key for its clients' states on the nodes' disks."""
         return {"weights": self.weights, "trained": list(self.trained or []),
-                "optimizer": self._optimizer.state_dict() if self._optimizer else None}
+                "optimizer": self._optimizer.state_dict() if self._optimizer else None,
+                "states_key": self.states_key}
 
     def load(self, state: dict) -> None:
         """``state``'s weights, names and optimiser (after ``begin``)."""
         self.weights = {k: v.clone() for k, v in state["weights"].items()}
         self.trained = list(state["trained"]) or self.trained
+        self.states_key = str(state.get("states_key") or self.states_key)
         if state["optimizer"] is not None:
             self._params = {}
             self.params()

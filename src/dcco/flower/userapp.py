@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -44,6 +45,7 @@ from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
+from dcco.flower.node_states import FolderStates
 from dcco.flower.userwire import (
     LAMBDA,
     LOCAL_LR,
@@ -51,6 +53,7 @@ from dcco.flower.userwire import (
     METHOD,
     PHASE,
     ROUND,
+    STATES_KEY,
     TARGET_DECAY,
     VIEWS_SEED,
     moments_of,
@@ -79,7 +82,8 @@ same model and views; elsewhere phase 2 encodes again."""
 def answer(msg: Message, context: Context, model: nn.Module,
            samples: Tensor | DataLoader | TorchDataset,
            augment: Callable[[Tensor], Tensor] | None = None,
-           views_key: int | None = None, reuse_forward: bool = True) -> Message:
+           views_key: int | None = None, reuse_forward: bool = True,
+           state_dir: str | Path | None = None) -> Message:
     """The node's reply to one of the strategy's ``train`` messages.
 
     Args:
@@ -105,6 +109,11 @@ def answer(msg: Message, context: Context, model: nn.Module,
             measures them; at most ``KEPT_BYTES``, 1 GiB, in a process). False, phase
             ``update`` answered by another process, or a forward over that bound: the views
             are encoded again.
+        state_dir: for FedU, FedEMA and MoCo, a folder on this node's disk that keeps its
+            state between rounds (``dcco.flower.node_states``: a file a round it trained,
+            under the run's key, which a resumed run keeps), so that a run the strategy
+            resumes from its ``checkpoint`` gives the node the state it had there. None: in
+            ``context.state``, which lasts one Flower run. Other methods keep no state.
 
     Under SecAgg+ (``DCCOStrategy(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
@@ -174,7 +183,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
                        reply_to=msg)
     kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2)
     if method.stateful:
-        update = _stateful_update(model, x1, x2, context, ask)
+        update = _stateful_update(model, x1, x2, context, ask, state_dir)
     elif kept is not None:
         update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
     else:
@@ -233,6 +242,8 @@ class _Asked:
     secure: secagg.SecureParams | None
     decay: float = 0.0
     """The round's τ for a client's own target network (FedU, FedEMA, MoCo)."""
+    states_key: str = ""
+    """The run's key for the node's state on its own disk."""
 
 
 def _asked(content: RecordDict, model: nn.Module) -> _Asked:
@@ -257,7 +268,7 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     arrays = content.array_records
     return _Asked(*head, codec.tensors_of(arrays["arrays"]) if "arrays" in arrays else None,
                   moments_of(arrays["statistics"]) if "statistics" in arrays else None, None,
-                  float(config.get(TARGET_DECAY, 0.0)))
+                  float(config.get(TARGET_DECAY, 0.0)), str(config.get(STATES_KEY, "")))
 
 
 def _check_head(method: Method, model: nn.Module) -> None:
@@ -281,11 +292,17 @@ a method's float64 scalars as they are)."""
 
 
 def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
-                     ask: _Asked) -> ClientUpdate:
+                     ask: _Asked, state_dir: str | Path | None) -> ClientUpdate:
     """The node's round as one client that keeps state (``Algorithm.stateful_updates``, the
     simulator's): from what it kept (a node never seen starts from the global model), its
-    new state kept in ``context.state``."""
+    new state kept in ``context.state``, or in ``state_dir`` (the strategy checkpoints after
+    every round)."""
     probe = next(iter(model.parameters()))
+    if state_dir is not None:
+        folder = FolderStates(Path(state_dir), ask.states_key, ask.round, 1, probe.dtype)
+        return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
+            model, [(0, x1, x2)], lambda k: folder.get(k, probe.device, probe.dtype),
+            folder.put, ask.decay)[0]
 
     def load(_: int) -> dict[str, Tensor] | None:
         record = context.state.array_records.get(CLIENT_STATE)

@@ -34,6 +34,9 @@ LOSS, TARGET_DECAY = "loss-config", "target-decay"
 """The method's loss settings besides λ (``LossConfig``'s as JSON; a node given none: their
 defaults), and the round's τ, by which a FedU, FedEMA or MoCo client's own target network
 follows its online network after each local step."""
+STATES_KEY = "states-key"
+"""The run's key for a FedU, FedEMA or MoCo node's state on its own disk
+(``answer(state_dir=...)``, ``dcco.flower.node_states``): a resumed run keeps its own."""
 
 
 def moments_record(m: Moments) -> ArrayRecord:
@@ -64,9 +67,11 @@ class NodeSettings:
     def lambd(self) -> float:
         return self.loss.lambd
 
-    def config(self, phase: str, r: int, extra: dict, rounds: int = 1) -> ConfigRecord:
+    def config(self, phase: str, r: int, extra: dict, rounds: int = 1,
+               states_key: str = "") -> ConfigRecord:
         """The ``config`` record of round ``r`` (of ``rounds``)'s ``phase`` message, over the
-        user's ``train_config`` (``extra``)."""
+        user's ``train_config`` (``extra``); a stateful method's carries the run's
+        ``states_key``."""
         out = extra | {PHASE: phase, ROUND: r, METHOD: self.method,
                        VIEWS_SEED: derive_seed(self.seed, "views", r) % (1 << 62),
                        LOCAL_LR: self.local_lr, LAMBDA: float(self.lambd)}
@@ -74,6 +79,8 @@ class NodeSettings:
             out[LOSS] = json.dumps(asdict(self.loss))
         if METHODS[self.method].stateful:
             out[TARGET_DECAY] = target_decay(self.loss.target_decay, r - 1, rounds)
+            if states_key:
+                out[STATES_KEY] = states_key
         return ConfigRecord(out)
 
 
@@ -111,6 +118,10 @@ class UserWire:
                                                  if k not in kept})
         return self._sent
 
+    def _config(self, phase: str) -> ConfigRecord:
+        return self.nodes.config(phase, self.r, self.config, self.model.rounds,
+                                 self.model.states_key)
+
     def kept_by_nodes(self) -> set[str]:
         """The arrays a training message leaves out: for FedU, FedEMA and MoCo, whose
         clients keep their own target network, the target of each trained array (known
@@ -121,11 +132,11 @@ class UserWire:
 
     def stats_message(self, clients: list[int]) -> RecordDict:
         return RecordDict({"arrays": self._model(),
-                           "config": self.nodes.config("stats", self.r, self.config, self.model.rounds)})
+                           "config": self._config("stats")})
 
     def update_message(self, clients: list[int], model: bool, shared: Moments | None,
                        with_stats: bool) -> RecordDict:
-        content = {"config": self.nodes.config("update", self.r, self.config, self.model.rounds)}
+        content = {"config": self._config("update")}
         if model:
             content["arrays"] = self._model()
         if shared is not None:
@@ -141,7 +152,7 @@ class UserWire:
     def secure_extra(self) -> dict:
         """The strategy's keys for a secure exchange's config (which carries its own phase
         and round)."""
-        return {k: v for k, v in self.nodes.config("", self.r, self.config, self.model.rounds).items()
+        return {k: v for k, v in self._config("").items()
                 if k not in (PHASE, ROUND)}
 
     def stats_check(self, contents: list[RecordDict], spec: StatsSpec

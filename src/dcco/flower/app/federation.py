@@ -44,6 +44,7 @@ from dcco.flower.app.wire import AppWire
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges
 from dcco.flower.metering import MeteredGrid
+from dcco.flower.node_states import new_states_key
 from dcco.flower.placement import NodeIdentity, assign
 from dcco.methods.base import Segments
 from dcco.run.planning import RoundPlan
@@ -96,10 +97,14 @@ class Federation:
         grid: Flower's grid (or ``dcco.flower.testing.inprocess.InProcessGrid``).
         pt: the training state; its partition fixes the clients and their number.
         fcfg: the adapter's settings.
+        states_key: the run's key for its clients' states on the nodes' disks
+            (``dcco.flower.node_states``), sent with every instruction; None: a new one.
     """
 
-    def __init__(self, grid: Grid, pt: Pretraining, fcfg: FlowerConfig) -> None:
+    def __init__(self, grid: Grid, pt: Pretraining, fcfg: FlowerConfig,
+                 states_key: str | None = None) -> None:
         self.grid, self.pt, self.fcfg = MeteredGrid(grid), pt, fcfg
+        self.states_key = states_key or new_states_key()
         self.nodes: dict[int, int] = {}
         """Partition id → node id of the nodes in use."""
         self.identities: dict[int, NodeIdentity | None] = {}
@@ -198,7 +203,7 @@ class Federation:
         kept = kept_by_clients(self.pt.model, self.pt.method)  # FedU's, FedEMA's, MoCo's
         weights = {k: v.detach() for k, v in self.pt.model.state_dict().items()
                    if k not in kept}
-        wire = AppWire(self.pt, r, weights)
+        wire = AppWire(self.pt, r, weights, self.states_key)
         if self.fcfg.secagg:
             exchanges = SecureExchanges(self.grid, wire, r, targets, self.fcfg.min_survivors,
                                         self.calibration(r), self.fcfg, self._max_weight)

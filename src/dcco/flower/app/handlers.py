@@ -22,9 +22,12 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from torch import Tensor
 
-from dcco.core.client_state import kept_by_clients, with_kept
+from dcco.config import RunConfig
+from dcco.core.client_state import DTYPES, kept_by_clients, with_kept
 from dcco.flower import codec, secagg, timing
 from dcco.flower.app.nodes import (
+    ContextStates,
+    NodeStates,
     build_model,
     each_client_statistics,
     load_weights,
@@ -33,6 +36,8 @@ from dcco.flower.app.nodes import (
     node_update,
 )
 from dcco.flower.appconfig import parse_run_config
+from dcco.flower.codec import Instruction
+from dcco.flower.node_states import FolderStates, state_folder
 from dcco.flower.placement import NodeIdentity, check_hosted, node_partition
 from dcco.run.algorithms import algorithm_of
 
@@ -97,8 +102,9 @@ def train(content: RecordDict, context: Context) -> RecordDict:
                  if ins.with_stats else None)
         # a stale round's update carries its model (no statistics exchange came before it)
         stale = algorithm.staleness == 1 and ins.with_stats and ins.model is not None
+        states = client_states(cfg, context, ins) if algorithm.stateful else None
         update = node_update(cfg, algorithm_of(cfg, ins.round).for_update(stale), data, model,
-                             ins.clients, ins.round, ins.shared, context.state)
+                             ins.clients, ins.round, ins.shared, states)
         reply = (secagg.secure_update_reply(update, params, stats, spec) if params
                  else codec.encode_update_reply(update, stats))
     if timing.enabled():
@@ -107,6 +113,17 @@ def train(content: RecordDict, context: Context) -> RecordDict:
                       imported=_IMPORTED, handler_start=started, handler_end=time.time(),
                       data_load=loaded - started, compute=time.time() - loaded)
     return reply
+
+
+def client_states(cfg: RunConfig, context: Context, ins: Instruction) -> NodeStates:
+    """Where the node keeps its clients' states: its ``client-state-dir`` (node config or
+    ``DCCO_CLIENT_STATE_DIR``; ``dcco.flower.node_states``) under the run's key, else its
+    ``context.state``."""
+    held = DTYPES[cfg.train.client_state_dtype]
+    folder = state_folder(context.node_config)
+    if folder is None:
+        return ContextStates(context.state, held)
+    return FolderStates(folder, ins.states_key, ins.round, cfg.train.checkpoint_every, held)
 
 
 def _keep(state: RecordDict, round_index: int, weights: dict[str, Tensor]) -> None:

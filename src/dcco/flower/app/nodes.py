@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from dcco.config import RunConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import ClientUpdate, client_statistics, trainable_parameters
-from dcco.core.client_state import DTYPES, restored, stored
+from dcco.core.client_state import restored, stored
 from dcco.core.precision import prepare_model
 from dcco.core.seeding import derive_seed
 from dcco.core.server import pooled_update
@@ -124,12 +125,12 @@ def each_client_statistics(cfg: RunConfig, data: NodeData, model: nn.Module,
 
 def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
                 model: nn.Module, clients: Sequence[int], round_index: int,
-                shared: Moments | None,
-                state: MutableMapping[str, object] | None = None) -> ClientUpdate:
+                shared: Moments | None, states: NodeStates | None = None) -> ClientUpdate:
     """Phase 2 for a node's sampled clients: each one's ``client_update`` (the algorithm's
     local steps; a method alone takes the run's, ``train.local_*``), pooled. A method whose
-    clients keep state between rounds (FedU, FedEMA, MoCo's queue) keeps it in the node's
-    ``state`` (``context.state``; ``stateful_updates``).
+    clients keep state between rounds (FedU, FedEMA, MoCo's queue) keeps it in ``states``
+    (``ContextStates``, the node's ``context.state``, or ``dcco.flower.node_states.
+    FolderStates``, the node's disk; ``stateful_updates``).
 
     Returns:
         Δ = Σ_k (N_k / N)·Δ_k over the node's clients, N = Σ_k N_k, and their
@@ -138,7 +139,7 @@ def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
     if not isinstance(algorithm, Algorithm):
         algorithm = replace(algorithm_of(cfg), method=algorithm)
     if algorithm.stateful:
-        updates = stateful_updates(cfg, algorithm, data, model, clients, round_index, state)
+        updates = stateful_updates(cfg, algorithm, data, model, clients, round_index, states)
     else:
         updates = [algorithm.client_update(model, *client_views(cfg, data, k, round_index),
                                            shared) for k in clients]
@@ -149,29 +150,46 @@ CLIENT_STATE = "dcco.client-state."
 """A hosted client's state in the node's ``context.state``: ``dcco.client-state.<client>``."""
 
 
+class NodeStates(Protocol):
+    """Where a node keeps its clients' states: ``get`` (None: a client never seen) and
+    ``put``, as the simulator's store."""
+
+    def get(self, client: int, device: torch.device | str = "cpu",
+            dtype: torch.dtype = torch.float32) -> dict[str, Tensor] | None: ...
+
+    def put(self, client: int, state: dict[str, Tensor]) -> None: ...
+
+
+class ContextStates:
+    """The node's clients' states in its ``context.state``, one record a client
+    (``CLIENT_STATE``), held as ``train.client_state_dtype`` says. They last as long as
+    Flower keeps the node's context, one Flower run."""
+
+    def __init__(self, state: MutableMapping[str, object], dtype: torch.dtype) -> None:
+        self.state, self.dtype = state, dtype
+
+    def get(self, client: int, device: torch.device | str = "cpu",
+            dtype: torch.dtype = torch.float32) -> dict[str, Tensor] | None:
+        record = self.state.get(f"{CLIENT_STATE}{client}")
+        return None if record is None else restored(codec.tensors_of(record), self.dtype,
+                                                    device, dtype)
+
+    def put(self, client: int, state: dict[str, Tensor]) -> None:
+        self.state[f"{CLIENT_STATE}{client}"] = codec.array_record(stored(state, self.dtype))
+
+
 def stateful_updates(cfg: RunConfig, algorithm: Algorithm, data: NodeData, model: nn.Module,
                      clients: Sequence[int], round_index: int,
-                     state: MutableMapping[str, object] | None) -> list[ClientUpdate]:
+                     states: NodeStates | None) -> list[ClientUpdate]:
     """Each sampled client's round from what it kept (``Algorithm.stateful_updates``), as the
-    simulator runs it; its new state replaces the old in the node's ``state``, held as
-    ``train.client_state_dtype`` says. The node keeps it for as long as Flower keeps the
-    node's context: a run that Flower restarts starts its clients afresh."""
-    if state is None:
+    simulator runs it; its new state replaces the old in ``states``."""
+    if states is None:
         raise ValueError(f"{algorithm.method.name}'s clients keep state between rounds; the "
-                         f"node needs its context.state to hold it")
-    held = DTYPES[cfg.train.client_state_dtype]
+                         f"node needs its context.state or a state folder to hold it")
     probe = next(iter(model.parameters()))
-
-    def load(k: int) -> dict[str, Tensor] | None:
-        record = state.get(f"{CLIENT_STATE}{k}")
-        return None if record is None else restored(codec.tensors_of(record), held,
-                                                    probe.device, probe.dtype)
-
-    def save(k: int, new: dict[str, Tensor]) -> None:
-        state[f"{CLIENT_STATE}{k}"] = codec.array_record(stored(new, held))
-
     return algorithm.stateful_updates(
-        model, ((k, *client_views(cfg, data, k, round_index)) for k in clients), load, save,
+        model, ((k, *client_views(cfg, data, k, round_index)) for k in clients),
+        lambda k: states.get(k, probe.device, probe.dtype), states.put,
         target_decay(cfg.loss.target_decay, round_index, cfg.train.rounds))
 
 

@@ -18,6 +18,7 @@ from dcco.core.server import ReplyTally
 from dcco.data.datasets import ImageDataset
 from dcco.flower.app.federation import Federation, RoundAggregate
 from dcco.flower.appconfig import FlowerConfig
+from dcco.flower.node_states import new_states_key
 from dcco.run.loop import MetricsWindow, pretraining_loop, resume_from_checkpoint
 from dcco.run.pretraining import Pretraining, RoundMetrics
 from dcco.run.rundir import RunDir, RunDirError, config_differences
@@ -46,8 +47,15 @@ def open_run(cfg: RunConfig, fcfg: FlowerConfig) -> RunDir:
             raise RunDirError(f"flower.resume: {path} holds a run with another config "
                               f"({differ}); cannot resume it with this one")
         run.stop_path.unlink(missing_ok=True)  # a request to stop the run that ended
-    run.update_summary(backend="flower", flower=asdict(fcfg))
+    # the key of its clients' states on the nodes' disks: a resumed run keeps its own
+    key = run.summary().get(STATES_KEY) or new_states_key()
+    run.update_summary(backend="flower", flower=asdict(fcfg), **{STATES_KEY: key})
     return run
+
+
+STATES_KEY = "flower_states_key"
+"""summary.json's key of the run's key for its clients' states on the nodes' disks
+(``dcco.flower.node_states``)."""
 
 
 def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: ImageDataset,
@@ -81,7 +89,7 @@ def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: Ima
         resume_from_checkpoint(pt, run)
     else:
         run.truncate_metrics(0)
-    fed = Federation(grid, pt, fcfg)
+    fed = Federation(grid, pt, fcfg, run.summary()[STATES_KEY])
     fed.wait_for_nodes()
     LOG.info("dcco: %d nodes for %d partitions, %d clients", len(fed.nodes),
              fed.num_partitions, pt.partition.num_clients)
@@ -138,4 +146,4 @@ class FlowerWindow(MetricsWindow):
         return rec
 
 
-__all__ = ["FlowerWindow", "open_run", "run_federated"]
+__all__ = ["STATES_KEY", "FlowerWindow", "open_run", "run_federated"]

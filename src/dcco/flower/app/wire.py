@@ -28,15 +28,17 @@ class AppWire:
     Args:
         pt: the training state (the model's width and trained parameters).
         r: the round. weights: the global model (``state_dict``).
+        states_key: the run's key for the clients' states on the nodes' disks.
     """
 
-    def __init__(self, pt: Pretraining, r: int, weights: dict[str, Tensor]) -> None:
-        self.pt, self.r, self.weights = pt, r, weights
+    def __init__(self, pt: Pretraining, r: int, weights: dict[str, Tensor],
+                 states_key: str = "") -> None:
+        self.pt, self.r, self.weights, self.states_key = pt, r, weights, states_key
 
     def instruction(self, phase: str, clients: list[int], model: bool,
                     shared: Moments | None = None, with_stats: bool = False) -> Instruction:
         return Instruction(phase, self.r, tuple(clients), self.weights if model else None,
-                           shared, with_stats)
+                           shared, with_stats, self.states_key)
 
     def stats_message(self, clients: list[int]) -> RecordDict:
         return codec.encode_instruction(self.instruction("stats", clients, True))

@@ -141,7 +141,7 @@ class DCCOStrategy(Strategy):
 
     def node_config(self, phase: str, r: int, extra: dict) -> ConfigRecord:
         """The ``config`` record of round ``r``'s ``phase`` message (``NodeSettings``)."""
-        return self.nodes.config(phase, r, extra, self.model.rounds)
+        return self.nodes.config(phase, r, extra, self.model.rounds, self.model.states_key)
 
     def _watch(self) -> CollapseWatch:
         return CollapseWatch(watch_start(self.optim.warmup_rounds),
