@@ -50,6 +50,9 @@ CROSS_SILO_GRIDS = {"dcco": ONE_STEP, "centralized_cco": ONE_STEP, "cco_fedavg":
 DCCO's grid (DCCO, its paper's FedAvg baselines, centralized CCO on the pooled 640 photos)
 and FedSC's; the other methods' are at their papers' 5 local epochs (``LOCAL_EPOCHS``), where
 the DCCO paper's baselines ran too (shown as rows of their own)."""
+CROSS_SILO_ONE_STEP = "fedssl_cross_silo_one_step_fmnist-small"
+"""FedU, FedEMA, MoCo, BYOL and SimSiam in the cross-silo setting at dcco's one step
+(experiments/fedssl_cross_silo_one_step_fmnist.toml), beside their 5-epoch cells."""
 
 
 def probe(path: Path) -> float | None:
@@ -165,6 +168,24 @@ def against_one_step(scale: str) -> None:
                   f"{paired([here[s] - one[s] for s in sorted(here) if s in one])} |")
 
 
+def cross_silo_against_one_step() -> None:
+    """In the cross-silo setting, each method's cells at its papers' 5 local epochs against
+    its cells at dcco's one step, paired by seed (printed once either has finished)."""
+    label, slug = CROSS_SILO
+    pairs = [(m, cells("", slug, m, RESULTS / LOCAL_EPOCHS),
+              cells("", slug, m, RESULTS / CROSS_SILO_ONE_STEP)) for m in METHODS]
+    if not any(one for _, _, one in pairs):
+        return
+    print(f"\n{label}: 5 local epochs against one step, the same method and seed")
+    print("| setting | method | 5 local epochs | one step | difference (same seed) |")
+    print("|---|---|---|---|---:|")
+    for method, epochs, one in pairs:
+        if one:
+            print(f"| {label} | {method} | {spread(epochs) if epochs else 'not run'} | "
+                  f"{spread(one)} | "
+                  f"{paired([epochs[s] - one[s] for s in sorted(one) if s in epochs])} |")
+
+
 def divergence_rules(scale: str) -> None:
     """What FedU's and FedEMA's rules did in each finished cell whose ``metrics.jsonl`` logs
     it (``returning_clients``: cells started after those metrics were added): the logged
@@ -229,6 +250,9 @@ def main() -> None:
     for method in ("cco_fedavg", "contrastive_fedavg"):  # at the BYOL papers' local recipe
         values = cells(scale, slug, method, RESULTS / LOCAL_EPOCHS)
         print(f"| {label} | {method} (5 local epochs) | {row(values, floor, dcco)} |")
+    for method in METHODS:  # at dcco's one step, their own grid
+        values = cells(scale, slug, method, RESULTS / CROSS_SILO_ONE_STEP)
+        print(f"| {label} | {method} (one step) | {row(values, floor, dcco)} |")
     for method in ("cco_fedavg", "contrastive_fedavg", "fedsc", "centralized_cco", "dcco"):
         print(f"| {label} | {method} (one step) | {row(cells(scale, slug, method), floor, dcco)} |")
     for name, values in (("batch norm", floor), ("group norm", floor_gn)):
@@ -236,6 +260,7 @@ def main() -> None:
         print(f"untrained encoder, {name}: {shown}")
     if scale != ONE_STEP_SCALE:
         against_one_step(scale)
+    cross_silo_against_one_step()
     divergence_rules(scale)
     if args.plot is not None:
         plot(scale, floor, args.plot)

@@ -497,7 +497,8 @@ def test_moco_one_client_one_step__is_a_centralized_moco_step_and_queues_its_key
     ("fedssl_fmnist.toml", "one-step-bn", 30), ("fedssl_fmnist.toml", "paper-local-bn", 30),
     ("fedssl_cross_silo_fmnist.toml", "small", 21),
     ("fedssl_cross_silo_dcco_fmnist.toml", "small", 12),
-    ("fedssl_cross_silo_fedsc_fmnist.toml", "small", 3)])
+    ("fedssl_cross_silo_fedsc_fmnist.toml", "small", 3),
+    ("fedssl_cross_silo_one_step_fmnist.toml", "small", 15)])
 def test_fedssl_grid__every_cell_is_valid_and_its_store_fits(grid_file, scale, cells,
                                                              tmp_path):
     """The comparison's grids: every cell's config validates, and the clients' store of a
