@@ -936,11 +936,15 @@ def test_strategy__a_stopped_run_resumes_from_its_checkpoint_to_the_same_model(t
                                                                    initial_arrays=initial)
 
 
-def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk(tmp_path):
+def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk(
+        tmp_path, monkeypatch):
     """``answer(state_dir=...)``: a FedEMA node keeps its state in files on its own disk,
-    under the run's key (in the strategy's checkpoint), so a run stopped after 3 of 5 rounds
-    and resumed with new nodes' contexts (a new Flower run) ends where one run of five does;
-    with the state in ``context.state`` the resumed nodes start afresh and it does not."""
+    under the run's key (in the strategy's checkpoint), so a run stopped after its nodes
+    trained round 4 of 5, before round 4's checkpoint, and resumed from round 3's with new
+    nodes' contexts (a new Flower run) ends where one run of five does, its nodes' states of
+    round 4 from before the stop left unread; with the state in ``context.state`` the
+    resumed nodes start afresh and it does not."""
+    from dcco.flower.strategy import strategy as strategy_module
     kw = {"method": "fedema", "optimizer": "lars", "lr": 0.5, "min_available_nodes": 4,
           "fraction_train": 0.5, "fraction_evaluate": 0.0, "loss": {"target_decay": 0.9}}
     initial = ArrayRecord(_headed("fedema").state_dict())
@@ -952,17 +956,19 @@ def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk
     finals = {}
     for name, folder in (("disk", tmp_path / "nodes"), ("context", None)):
         path = tmp_path / f"{name}.pt"
-        first = DCCOStrategy(**kw, checkpoint=path)
-        original = first.rounds.run
+        original = strategy_module.save_strategy
 
-        def stop_after_three(grid, r, nodes, config, timeout, original=original):
+        def stop_at_four(path, r, *args, original=original):
             if r == 4:
-                raise KeyboardInterrupt  # the ServerApp stopped
-            return original(grid, r, nodes, config, timeout)
+                raise KeyboardInterrupt  # the ServerApp stopped before round 4's checkpoint
+            return original(path, r, *args)
 
-        first.rounds.run = stop_after_three
+        monkeypatch.setattr(strategy_module, "save_strategy", stop_at_four)
         with pytest.raises(KeyboardInterrupt):
-            first.start(grid=grid(folder), initial_arrays=initial, num_rounds=5)
+            DCCOStrategy(**kw, checkpoint=path).start(grid=grid(folder), initial_arrays=initial,
+                                                      num_rounds=5)
+        monkeypatch.setattr(strategy_module, "save_strategy", original)
+        assert torch.load(path, weights_only=True)["round"] == 3
         resumed = DCCOStrategy(**kw, checkpoint=path).start(
             grid=grid(folder), initial_arrays=initial, num_rounds=5)
         finals[name] = resumed.arrays.to_torch_state_dict()
@@ -973,3 +979,4 @@ def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk
     files = sorted(p.relative_to(tmp_path / "nodes") for p in
                    (tmp_path / "nodes").rglob("*.safetensors"))
     assert files and {p.parts[1] for p in files} == {key}  # node/key/0.r<round>
+    assert any(p.name == "0.r4.safetensors" for p in files)  # the last round's (0-based)

@@ -68,13 +68,15 @@ def state_folder(node_config: Mapping[str, object]) -> Path | None:
     Raises:
         StateFolderError: the configured value is not a non-empty path.
     """
-    value = node_config.get(NODE_CONFIG_KEY, os.environ.get(ENVIRONMENT))
+    where = f"the node's {NODE_CONFIG_KEY}"
+    value = node_config.get(NODE_CONFIG_KEY)
     if value is None:
-        return None
+        where, value = ENVIRONMENT, os.environ.get(ENVIRONMENT)
+        if value is None:
+            return None
     if not isinstance(value, str) or not value.strip():
-        raise StateFolderError(f"the node's {NODE_CONFIG_KEY} must be a folder path, got "
-                               f"{value!r}")
-    return Path(value).expanduser()
+        raise StateFolderError(f"{where} must be a folder path, got {value!r}")
+    return Path(value).expanduser().absolute()
 
 
 class FolderStates:
@@ -132,8 +134,12 @@ class FolderStates:
         later rounds (a stopped run's), and those before the newest checkpoint's but the
         newest of them, deleted."""
         held = stored(state, self.dtype)
-        write_tensors(self._path(client, self.round),
-                      {k: v.contiguous() for k, v in held.items()})
+        try:
+            write_tensors(self._path(client, self.round),
+                          {k: v.contiguous() for k, v in held.items()})
+        except OSError as e:
+            raise StateFolderError(f"client {client}'s state cannot be written to "
+                                   f"{self.folder}: {e}") from None
         versions = self.versions(client)
         later = [r for r in versions if r > self.round]
         before = [r for r in versions if r < self.checkpointed]

@@ -110,10 +110,14 @@ def answer(msg: Message, context: Context, model: nn.Module,
             ``update`` answered by another process, or a forward over that bound: the views
             are encoded again.
         state_dir: for FedU, FedEMA and MoCo, a folder on this node's disk that keeps its
-            state between rounds (``dcco.flower.node_states``: a file a round it trained,
-            under the run's key, which a resumed run keeps), so that a run the strategy
-            resumes from its ``checkpoint`` gives the node the state it had there. None: in
-            ``context.state``, which lasts one Flower run. Other methods keep no state.
+            state between rounds (``dcco.flower.node_states``: under the run's key, which a
+            resumed run keeps, the state of the last round it trained and of the one before,
+            a file each), so that a run the strategy resumes from its ``checkpoint`` gives
+            the node the state it had there. The folder is this node's alone and the same in
+            every run: name it by something the node keeps, such as its
+            ``context.node_config["partition-id"]``, not its Flower node id, which Flower's
+            simulation draws anew in every run. None: in ``context.state``, which lasts one
+            Flower run. Other methods keep no state.
 
     Under SecAgg+ (``DCCOStrategy(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
@@ -264,7 +268,8 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     if secure:
         ins, params = secagg.decode_secure_instruction(content, list(model.state_dict()),
                                                        method.stats)
-        return _Asked(*head, ins.model, ins.shared, params)
+        return _Asked(*head, ins.model, ins.shared, params,
+                      float(config.get(TARGET_DECAY, 0.0)), str(config.get(STATES_KEY, "")))
     arrays = content.array_records
     return _Asked(*head, codec.tensors_of(arrays["arrays"]) if "arrays" in arrays else None,
                   moments_of(arrays["statistics"]) if "statistics" in arrays else None, None,
@@ -299,7 +304,8 @@ def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
     every round)."""
     probe = next(iter(model.parameters()))
     if state_dir is not None:
-        folder = FolderStates(Path(state_dir), ask.states_key, ask.round, 1, probe.dtype)
+        # the strategy's rounds count from 1, a folder's from 0
+        folder = FolderStates(Path(state_dir), ask.states_key, ask.round - 1, 1, probe.dtype)
         return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
             model, [(0, x1, x2)], lambda k: folder.get(k, probe.device, probe.dtype),
             folder.put, ask.decay)[0]
