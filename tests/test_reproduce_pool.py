@@ -149,12 +149,16 @@ def test_expected_seconds__from_what_was_measured_on_this_machine(tmp_path, tiny
     assert budget.left() == 60.0 and budget.stop() is None
     assert "expected to need 1.1 min here, 1.0 min of the budget left" in reason_not_to_start(
         a, evaluations, list(cells.values()), budget)
+    filled = replace(budget, fill=True)  # --fill: it starts, to stop at a checkpoint
+    assert reason_not_to_start(a, evaluations, list(cells.values()), filled) is None
     clock[0] -= 10  # 70 s left
     assert reason_not_to_start(a, evaluations, list(cells.values()), budget) is None
     clock[0] += 80
     assert budget.stop() == TIME_BUDGET
     assert reason_not_to_start(a, evaluations, list(cells.values()),
                                budget) == "the time budget is spent"
+    assert reason_not_to_start(a, evaluations, list(cells.values()),
+                               filled) == "the time budget is spent"
     assert reason_not_to_start(a, evaluations, list(cells.values()), Budget()) is None
 
 
@@ -258,6 +262,8 @@ def test_reproduce__bad_jobs_and_budgets_are_refused_by_name(tmp_path, tiny_fmni
     assert main(base + ["--jobs", "many"]) == 2
     assert main(base + ["--time-budget", "0"]) == 2
     assert "--time-budget must be > 0 minutes" in capsys.readouterr().err
+    assert main(base + ["--fill"]) == 2
+    assert "--fill fills a time budget: give --time-budget" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -49,6 +49,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     jobs = _jobs(args.jobs)
     if args.time_budget is not None and not args.time_budget > 0:
         raise UserError(f"--time-budget must be > 0 minutes, got {args.time_budget}")
+    if args.fill and args.time_budget is None and args.deadline is None:
+        raise UserError("--fill fills a time budget: give --time-budget MINUTES too")
     if not args.table_only:
         todo = [c for c in select_cells(cells, args.cells) if c.na is None]
         _say(f"{len(cells)} cells ({len(cells) - sum(c.na is None for c in cells)} n/a) into "
@@ -92,8 +94,8 @@ def _budget(args: argparse.Namespace):
     from dcco.reproduce.pool import Budget
 
     if args.deadline is not None:
-        return Budget(args.deadline)
-    return Budget.minutes(args.time_budget)
+        return Budget(args.deadline, fill=args.fill)
+    return Budget.minutes(args.time_budget, fill=args.fill)
 
 
 def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> None:
@@ -173,7 +175,7 @@ def _reproduce_pool(args: argparse.Namespace, grid, cells: list, todo: list, out
                 args.scale, "--out", str(out), "--cells", cell.path.name, "--no-table",
                 "--no-progress"]
         if budget.deadline is not None:
-            line += ["--deadline", repr(budget.deadline)]
+            line += ["--deadline", repr(budget.deadline)] + (["--fill"] if budget.fill else [])
         if args.data_dir is not None:
             line += ["--data-dir", str(args.data_dir)]
         return line + (["--tensorboard"] if args.tensorboard else [])

@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop within this many minutes: a cell starts only if its expected "
                         "time (measured here) fits in what is left, and running cells stop at "
                         "a checkpoint when it ends; the same command later resumes them")
+    p.add_argument("--fill", action="store_true",
+                   help="with --time-budget: start cells until the budget ends even where "
+                        "they are not expected to finish in it; they stop at a checkpoint, "
+                        "and the same command later resumes them (a grid longer than one "
+                        "sitting)")
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
     _add_data_dir(p)

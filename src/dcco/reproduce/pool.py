@@ -48,14 +48,18 @@ terminal's Ctrl-C reaches a grid and its cells alike); a later one stops at once
 
 @dataclass
 class Budget:
-    """A deadline in wall-clock seconds (``time.time()``); None: no limit."""
+    """A deadline in wall-clock seconds (``time.time()``); None: no limit. With ``fill``,
+    cells start until the deadline whether or not they are expected to finish by it (a grid
+    longer than one session: what they did is kept at their checkpoints)."""
 
     deadline: float | None = None
     clock: Callable[[], float] = field(default=time.time, repr=False)
+    fill: bool = False
 
     @classmethod
-    def minutes(cls, minutes: float | None, clock: Callable[[], float] = time.time) -> Budget:
-        return cls(None if minutes is None else clock() + 60 * minutes, clock)
+    def minutes(cls, minutes: float | None, clock: Callable[[], float] = time.time,
+                fill: bool = False) -> Budget:
+        return cls(None if minutes is None else clock() + 60 * minutes, clock, fill)
 
     def left(self) -> float:
         """Seconds left (infinite without a deadline)."""
@@ -142,12 +146,12 @@ def expected_seconds(cell: Cell, evaluations: tuple[str, ...], peers: list[Cell]
 
 def reason_not_to_start(cell: Cell, evaluations: tuple[str, ...], peers: list[Cell],
                         budget: Budget) -> str | None:
-    """Why the cell should not start now (the budget is spent, or its expected time does not
-    fit in what is left), or None."""
+    """Why the cell should not start now (the budget is spent, or, unless the budget fills
+    its time, its expected time does not fit in what is left), or None."""
     left = budget.left()
     if left <= 0:
         return "the time budget is spent"
-    if budget.deadline is None:
+    if budget.deadline is None or budget.fill:
         return None
     expected = expected_seconds(cell, evaluations, peers)
     if expected is not None and expected > left:
