@@ -136,9 +136,15 @@ def test_expected_seconds__from_what_was_measured_on_this_machine(tmp_path, tiny
     _fake_cell(b, 1000, 500.0, elsewhere,
                {"linear@20": {"accuracy": 0.5, "seconds": 7.0, "revision": 1}}, True)
     assert expected_seconds(a, evaluations, list(cells.values())) is None
-    # measured here: 400 of 1000 rounds at 10 rounds/s, and an evaluation of 20 s
-    (b.path / "version.json").write_text(json.dumps(info))
+    # measured here: 400 of 1000 rounds at 10 rounds/s; its evaluation not yet: at least 60 s
     _fake_cell(a, 400, 10.0, info)
+    assert expected_seconds(a, evaluations, list(cells.values())) is None
+    assert expected_seconds(a, evaluations, list(cells.values()), at_least=True) == \
+        pytest.approx(60.0)
+    assert "expected to need at least 1.0 min here, 0.5 min of the budget left" in \
+        reason_not_to_start(a, evaluations, list(cells.values()), Budget.minutes(0.5))
+    # and an evaluation of 7 s measured here
+    (b.path / "version.json").write_text(json.dumps(info))
     assert expected_seconds(a, evaluations, list(cells.values())) == pytest.approx(
         600 / 10.0 + 7.0)
     # supervised cells: only their evaluation, which no cell has measured here yet

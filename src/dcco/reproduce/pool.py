@@ -13,7 +13,9 @@ The estimate of a cell's time (``expected_seconds``) uses only what was measured
 machine: the rounds per second its own metrics logged, else those of the grid's other cells of
 the same method (then of any method), plus the seconds its missing evaluations took in other
 cells. Where nothing has been measured yet the cell starts, and its first logged rounds give
-the estimate for the rest.
+the estimate for the rest; where one part is measured and another not (its evaluation, before
+any cell has finished one here), the measured part alone decides when it is already too long.
+``--fill`` starts cells whatever their estimate (``Budget.fill``).
 """
 
 from __future__ import annotations
@@ -113,13 +115,15 @@ def _missing_evaluations(cell: Cell, evaluations: tuple[str, ...]) -> list[str]:
 
 
 def expected_seconds(cell: Cell, evaluations: tuple[str, ...], peers: list[Cell],
-                     here: tuple[str, str] | None = None) -> float | None:
+                     here: tuple[str, str] | None = None,
+                     at_least: bool = False) -> float | None:
     """The seconds the cell still needs on this machine (pretraining left, then its missing
     evaluations), from measurements made here (see the module docstring); None where some
-    part has no measurement yet."""
+    part has no measurement yet, or with ``at_least``, a lower bound: the parts measured
+    (None where none is)."""
     here = here or _this_machine()
     local = [p for p in peers if p.na is None and _ran_here(p.path, here)]
-    seconds = 0.0
+    seconds, measured = 0.0, False
     if cell.method != SUPERVISED and not pretrained(cell):
         done, rate = progress_of(cell) if _ran_here(cell.path, here) else (0, None)
         if rate is None:
@@ -128,8 +132,11 @@ def expected_seconds(cell: Cell, evaluations: tuple[str, ...], peers: list[Cell]
             rate = _median(same) or _median([r for p in local
                                              if (r := progress_of(p)[1]) is not None])
         if rate is None:
-            return None
-        seconds += max(cell.cfg.train.rounds - done, 0) / rate
+            if not at_least:
+                return None
+        else:
+            seconds += max(cell.cfg.train.rounds - done, 0) / rate
+            measured = True
     for key in _missing_evaluations(cell, evaluations):
         took = {p.method: [] for p in local}
         for p in local:
@@ -139,9 +146,12 @@ def expected_seconds(cell: Cell, evaluations: tuple[str, ...], peers: list[Cell]
         known = _median(took.get(cell.method, [])) or _median(
             [s for values in took.values() for s in values])
         if known is None:
-            return None
-        seconds += known
-    return seconds
+            if not at_least:
+                return None
+        else:
+            seconds += known
+            measured = True
+    return seconds if measured or not at_least else None
 
 
 def reason_not_to_start(cell: Cell, evaluations: tuple[str, ...], peers: list[Cell],
@@ -157,6 +167,11 @@ def reason_not_to_start(cell: Cell, evaluations: tuple[str, ...], peers: list[Ce
     if expected is not None and expected > left:
         return (f"expected to need {expected / 60:.1f} min here, {left / 60:.1f} min of the "
                 f"budget left")
+    least = None if expected is not None else expected_seconds(cell, evaluations, peers,
+                                                               at_least=True)
+    if least is not None and least > left:  # an evaluation not measured yet only adds
+        return (f"expected to need at least {least / 60:.1f} min here, {left / 60:.1f} min "
+                f"of the budget left")
     return None
 
 
