@@ -116,7 +116,9 @@ def cells(scale: str, slug: str, method: str, where: Path | None = None) -> dict
 
 def plot(scale: str, floor: dict[int, float], path: Path) -> None:
     """The settings side by side: bars of each method's mean, its seeds as dots, DCCO's mean
-    as a solid line and the untrained encoder's (batch norm) as a dotted one."""
+    as a solid line and the untrained encoder's (batch norm) as a dotted one. In the
+    cross-silo panel each update-sharing method has two bars: its papers' 5 local epochs and,
+    hatched, dcco's one step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,22 +129,30 @@ def plot(scale: str, floor: dict[int, float], path: Path) -> None:
     fig, axes = plt.subplots(1, len(shown), figsize=(6 * len(shown), 4), sharey=True)
     for ax, (label, slug) in zip(axes, shown, strict=True):
         for i, method in enumerate(names):
-            values = cells(scale, slug, method)
-            if not values:
-                ax.text(i, 50.5, "not run", rotation=90, ha="center", va="bottom", fontsize=8)
-                continue
-            color = "tab:red" if method == "dcco" else (
-                "tab:grey" if method in GROUP_NORM and slug != CROSS_SILO[1] else "tab:blue")
-            ax.bar(i, statistics.fmean(values.values()), color=color, alpha=0.6)
-            ax.plot([i] * len(values), list(values.values()), "k.", markersize=5)
+            bars = [(i, 0.8, cells(scale, slug, method), None)]
+            if slug == CROSS_SILO[1] and method in METHODS:  # 5 local epochs | one step
+                one = cells("", slug, method, RESULTS / CROSS_SILO_ONE_STEP)
+                bars = [(i - 0.2, 0.4, bars[0][2], None), (i + 0.2, 0.4, one, "//")]
+            for x, width, values, hatch in bars:
+                if not values:
+                    ax.text(x, 50.5, "not run", rotation=90, ha="center", va="bottom",
+                            fontsize=8)
+                    continue
+                color = "tab:red" if method == "dcco" else (
+                    "tab:grey" if method in GROUP_NORM and slug != CROSS_SILO[1]
+                    else "tab:blue")
+                ax.bar(x, statistics.fmean(values.values()), width, color=color, alpha=0.6,
+                       hatch=hatch)
+                ax.plot([x] * len(values), list(values.values()), "k.", markersize=5)
         dcco = cells(scale, slug, "dcco")
         if dcco:
             ax.axhline(statistics.fmean(dcco.values()), color="tab:red", lw=1)
         if floor:
             ax.axhline(statistics.fmean(floor.values()), color="k", ls=":", lw=1)
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-        ax.set_title(f"{label} (scale small; all batch norm;\nthe DCCO paper's methods "
-                     f"and FedSC at one step)" if slug == CROSS_SILO[1]
+        ax.set_title(f"{label} (scale small; all batch norm; the DCCO paper's methods\n"
+                     f"and FedSC at one step; the others 5 local epochs | hatched: one step)"
+                     if slug == CROSS_SILO[1]
                      else f"{label} (scale {scale}; grey and red: group norm)", fontsize=9)
         ax.set_ylim(50, 80)
     axes[0].set_ylabel("linear probe, 5,000 labels (%)")
@@ -187,18 +197,23 @@ def cross_silo_against_one_step() -> None:
 
 
 def divergence_rules(scale: str) -> None:
-    """What FedU's and FedEMA's rules did in each finished cell whose ``metrics.jsonl`` logs
-    it (``returning_clients``: cells started after those metrics were added): the logged
+    """What FedU's and FedEMA's rules did in each finished cell of the scale, and of the
+    cross-silo grids, whose ``metrics.jsonl`` logs it (``returning_clients``: cells started
+    after those metrics were added): the logged
     windows' mean divergence of the returning clients from the global model (its range and
     median), and, weighted by the returning clients, FedU's share that took the global
     predictor (with the first window where any did, and the last window's share) or
     FedEMA's μ (with its range)."""
-    print(f"\n{scale}: the divergence-aware rules, over the logged windows with returning "
-          f"clients")
-    for label, slug in SETTINGS:
+    print(f"\n{scale} (and the cross-silo cells): the divergence-aware rules, over the "
+          f"logged windows with returning clients")
+    shown = [(label, slug, RESULTS / f"fedssl_fmnist-{scale}") for label, slug in SETTINGS]
+    shown += [(f"{CROSS_SILO[0]}, {name}", CROSS_SILO[1], RESULTS / grid)
+              for name, grid in (("5 local epochs", LOCAL_EPOCHS),
+                                 ("one step", CROSS_SILO_ONE_STEP))]
+    for label, slug, where in shown:
         for method, key in (("fedu", "fedu_global_predictor"), ("fedema", "fedema_mu")):
             for s in range(3):
-                path = RESULTS / f"fedssl_fmnist-{scale}" / f"{slug}-{method}-s{s}"
+                path = where / f"{slug}-{method}-s{s}"
                 if probe(path) is None:
                     continue
                 lines = (path / "metrics.jsonl").read_text().splitlines()
