@@ -166,7 +166,8 @@ def against_one_step(scale: str) -> None:
     (``ONE_STEP_SCALE``), paired by seed: what the scale's recipe changes, method by
     method."""
     print(f"\n{scale} against {ONE_STEP_SCALE}, the same method and seed: linear@5000 (%)")
-    print(f"| setting | method | {scale} | {ONE_STEP_SCALE} | difference (same seed) |")
+    print(f"| setting | method | {scale} | {ONE_STEP_SCALE} | {scale} − {ONE_STEP_SCALE} "
+          f"(same seed) |")
     print("|---|---|---|---|---:|")
     for label, slug in SETTINGS:
         for method in METHODS:
@@ -187,7 +188,8 @@ def cross_silo_against_one_step() -> None:
     if not any(one for _, _, one in pairs):
         return
     print(f"\n{label}: 5 local epochs against one step, the same method and seed")
-    print("| setting | method | 5 local epochs | one step | difference (same seed) |")
+    print("| setting | method | 5 local epochs | one step | 5 local epochs − one step "
+          "(same seed) |")
     print("|---|---|---|---|---:|")
     for method, epochs, one in pairs:
         if one:
