@@ -198,6 +198,36 @@ def cross_silo_against_one_step() -> None:
                   f"{paired([epochs[s] - one[s] for s in sorted(one) if s in epochs])} |")
 
 
+def against_byol(scale: str) -> None:
+    """The BYOL family and MoCo against BYOL + FedAvg (and FedEMA against FedU), the same
+    grid and seed: what the divergence-aware rules add to BYOL's clients, in each setting of
+    the scale and in both cross-silo grids; in the cross-silo one-step grid also MoCo
+    against contrastive FedAvg at DCCO's round."""
+    print(f"\n{scale} (and the cross-silo cells): methods against each other, the same seed")
+    print("| setting | difference | by seed | paired |")
+    print("|---|---|---|---:|")
+    shown = [(label, slug, None) for label, slug in SETTINGS]
+    shown += [(f"{CROSS_SILO[0]}, {name}", CROSS_SILO[1], RESULTS / grid)
+              for name, grid in (("5 local epochs", LOCAL_EPOCHS),
+                                 ("one step", CROSS_SILO_ONE_STEP))]
+    for label, slug, where in shown:
+        pairs = [(m, "byol_fedavg") for m in ("fedu", "fedema", "simsiam_fedavg", "moco_fedavg")]
+        pairs.append(("fedema", "fedu"))
+        for method, base in pairs:
+            here, there = cells(scale, slug, method, where), cells(scale, slug, base, where)
+            d = [here[s] - there[s] for s in sorted(here) if s in there]
+            if d:
+                print(f"| {label} | {method} − {base} | {', '.join(f'{x:+.1f}' for x in d)} | "
+                      f"{paired(d)} |")
+        if where == RESULTS / CROSS_SILO_ONE_STEP:  # contrastive FedAvg: DCCO's grid
+            here, there = cells(scale, slug, "moco_fedavg", where), cells(scale, slug,
+                                                                           "contrastive_fedavg")
+            d = [here[s] - there[s] for s in sorted(here) if s in there]
+            if d:
+                print(f"| {label} | moco_fedavg − contrastive_fedavg (one step) | "
+                      f"{', '.join(f'{x:+.1f}' for x in d)} | {paired(d)} |")
+
+
 def divergence_rules(scale: str) -> None:
     """What FedU's and FedEMA's rules did in each finished cell of the scale, and of the
     cross-silo grids, whose ``metrics.jsonl`` logs it (``returning_clients``: cells started
@@ -278,6 +308,7 @@ def main() -> None:
     if scale != ONE_STEP_SCALE:
         against_one_step(scale)
     cross_silo_against_one_step()
+    against_byol(scale)
     divergence_rules(scale)
     if args.plot is not None:
         plot(scale, floor, args.plot)
