@@ -53,6 +53,10 @@ the DCCO paper's baselines ran too (shown as rows of their own)."""
 CROSS_SILO_ONE_STEP = "fedssl_cross_silo_one_step_fmnist-small"
 """FedU, FedEMA, MoCo, BYOL and SimSiam in the cross-silo setting at dcco's one step
 (experiments/fedssl_cross_silo_one_step_fmnist.toml), beside their 5-epoch cells."""
+AGAINST_EACH_OTHER = (*((m, "byol_fedavg") for m in ("fedu", "fedema", "simsiam_fedavg",
+                                                     "moco_fedavg")), ("fedema", "fedu"))
+"""The pairs ``against_byol`` prints: each method against BYOL + FedAvg, whose clients are
+the BYOL family's without a rule, and FedEMA against FedU."""
 
 
 def probe(path: Path) -> float | None:
@@ -68,9 +72,7 @@ def row(values: dict[int, float], floor: dict[int, float], dcco: dict[int, float
     """'mean ± sd (s0, s1, …)', then the paired gains over the floor and against DCCO."""
     if not values:
         return "not run | | "
-    seeds = sorted(values)
-    over = [values[s] - floor[s] for s in seeds if s in floor]
-    against = [values[s] - dcco[s] for s in seeds if s in dcco]
+    over, against = differences(values, floor), differences(values, dcco)
     return f"{spread(values)} | {paired(over)} | {paired(against)}"
 
 
@@ -89,6 +91,11 @@ def paired(d: list[float]) -> str:
     side = ("above on every seed" if min(d) > 0 else "below on every seed" if max(d) < 0
             else "either side")
     return f"{statistics.fmean(d):+.1f}{spread} ({len(d)} seed{'s' * (len(d) > 1)}, {side})"
+
+
+def differences(here: dict[int, float], there: dict[int, float]) -> list[float]:
+    """here − there, seed by seed, over the seeds both have finished."""
+    return [here[s] - there[s] for s in sorted(here) if s in there]
 
 
 def folder(scale: str, slug: str, method: str) -> Path | None:
@@ -176,7 +183,7 @@ def against_one_step(scale: str) -> None:
                 continue
             shown = ", ".join(f"{one[s]:.1f}" for s in sorted(here) if s in one)
             print(f"| {label} | {method} | {spread(here)} | {shown} | "
-                  f"{paired([here[s] - one[s] for s in sorted(here) if s in one])} |")
+                  f"{paired(differences(here, one))} |")
 
 
 def cross_silo_against_one_step() -> None:
@@ -195,7 +202,7 @@ def cross_silo_against_one_step() -> None:
         if one:
             print(f"| {label} | {method} | {spread(epochs) if epochs else 'not run'} | "
                   f"{spread(one)} | "
-                  f"{paired([epochs[s] - one[s] for s in sorted(one) if s in epochs])} |")
+                  f"{paired(differences(epochs, one))} |")
 
 
 def against_byol(scale: str) -> None:
@@ -211,21 +218,16 @@ def against_byol(scale: str) -> None:
               for name, grid in (("5 local epochs", LOCAL_EPOCHS),
                                  ("one step", CROSS_SILO_ONE_STEP))]
     for label, slug, where in shown:
-        pairs = [(m, "byol_fedavg") for m in ("fedu", "fedema", "simsiam_fedavg", "moco_fedavg")]
-        pairs.append(("fedema", "fedu"))
-        for method, base in pairs:
-            here, there = cells(scale, slug, method, where), cells(scale, slug, base, where)
-            d = [here[s] - there[s] for s in sorted(here) if s in there]
-            if d:
-                print(f"| {label} | {method} − {base} | {', '.join(f'{x:+.1f}' for x in d)} | "
-                      f"{paired(d)} |")
+        compared = [(f"{method} − {base}", cells(scale, slug, method, where),
+                     cells(scale, slug, base, where)) for method, base in AGAINST_EACH_OTHER]
         if where == RESULTS / CROSS_SILO_ONE_STEP:  # contrastive FedAvg: DCCO's grid
-            here, there = cells(scale, slug, "moco_fedavg", where), cells(scale, slug,
-                                                                           "contrastive_fedavg")
-            d = [here[s] - there[s] for s in sorted(here) if s in there]
-            if d:
-                print(f"| {label} | moco_fedavg − contrastive_fedavg (one step) | "
-                      f"{', '.join(f'{x:+.1f}' for x in d)} | {paired(d)} |")
+            compared.append(("moco_fedavg − contrastive_fedavg (one step)",
+                             cells(scale, slug, "moco_fedavg", where),
+                             cells(scale, slug, "contrastive_fedavg")))
+        for name, here, there in compared:
+            if d := differences(here, there):
+                print(f"| {label} | {name} | {', '.join(f'{x:+.1f}' for x in d)} | "
+                      f"{paired(d)} |")
 
 
 def divergence_rules(scale: str) -> None:
