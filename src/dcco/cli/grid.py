@@ -193,9 +193,17 @@ def _reproduce_table(args: argparse.Namespace, grid, cells: list, out: Path) -> 
     from dcco.reproduce import plot_trend, results_markdown, results_table, write_section
 
     out.mkdir(parents=True, exist_ok=True)
-    table = results_table(grid, cells)
+    if grid.tuning is not None:
+        from dcco.reproduce.picks import picks, picks_markdown, write_picks
+
+        chosen = picks(grid, cells)
+        table = picks_markdown(grid, chosen)
+        write_picks(out / "picks.json", grid, chosen)
+        plot = None
+    else:
+        table = results_table(grid, cells)
+        plot = plot_trend(grid, cells, out / "trend.png") if grid.evaluations else None
     sys.stdout.write("\n" + table)
-    plot = plot_trend(grid, cells, out / "trend.png") if grid.evaluations else None
     command = _reproduce_command(args)
     text = results_markdown(grid, cells, command, None)
     (out / "results.md").write_text(text)

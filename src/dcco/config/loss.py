@@ -4,6 +4,7 @@ computes them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 LAMBDA = 20.0
 """λ, the trade-off between the invariance and redundancy terms (paper appendix B)."""
@@ -58,6 +59,11 @@ class LossConfig:
     twice the client's samples (128 for 64 photos in experiments/fedssl_cross_silo_fmnist.toml)."""
     moco_temperature: float = MOCO_TEMPERATURE
     """MoCo's InfoNCE temperature (v2: 0.2)."""
+    moco_directions: Literal["mean", "sum"] = "mean"
+    """How a MoCo client's loss joins its two directions, ℓ(q₁, k₂) and ℓ(q₂, k₁): "mean",
+    their average (dcco's default, the scale of one direction, as the MoCo v1/v2 papers' loss
+    has); "sum", their sum, as the FedU and FedEMA authors' federated code (EasyFL's
+    ``fedssl``) and MoCo v3 compute it: twice the gradient at the same rates."""
 
     def __post_init__(self) -> None:
         if not self.lambd >= 0:
@@ -75,6 +81,9 @@ class LossConfig:
             raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
         if not 0 < self.fedema_tau <= 1:
             raise ValueError(f"loss.fedema_tau must be in (0, 1], got {self.fedema_tau}")
+        if self.moco_directions not in ("mean", "sum"):
+            raise ValueError(f"loss.moco_directions must be 'mean' or 'sum', got "
+                             f"{self.moco_directions!r}")
         if self.moco_queue < 0:
             raise ValueError(f"loss.moco_queue must be >= 0, got {self.moco_queue}")
         if not self.moco_temperature > 0:

@@ -72,6 +72,15 @@ class DataConfig:
     partition: Literal["dirichlet", "natural"] = "dirichlet"
     """"dirichlet": clients drawn from the labels (alpha, samples_per_client); "natural": one
     client per distinct client id of the data (``CLIENT_DATASETS``), of whatever size."""
+    validation: int = 0
+    """Training samples held out as a validation split (``dcco.data.validation``), drawn
+    class-balanced by ``validation_seed``; 0: none. When > 0 the run never reads the test
+    split: pretraining, the partition and the probe's labels use the rest of the training
+    split, and every evaluation and monitor scores the held-out samples instead of the test
+    split (for choosing a recipe without reading the test set)."""
+    validation_seed: int = 0
+    """Seeds the validation split (not the run seed: every run of a tuning grid holds out
+    the same samples)."""
 
     def __post_init__(self) -> None:
         if not (self.alpha >= 0 and math.isfinite(self.alpha)):
@@ -82,6 +91,14 @@ class DataConfig:
             )
         if self.num_clients is not None and self.num_clients < 1:
             raise ValueError(f"data.num_clients must be >= 1, got {self.num_clients}")
+        if not (isinstance(self.validation, int) and self.validation >= 0):
+            raise ValueError(f"data.validation must be a whole number >= 0 (training samples "
+                             f"held out), got {self.validation!r}")
+        if self.validation and self.dataset in CLIENT_DATASETS + ("pairs",):
+            raise ValueError(f"data.validation holds out single training samples; "
+                             f"{self.dataset}'s samples come in natural clients or from your "
+                             f"code, so hold out whole clients yourself (a table's "
+                             f"split_column, or the samples you pass) and leave it 0")
         if self.partition == "natural":
             if self.dataset not in CLIENT_DATASETS:
                 raise ValueError(f"data.partition = 'natural' takes the clients a data set "

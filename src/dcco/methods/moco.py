@@ -91,10 +91,12 @@ class MoCoFedAvg(PredictiveMethod):
     round_loss = MethodBase.round_loss  # client by client: negatives stay within a client
 
     def client_loss(self, f: Tensor, g: Tensor, shared: Moments | None) -> Tensor:
-        """The mean InfoNCE over the client's samples; F = [q₁, k₁], G = [q₂, k₂]."""
+        """The mean InfoNCE over the client's samples, its two directions averaged (or
+        summed: ``loss.moco_directions``); F = [q₁, k₁], G = [q₂, k₂]."""
         (q1, k1), (q2, k2) = split_prediction(f), split_prediction(g)
-        return moco_loss_per_sample(q1, q2, k1, k2, self.queue,
+        loss = moco_loss_per_sample(q1, q2, k1, k2, self.queue,
                                     self.loss.moco_temperature).mean()
+        return loss * 2 if self.loss.moco_directions == "sum" else loss
 
     def client_start(self, global_weights: Mapping[str, Tensor],
                      state: Mapping[str, Tensor] | None, layout: Layout) -> ClientStart:

@@ -9,6 +9,7 @@ from typing import Any
 
 from dcco.config import ConfigError, RunConfig, load_config, read_toml
 from dcco.methods.registry import METHODS
+from dcco.reproduce.tuning import TuningRule, parse_tuning
 from dcco.run.setup import resolved
 
 SUPERVISED = "supervised"
@@ -44,7 +45,12 @@ class Grid:
     """The label counts supervised training from scratch runs with (its cells skip the
     evaluations of other counts: 100 epochs of 5,000 labels take most of an hour on a CPU);
     None: every count of ``evaluations``."""
-
+    tuning: TuningRule | None = None
+    """The grid's tuning rule (``[tuning]``, ``dcco.reproduce.tuning``): each method runs
+    every one of its recipes; None: each method runs once, on ``base``."""
+    recipe_bases: dict[tuple[str, str], RunConfig] | None = None
+    """With ``tuning``: the base config of each (method, recipe name), the scale's with the
+    recipe's overrides."""
 
 
 def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) -> Grid:
@@ -53,8 +59,9 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     path = Path(path)
     raw = read_toml(path, "grid file")
     for key in raw:
-        if key not in ("base", "setting", "grid", "scale"):
-            raise ConfigError(f"unknown key '{key}' in {path}; allowed: base, setting, grid, scale")
+        if key not in ("base", "setting", "grid", "scale", "tuning"):
+            raise ConfigError(f"unknown key '{key}' in {path}; allowed: base, setting, grid, "
+                              f"scale, tuning")
     scales = raw.get("scale", {})
     if scale not in scales:
         raise ConfigError(f"{path} has no scale {scale!r}; choose one of {', '.join(scales)}")
@@ -63,8 +70,8 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     if unknown:
         raise ConfigError(f"unknown key 'scale.{scale}.{min(unknown)}'; allowed: set, seeds, "
                           f"global_batch, evaluations, supervised_labels")
-    base = resolved(load_config(None, _flatten(raw.get("base", {}))
-                                + list(scales[scale].get("set", [])) + list(overrides or [])))
+    flat, scale_set = _flatten(raw.get("base", {})), list(scales[scale].get("set", []))
+    base = resolved(load_config(None, flat + scale_set + list(overrides or [])))
     try:
         settings = tuple(Setting(**s) for s in raw.get("setting", []))
     except TypeError as e:
@@ -103,7 +110,29 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
             raise ConfigError(f"grid.supervised_labels = {supervised} must be label counts of "
                               f"the evaluations ({sorted(counts)})")
         supervised = tuple(int(n) for n in supervised)
-    return Grid(base, settings, methods, evaluations, seeds, scale, batch, supervised)
+    tuning, recipe_bases = None, None
+    if "tuning" in raw:
+        tuning = parse_tuning(raw["tuning"], methods, evaluations, str(path))
+        if not base.data.validation:
+            raise ConfigError(f"{path}: a grid with [tuning] picks recipes on a validation "
+                              f"split and never reads the test split; set data.validation "
+                              f"(e.g. \"data.validation=5000\" in scale.{scale}.set)")
+        recipe_bases = {}
+        for method, recipes in tuning.recipes.items():
+            for r in recipes:
+                try:
+                    cfg = resolved(load_config(None, flat + scale_set + list(r.overrides)
+                                               + list(overrides or [])))
+                except ConfigError as e:
+                    raise ConfigError(f"{path}: tuning.{method} recipe {r.name} "
+                                      f"({', '.join(r.overrides)}): {e}") from None
+                if cfg.data != base.data or cfg.eval != base.eval:
+                    raise ConfigError(f"{path}: tuning.{method} recipe {r.name} changes "
+                                      f"[data] or [eval]; recipes tune training only, and "
+                                      f"every one is read on the same validation split")
+                recipe_bases[method, r.name] = cfg
+    return Grid(base, settings, methods, evaluations, seeds, scale, batch, supervised,
+                tuning, recipe_bases)
 
 
 def _flatten(sections: dict[str, Any]) -> list[str]:

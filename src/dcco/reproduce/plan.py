@@ -25,6 +25,8 @@ class Cell:
     """Why the cell cannot run ("n/a"), or None."""
     skipped: frozenset[str] = frozenset()
     """Evaluations of the grid this cell does not run (``Grid.supervised_labels``)."""
+    recipe: str | None = None
+    """The method's recipe this cell runs (``r1``, …) in a grid with a tuning rule; None."""
 
     def evaluations(self, grid_evaluations: tuple[str, ...]) -> tuple[str, ...]:
         """The grid's evaluations that this cell runs."""
@@ -57,36 +59,47 @@ def plan_cells(grid: Grid, out: Path) -> list[Cell]:
     cells = []
     for seed in grid.seeds:
         for method in grid.methods:
-            federated = method in METHODS and METHODS[method].federated
-            for setting in grid.settings if federated else (None,):
-                cfg = replace(grid.base, train=replace(grid.base.train, seed=seed,
-                                                       method=method if method in METHODS
-                                                       else grid.base.train.method))
-                name = f"{method}-s{seed}"
-                na = None
-                if method in METHODS and not federated and grid.global_batch is not None:
-                    # centralized training pools clients_per_round × samples_per_client
-                    # images a step: the same global batch as every federated round
-                    cfg = replace(cfg, train=replace(
-                        cfg.train, clients_per_round=grid.global_batch // cfg.data.samples_per_client))
-                if method == SUPERVISED and is_paired(cfg.data.dataset):
-                    na = "supervised from scratch trains an image classifier; paired data has none"
-                if setting is not None:
-                    name = f"{_slug(setting.name)}-{name}"
-                    minimum = METHODS[method].min_client_samples
-                    if setting.samples_per_client < minimum:
-                        na = (f"{method} computes its loss within a client and needs "
-                              f"≥ {minimum} samples per client")
-                    else:
-                        cfg = replace(cfg, data=replace(
-                            cfg.data, alpha=setting.alpha,
-                            samples_per_client=setting.samples_per_client),
-                            train=replace(cfg.train, clients_per_round=setting.clients_per_round))
-                skipped = frozenset()
-                if method == SUPERVISED and grid.supervised_labels is not None:
-                    skipped = frozenset(e for e in grid.evaluations
-                                        if int(e.split("@")[1]) not in grid.supervised_labels)
-                cells.append(Cell(method, setting, seed, cfg, out / name, na, skipped))
+            for recipe in (grid.tuning.recipes[method] if grid.tuning else (None,)):
+                cells += _method_cells(grid, out, method, seed, recipe)
+    return cells
+
+
+def _method_cells(grid: Grid, out: Path, method: str, seed: int, recipe) -> list[Cell]:
+    """A method's cells of one seed (and one recipe of a tuning grid), setting by setting."""
+    cells = []
+    base = grid.base if recipe is None else grid.recipe_bases[method, recipe.name]
+    tag = "" if recipe is None else f"-{recipe.name}"
+    federated = method in METHODS and METHODS[method].federated
+    for setting in grid.settings if federated else (None,):
+        cfg = replace(base, train=replace(base.train, seed=seed,
+                                          method=method if method in METHODS
+                                          else base.train.method))
+        name = f"{method}{tag}-s{seed}"
+        na = None
+        if method in METHODS and not federated and grid.global_batch is not None:
+            # centralized training pools clients_per_round × samples_per_client
+            # images a step: the same global batch as every federated round
+            cfg = replace(cfg, train=replace(
+                cfg.train, clients_per_round=grid.global_batch // cfg.data.samples_per_client))
+        if method == SUPERVISED and is_paired(cfg.data.dataset):
+            na = "supervised from scratch trains an image classifier; paired data has none"
+        if setting is not None:
+            name = f"{_slug(setting.name)}-{name}"
+            minimum = METHODS[method].min_client_samples
+            if setting.samples_per_client < minimum:
+                na = (f"{method} computes its loss within a client and needs "
+                      f"≥ {minimum} samples per client")
+            else:
+                cfg = replace(cfg, data=replace(
+                    cfg.data, alpha=setting.alpha,
+                    samples_per_client=setting.samples_per_client),
+                    train=replace(cfg.train, clients_per_round=setting.clients_per_round))
+        skipped = frozenset()
+        if method == SUPERVISED and grid.supervised_labels is not None:
+            skipped = frozenset(e for e in grid.evaluations
+                                if int(e.split("@")[1]) not in grid.supervised_labels)
+        cells.append(Cell(method, setting, seed, cfg, out / name, na, skipped,
+                          None if recipe is None else recipe.name))
     return cells
 
 

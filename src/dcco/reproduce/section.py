@@ -69,6 +69,10 @@ def results_markdown(grid: Grid, cells: list[Cell], command: str, plot: str | No
     head = (f"Scale `{grid.scale}`, seeds {list(grid.seeds)}, data `{grid.base.data.dataset}`; "
             f"{done} of {total} runs complete.\n\nCommand: `{command}`\n\n{machine}"
             + code)
+    if grid.tuning is not None:  # the recipes' validation accuracies, not a results table
+        from dcco.reproduce.picks import picks, picks_markdown
+
+        return "\n".join([head, picks_markdown(grid, picks(grid, cells))])
     parts = [head, "Test accuracy (%), mean ± std over seeds:\n", results_table(grid, cells),
              CLAIMS_INTRO, claims_table(grid, cells)]
     checks = claim_checks(grid, cells)

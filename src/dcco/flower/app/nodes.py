@@ -32,7 +32,6 @@ from dcco.core.server import pooled_update
 from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
 from dcco.data.augment import training_views
 from dcco.data.partition import Partition
-from dcco.data.sources import load_split
 from dcco.flower import codec
 from dcco.methods.base import Method
 from dcco.methods.predictive import target_decay
@@ -41,6 +40,7 @@ from dcco.run import setup
 from dcco.run.algorithms import algorithm_of
 from dcco.run.devices import resolve_device
 from dcco.run.planning import build_partition
+from dcco.run.splits import training_split
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def node_data(cfg: RunConfig) -> NodeData:
     ClientApp runs many messages in one process; a deployed SuperNode starts one process per
     message and pays the load each time.
     """
-    train = load_split(cfg.data.dataset, "train", cfg.data.data_dir, table=cfg.table)
+    train = training_split(cfg)
     device = resolve_device(cfg.train.device)
     return NodeData(train.inputs(0).to(device), build_partition(cfg, train),
                     train.inputs(1).to(device) if train.paired else None)
