@@ -4,12 +4,17 @@ for collapsed encoders and not for healthy ones."""
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from dcco.config import load_config
 from dcco.core.collapse import (
     DEAD_FLOOR,
+    CollapseWarning,
     CollapseWatch,
     collapse_figures,
     effective_rank,
@@ -17,6 +22,8 @@ from dcco.core.collapse import (
     watch_start,
 )
 from dcco.core.stats import VICREG_STATS, encoding_stats, merge
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _direct(f: np.ndarray, g: np.ndarray, floor: float = DEAD_FLOOR) -> dict[str, float]:
@@ -109,7 +116,7 @@ def test_collapse_figures__dimensions_under_the_losss_eps_are_dead() -> None:
 def test_collapse_watch__names_eps_only_for_encodings_that_vary_on_its_scale() -> None:
     dead = {"dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0}
     small = CollapseWatch(20, eps=1e-5).check(20, dead | {"max_var": 1e-9}, 16)
-    assert "vary less than the loss's ε = 1e-05 (the largest variance is 1e-09)" in small
+    assert "vary less than a third of the loss's ε = 1e-05 (the largest variance is 1e-09)" in small
     assert "loss.eps" in small and "optim.lr" not in small
     constant = CollapseWatch(20, eps=1e-5).check(20, dead | {"max_var": 0.0}, 16)
     assert "no longer vary" in constant and "optim.lr" in constant
@@ -142,7 +149,7 @@ def test_collapse_watch__a_plateau_of_small_clients_own_losses_blames_their_size
     # the demo's cco_fedavg run: its encodings shrink under ε (variance 1.6e-6 by round 80)
     shrunk = {"dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0, "max_var": 1.6e-6}
     demo = CollapseWatch(20, eps=1e-5, client_samples=4).check(80, shrunk, 128)
-    assert "vary less than the loss's ε" in demo and "from its 4 samples" in demo
+    assert "vary less than a third of the loss's ε" in demo and "from its 4 samples" in demo
     assert "loss.eps" not in demo and "optim.lr" not in demo
 
 
@@ -162,7 +169,7 @@ def test_collapse_watch__an_encoder_whose_outputs_are_under_eps_is_warned(tmp_pa
             return 1e-4 * self.net(x)
 
     torch.manual_seed(0)
-    with pytest.warns(CollapseWarning, match="vary less than the loss's ε = 1e-05"):
+    with pytest.warns(CollapseWarning, match="vary less than a third of the loss's ε = 1e-05"):
         done = dcco.fit(Tiny(), _vector_clients(), rounds=20, augment=_noise,
                         clients_per_round=6, projector=None, run_dir=tmp_path / "r",
                         progress=False)
@@ -274,3 +281,38 @@ def test_collapse_figures__of_a_method_without_statistics_come_from_a_probe_batc
     again = run(0, "b")  # read at its end only
     for p, q in zip(done.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_demo_dcco__its_first_60_rounds_give_no_collapse_warning(tmp_path) -> None:
+    """The main job's DCCO run (configs/demo_fmnist.toml, real Fashion-MNIST) trains its
+    encodings to 0.3-2 × the loss's ε, where the loss still reads over half of their spread:
+    a regime that learns (the demo's best federated probe), which the watch once called
+    encodings under ε at round 50 (experiments/eps_regime.py). Its first 60 rounds, on the
+    demo's 200-round schedule, warn of nothing, and its figures read live dimensions."""
+    import json
+
+    from dcco.run.loop import run_pretraining
+    from dcco.run.rundir import RunDir
+    from dcco.run.setup import resolved
+    from dcco.run.splits import load_splits
+
+    cfg = resolved(load_config(ROOT / "configs" / "demo_fmnist.toml",
+                               ["train.knn_every=0", "train.checkpoint_every=1000"]))
+    assert cfg.train.method == "dcco" and cfg.train.rounds == 200
+    train, _ = load_splits(cfg)
+    run = RunDir.create(tmp_path / "demo-dcco", cfg)
+    done = {"rounds": 0}
+
+    def on_round(metrics, logged) -> None:
+        done["rounds"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CollapseWarning)
+        record = run_pretraining(cfg, run, train, None, on_round=on_round,
+                                 stop=lambda: "60 rounds" if done["rounds"] >= 60 else None)
+    assert record["stopped"] == "60 rounds" and record["rounds"] >= 60  # its window's end
+    lines = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()]
+    assert not [x for x in lines if x.get("warning") == "collapse"]
+    judged = [x for x in lines if "dead_dims" in x and x["round"] >= 40]
+    assert judged and max(x["dead_dims"] for x in judged) < 0.5
+    assert min(x["corr_diag"] for x in judged) > 0.15

@@ -14,7 +14,11 @@ A fourth is a scale the loss cannot see: **encodings smaller than the loss's ε*
 loss divides each covariance by √(Var + ε) (``loss.eps``, 1e-5); a dimension whose variance
 is far under ε reads to the loss as a constant, its C entries near 0 whatever the encoder
 does, and its gradient nearly vanishes (an encoder whose output is scaled by 1e-4 keeps the
-loss at d for as long as it runs).
+loss at d for as long as it runs). A variance v shows the loss √(v / (v + ε)) of the
+dimension's spread; a dimension counts as dead by ε when that is under one half, v < ε / 3
+(``EPS_DEAD``). A variance near ε is not: DCCO's recipe at the CPU scale trains its
+encodings to 0.3–2 × ε, where the loss reads 0.5–0.8 of their spread, and it probes best of
+every method there (``experiments/eps_regime.py``; docs/results.md, "Collapse").
 
 Four figures of S_A tell them apart from training, with no message beyond the round's own
 (they are functions of S_A, which every client already receives). Each dimension is
@@ -23,13 +27,13 @@ only the count of dead dimensions knows the loss's ε:
 
 - ``dead_dims``: the fraction of the encodings' dimensions (F's and G's together) whose
   variance over the round's samples is at most ``DEAD_FLOOR`` times the largest, or at most
-  the loss's ε (``eps``; 0 for a loss without one);
+  ``EPS_DEAD`` times the loss's ε (``eps``; 0 for a loss without one);
 - ``corr_diag``: the mean of C's diagonal, each dimension's correlation between the two views
   (1: the views agree; 0: they are unrelated; a dead dimension counts 0);
 - ``eff_rank``: C's effective rank (Roy & Vetterli 2007), exp of the entropy of its
   normalised singular values: from 1 (one direction) to d (all alike); 0 when C is 0;
 - ``max_var``: the largest variance of any dimension, which says whether dead dimensions
-  are dead by the floor (a few dimensions still vary) or by ε (none varies as much as ε).
+  are dead by the floor (a few dimensions still vary) or by ε (none varies on ε's scale).
 
 For statistics with ⟨F Fᵀ⟩ instead of ⟨F Gᵀ⟩ (``stats.VICREG_STATS``, ``SPECTRAL_STATS``),
 C's diagonal comes from ⟨F_i G_i⟩ and the rank is that of F's correlation matrix; without
@@ -50,6 +54,13 @@ FIGURES = ("dead_dims", "corr_diag", "eff_rank", "max_var")
 DEAD_FLOOR = 1e-6
 """A dimension is dead when its variance is at most this fraction of the largest: its
 spread is under a thousandth of the liveliest dimension's."""
+EPS_DEAD = 1 / 3
+"""A dimension is dead by the loss's ε when its variance is at most this fraction of ε: the
+loss, which divides by √(Var + ε), then sees under half of its spread (√(v / (v + ε)) ≤ ½).
+Measured (``experiments/eps_regime.py``, docs/results.md "Collapse"): the median variance of
+DCCO's healthy CPU-scale run is 0.5–1.1 × ε from round 40 on (under 25 % of its dimensions
+below ε / 3), the demo's cco_fedavg, whose 4-sample clients cannot train a 128-wide loss,
+0.04–0.15 × ε (over 85 % below)."""
 
 
 def effective_rank(matrix: Tensor) -> Tensor:
@@ -81,7 +92,7 @@ def collapse_figures(m: Moments, floor: float = DEAD_FLOOR, eps: float = 0.0
         floor: a dimension whose variance is at most ``floor`` times the largest variance of
             the encodings counts as dead.
         eps: the ε the method's loss adds inside each variance (``Method.variance_eps``); a
-            dimension whose variance is at most ε counts as dead too.
+            dimension whose variance is at most ``EPS_DEAD`` × ε counts as dead too.
 
     Returns:
         0-d float64 tensors on the averages' device (not read back: reading waits for it).
@@ -97,7 +108,7 @@ def collapse_figures(m: Moments, floor: float = DEAD_FLOOR, eps: float = 0.0
     var_g = gg - (mean_g * mean_g if mean_g is not None else 0)
     cov_diag = fg_diag - (mean_f * mean_g if mean_f is not None else 0)
     largest = torch.maximum(var_f.max(), var_g.max())
-    threshold = torch.clamp_min(floor * largest, eps)
+    threshold = torch.clamp_min(floor * largest, EPS_DEAD * eps)
     alive_f, alive_g = var_f > threshold, var_g > threshold
     inv_f = torch.where(alive_f, var_f.clamp_min(1e-300).rsqrt(), torch.zeros_like(var_f))
     inv_g = torch.where(alive_g, var_g.clamp_min(1e-300).rsqrt(), torch.zeros_like(var_g))
@@ -192,9 +203,9 @@ class CollapseWatch:
                 "normalisation layers in the model")
         if dead >= DEAD_LIMIT and self.eps > 0 and largest is not None \
                 and DEAD_FLOOR * self.eps < largest <= EPS_SCALE * self.eps:
-            what = (f"{dead:.0%} of the encodings' dimensions vary less than the loss's "
-                    f"ε = {self.eps:g} (the largest variance is {largest:.2g}): the loss reads "
-                    f"them as constants, and their gradient nearly vanishes")
+            what = (f"{dead:.0%} of the encodings' dimensions vary less than a third of the "
+                    f"loss's ε = {self.eps:g} (the largest variance is {largest:.2g}): the "
+                    f"loss sees under half of their spread, or reads them as constants")
             cause = "encodings too small for ε: an output scaled down, or initialised tiny"
             fix = ("Scale the encoder's outputs up, give it dcco's projector (its group norm "
                    "sets the scale), or lower loss.eps below the variances")

@@ -67,11 +67,12 @@ def picks_markdown(grid: Grid, chosen: list[Pick]) -> str:
     rule = grid.tuning
     width = max(len(r) for r in rule.recipes.values())
     head = " | ".join(f"r{i}" for i in range(1, width + 1))
-    lines = [f"Tuning rule: each method's recipes on the validation split "
+    intro = (f"Tuning rule: each method's recipes on the validation split "
              f"({grid.base.data.validation} training samples held out, seed "
              f"{grid.base.data.validation_seed}), {rule.select}; the pick is the highest "
              f"without a collapse warning, a recipe listed earlier winning within "
-             f"{rule.tie * 100:g} points.", "",
+             f"{rule.tie * 100:g} points.")
+    lines = [intro, "",
              f"| method | {head} | pick |", "|---|" + "---:|" * width + "---|"]
     for p in chosen:
         cells = []

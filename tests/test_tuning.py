@@ -1,0 +1,205 @@
+"""The validation split (``data.validation``) and tuning grids (``[tuning]``): the held-out
+samples, a tuning cell that never opens the test split, the same budget for every method,
+and the pick's written rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_fashion_mnist
+
+from dcco.cli import main
+from dcco.config import ConfigError, load_config
+from dcco.data.validation import hold_out, validation_ids
+from dcco.reproduce import load_grid, plan_cells
+from dcco.reproduce.tuning import Candidate, Recipe, choose
+from dcco.run.splits import load_splits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TUNING_GRID = """
+[grid]
+methods = ["dcco", "cco_fedavg"]
+evaluations = ["linear@20"]
+seeds = [0]
+
+[[setting]]
+name = "IID 2"
+alpha = 1000.0
+samples_per_client = 2
+clients_per_round = 4
+
+[base.data]
+dataset = "fashion_mnist"
+data_dir = "{data_dir}"
+
+[base.model]
+widths = [4, 8, 8]
+projector = [16, 16, 16]
+
+[base.train]
+rounds = 4
+knn_every = {knn_every}
+log_every = 2
+checkpoint_every = 1000
+
+[base.eval]
+probe_steps = 10
+knn_bank = 40
+knn_queries = 20
+
+[scale.tune]
+set = ["data.validation={validation}"]
+
+[tuning]
+select = "linear@20"
+tie = 0.005
+
+[tuning.dcco]
+"optim.lr" = [0.005, 0.01]
+"model.norm" = ["gn"]
+
+[tuning.cco_fedavg]
+"optim.lr" = [0.005, 0.01]
+{extra}
+"""
+
+
+def _grid(tmp_path: Path, data_dir: Path, validation: int = 50, extra: str = "",
+          knn_every: int = 0) -> Path:
+    path = tmp_path / "tune.toml"
+    path.write_text(TUNING_GRID.format(data_dir=data_dir, validation=validation, extra=extra,
+                                       knn_every=knn_every))
+    return path
+
+
+def test_validation_ids__class_balanced_seeded_and_disjoint_from_what_is_left() -> None:
+    labels = torch.arange(103) % 10
+    ids = validation_ids(labels, 30, 10, seed=0)
+    assert torch.equal(torch.bincount(labels[ids], minlength=10), torch.full((10,), 3))
+    assert torch.equal(ids, validation_ids(labels, 30, 10, seed=0))
+    assert not torch.equal(ids, validation_ids(labels, 30, 10, seed=1))
+    # the probe's label stream is another: seed 0's validation is not seed 0's labels
+    from dcco.evaluate import labelled_subset
+
+    assert not torch.equal(ids, labelled_subset(labels, 30, 10, 0))
+
+
+def test_hold_out__splits_the_training_set_in_two_without_overlap(tiny_fmnist) -> None:
+    from dcco.data.sources import load_split
+
+    train = load_split("fashion_mnist", "train", tiny_fmnist)
+    rest, held = hold_out(train, 50, seed=0)
+    assert len(rest) + len(held) == len(train) and len(held) == 50
+    rows = {bytes(x.numpy().tobytes()) + bytes([int(y)]) for x, y in
+            zip(train.images, train.labels, strict=True)}
+    assert len(rows) == len(train)  # every tiny image differs, so rows identify samples
+    got_rest = {bytes(x.numpy().tobytes()) + bytes([int(y)]) for x, y in
+                zip(rest.images, rest.labels, strict=True)}
+    got_held = {bytes(x.numpy().tobytes()) + bytes([int(y)]) for x, y in
+                zip(held.images, held.labels, strict=True)}
+    assert not got_rest & got_held and got_rest | got_held == rows
+
+
+def test_validation__too_many_held_out_is_refused_by_name(tiny_fmnist) -> None:
+    from dcco.data.datasets import DataError
+
+    cfg = load_config(None, [f"data.data_dir={tiny_fmnist}", "data.validation=300"])
+    with pytest.raises(DataError, match="fewer than the training split's 300"):
+        load_splits(cfg)
+    few = torch.tensor([0, 0] + [1] * 20)
+    with pytest.raises(DataError, match="holds out 5 samples of class 0, but the training "
+                                        "split has 2"):
+        validation_ids(few, 10, 2, seed=0)
+
+
+def test_validation__refused_for_natural_clients() -> None:
+    with pytest.raises(ConfigError, match="hold out whole clients yourself"):
+        load_config(None, ["data.dataset=\"fed_emnist\"", "data.partition=\"natural\"",
+                           "data.validation=10"])
+
+
+def test_tuning_cell__never_opens_the_test_split(tmp_path) -> None:
+    """The test split's files are deleted: a tuning grid (the k-NN monitor on too) still
+    pretrains and evaluates every recipe of every method, scoring the held-out samples, and
+    writes the pick."""
+    data = make_fashion_mnist(tmp_path / "data", n_train=300, n_test=100)
+    for f in data.glob("t10k-*"):
+        f.unlink()
+    grid_file = _grid(tmp_path, data, validation=50, knn_every=2)
+    out = tmp_path / "out"
+    assert main(["reproduce", str(grid_file), "--scale", "tune", "--out", str(out),
+                 "--no-progress", "--jobs", "1"]) == 0
+    import json
+
+    names = sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert names == ["iid-2-cco_fedavg-r1-s0", "iid-2-cco_fedavg-r2-s0", "iid-2-dcco-r1-s0",
+                     "iid-2-dcco-r2-s0"]
+    for name in names:
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["evaluations"]["linear@20"]["num_test"] == 50
+        split = json.loads((out / name / "split.json").read_text())
+        assert split["validation"]["samples"] == 50 and split["train"]["samples"] == 250
+        assert "the test split is not read" in split["rule"]
+    assert len({json.loads((out / n / "split.json").read_text())["validation"]["sha256"]
+                for n in names}) == 1  # every recipe is read on the same held-out samples
+    picks = json.loads((out / "picks.json").read_text())
+    assert set(picks["methods"]) == {"dcco", "cco_fedavg"}
+    for record in picks["methods"].values():
+        accuracies = [c["accuracy"] for c in record["candidates"]]
+        assert all(a is not None for a in accuracies) and record["pick"] in ("r1", "r2")
+        best = max(accuracies)
+        first = next(c["recipe"] for c in record["candidates"]
+                     if c["accuracy"] >= best - 0.005 - 1e-12)
+        assert record["pick"] == first
+    assert "Tuning rule" in (out / "results.md").read_text()
+
+
+def test_tuning_grid__refuses_unequal_budgets_missing_methods_and_no_validation(tmp_path):
+    data = tmp_path / "unused"
+    with pytest.raises(ConfigError, match="same tuning budget.*dcco 2, cco_fedavg 4"):
+        load_grid(_grid(tmp_path, data, extra='"model.norm" = ["gn", "bn"]'), "tune")
+    with pytest.raises(ConfigError, match="never reads the test split; set data.validation"):
+        load_grid(_grid(tmp_path, data, validation=0), "tune")
+    with pytest.raises(ConfigError, match="changes \\[data\\] or \\[eval\\]"):
+        load_grid(_grid(tmp_path, data, extra='"eval.labels" = [10]'), "tune")
+    text = _grid(tmp_path, data).read_text().replace('[tuning.cco_fedavg]\n"optim.lr" = '
+                                                     '[0.005, 0.01]', "")
+    (tmp_path / "missing.toml").write_text(text)
+    with pytest.raises(ConfigError, match=r"\[tuning.cco_fedavg\] is missing"):
+        load_grid(tmp_path / "missing.toml", "tune")
+
+
+def _candidates(*accuracies, excluded=()):
+    return tuple(Candidate(Recipe(f"r{i}", ()), a, "collapse warning" if i in excluded
+                           else None) for i, a in enumerate(accuracies, 1))
+
+
+def test_choose__highest_without_a_warning_ties_to_the_first_listed() -> None:
+    assert choose("m", _candidates(0.70, 0.72, 0.71), 0.005).recipe.name == "r2"
+    tie = choose("m", _candidates(0.716, 0.72, 0.70), 0.005)
+    assert tie.recipe.name == "r1" and "listed first within 0.5 points" in tie.why
+    warned = choose("m", _candidates(0.70, 0.75, 0.71, excluded=(2,)), 0.005)
+    assert warned.recipe.name == "r3"
+    waiting = choose("m", _candidates(0.70, None), 0.005)
+    assert waiting.recipe is None and "not yet recorded: r2" in waiting.why
+    assert choose("m", _candidates(None, excluded=(1,)), 0.005).recipe is None
+
+
+def test_fair_grid__every_method_six_recipes_on_the_validation_split_defaults_first() -> None:
+    grid = load_grid(ROOT / "experiments" / "fair_fmnist.toml", "tune")
+    assert grid.base.data.validation == 5000 and grid.tuning.tie == 0.005
+    assert {len(r) for r in grid.tuning.recipes.values()} == {6}
+    cells = plan_cells(grid, Path("out"))
+    assert len(cells) == 6 * len(grid.methods)
+    assert all(c.cfg.data.validation == 5000 for c in cells)
+    first = {c.method: c.cfg for c in cells if c.recipe == "r1"}
+    assert (first["dcco"].optim.lr, first["dcco"].optim.weight_decay) == (1.5, 1e-6)
+    assert first["dcco"].model.norm == "gn"
+    for m in ("byol_fedavg", "simsiam_fedavg", "moco_fedavg"):
+        assert (first[m].optim.lr, first[m].model.norm) == (1.0, "bn")
+    assert first["moco_fedavg"].loss.moco_directions == "mean"
+    rates = sorted({c.cfg.optim.lr for c in cells if c.method == "byol_fedavg"})
+    assert rates == [0.5, 1.0, 2.0]  # x0.5, x1, x2 of the default
