@@ -169,7 +169,7 @@ def _headed(method: str, encoder: type[nn.Module] = UserCNN) -> nn.Module:
     return dual_encoder(encoder(), (12, 16), sample=torch.zeros(1, 8, 8), method=method).double()
 
 
-def _nodes_buffers(dual, algorithm, nodes, views, store, tau) -> dict[str, torch.Tensor]:
+def _nodes_buffers(dual, algorithm, nodes, views, store, tau, r) -> dict[str, torch.Tensor]:
     """Batch norm's running statistics as the server averages them: each node's after its
     step (a forward of its views from the global model; a stateful client's from its own
     start), weighted by its samples."""
@@ -183,7 +183,7 @@ def _nodes_buffers(dual, algorithm, nodes, views, store, tau) -> dict[str, torch
         node = copy.deepcopy(dual)
         if algorithm.stateful:
             run_round(node, algorithm, x1, x2, Segments.from_counts([len(x1)]), "reference",
-                      states=RoundStates([n], copy.deepcopy(store), tau))
+                      states=RoundStates([n], copy.deepcopy(store), tau, r))
         else:
             with torch.no_grad():
                 node(x1, x2)
@@ -237,11 +237,12 @@ def test_strategy__predictive_and_stateful_methods_equal_the_simulators_rounds(m
         seed = int(strategy.node_config("update", r, {})["views-seed"])
         views = [_views(_two_or_more(n), _augment, seed, n, torch.float64) for n in nodes]
         tau = target_decay(0.9, r - 1, 3)
-        buffers = _nodes_buffers(dual, algorithm, nodes, views, store, tau)
+        buffers = _nodes_buffers(dual, algorithm, nodes, views, store, tau, r - 1)
         out = run_round(dual, algorithm, torch.cat([v[0] for v in views]),
                         torch.cat([v[1] for v in views]),
                         Segments.from_counts([len(_two_or_more(n)) for n in nodes]), "reference",
-                        states=RoundStates(nodes, store, tau) if algorithm.stateful else None)
+                        states=(RoundStates(nodes, store, tau, r - 1) if algorithm.stateful
+                                else None))
         set_lr(opt, scheduled_lr(r - 1, 3, 0.5, 1, strategy.optim.schedule))
         apply_pseudo_gradient(opt, [p for _, p in named],
                               [out.pseudo_gradient[n] for n, _ in named])

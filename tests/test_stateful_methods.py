@@ -18,7 +18,7 @@ from dcco.core.algorithm import Algorithm
 from dcco.core.client_state import ClientStates, Layout, RoundStates, state_bytes
 from dcco.core.simulator import run_round
 from dcco.methods.base import Segments
-from dcco.methods.divergence import SCALE, FedEMA, FedU, divergence, fedema_mu
+from dcco.methods.divergence import SCALE, TRAVELLED, FedEMA, FedU, divergence, fedema_mu
 from dcco.methods.predictive import CentralizedBYOL
 from dcco.run.loop import run_pretraining
 from dcco.run.planning import plan_round
@@ -45,7 +45,7 @@ def test_fedema_mu__follows_the_papers_formulas_on_hand_built_weights():
     g = _weights([3.0, 0.0], [1.0, 2.0])
     kept = _weights([0.0, 4.0], [5.0, -1.0], target=[7.0, 7.0])  # ‖W_g − W_k‖ = 5
     assert divergence(g, kept, LAYOUT.online) == 5.0
-    first = method.client_start(g, kept, LAYOUT)  # λ = τ / 5, so μ = τ = 0.7
+    first = method.client_start(g, kept, LAYOUT, 1)  # λ = τ / 5, so μ = τ = 0.7
     lam = float(first.keep[SCALE])
     assert lam == pytest.approx(0.7 / 5, rel=1e-15)
     torch.testing.assert_close(first.weights["backbone.w"],
@@ -57,26 +57,26 @@ def test_fedema_mu__follows_the_papers_formulas_on_hand_built_weights():
     # later rounds keep λ: μ = min(λ ‖W_g − W_k‖, 1)
     later = kept | first.keep | {"backbone.w": torch.tensor([3.0, 2.5], dtype=torch.float64)}
     mu = lam * 2.5
-    mixed = method.client_start(g, later, LAYOUT)
+    mixed = method.client_start(g, later, LAYOUT, 2)
     torch.testing.assert_close(mixed.weights["backbone.w"],
                                torch.tensor([3.0, mu * 2.5], dtype=torch.float64))
     assert float(mixed.keep[SCALE]) == lam
     far = kept | first.keep | {"backbone.w": torch.tensor([3.0, 100.0], dtype=torch.float64)}
-    assert torch.equal(method.client_start(g, far, LAYOUT).weights["backbone.w"],
+    assert torch.equal(method.client_start(g, far, LAYOUT, 3).weights["backbone.w"],
                        far["backbone.w"])  # μ = 1: the client keeps its own
     assert fedema_mu(0.0, None, 0.7) == (0.0, None)  # no divergence yet: λ stays unset
     assert fedema_mu(2.0, None, 0.7) == (0.7, 0.35)
     assert fedema_mu(10.0, 0.35, 0.7) == (1.0, 0.35)
-    fresh = method.client_start(g, None, LAYOUT)  # never seen: the global model
+    fresh = method.client_start(g, None, LAYOUT, 0)  # never seen: the global model
     assert torch.equal(fresh.weights["target.0.w"], g["backbone.w"]) and fresh.keep == {}
 
 
 def test_fedu_threshold__switches_exactly_at_its_value():
     g = _weights([3.0, 4.0], [1.0, 1.0])
     kept = _weights([0.0, 0.0], [9.0, 9.0], target=[2.0, 2.0])  # ‖W_g − W_k‖ = 5 exactly
-    at = FedU(LossConfig(fedu_threshold=5.0)).client_start(g, kept, LAYOUT)
-    above = FedU(LossConfig(fedu_threshold=math.nextafter(5.0, 6.0))).client_start(g, kept,
-                                                                                  LAYOUT)
+    at = FedU(LossConfig(fedu_threshold=5.0)).client_start(g, kept, LAYOUT, 1)
+    above = FedU(LossConfig(fedu_threshold=math.nextafter(5.0, 6.0))).client_start(
+        g, kept, LAYOUT, 1)
     assert torch.equal(at.weights["predictor.w"], kept["predictor.w"])  # not below: its own
     assert torch.equal(above.weights["predictor.w"], g["predictor.w"])  # below: the global
     for start in (at, above):  # the online network is always the global one
@@ -97,7 +97,7 @@ def test_one_client_one_step__is_a_centralized_byol_step_on_its_batch(tiny_confi
     store, lr, tau = ClientStates(), 0.5, 0.9
     result = run_round(model, Algorithm(method(LossConfig()), local_lr=lr), x1, x2,
                        Segments.from_counts([4]), "reference",
-                       states=RoundStates([7], store, tau))
+                       states=RoundStates([7], store, tau, 0))
     # the oracle: BYOL's loss on the batch, one SGD step, then the target's moving average
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     loss = CentralizedBYOL(LossConfig()).client_loss(*model(x1, x2), None)
@@ -337,23 +337,31 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
             assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
 
 
-@pytest.mark.parametrize("method,threshold", [("fedu", 1e9), ("fedu", 0.0), ("fedema", 0.4)])
+@pytest.mark.parametrize("method,threshold,measure", [
+    ("fedu", 1e9, "receipt"), ("fedu", 0.0, "receipt"), ("fedema", 0.4, "receipt"),
+    ("fedu", 1e9, "travelled"), ("fedema", 0.4, "travelled"), ("fedema", 0.4, "selective")])
 def test_stateful_run__logs_its_returning_clients_and_what_their_divergence_made(
-        tiny_config, tmp_path, method, threshold):
+        tiny_config, tmp_path, method, threshold, measure):
     """metrics.jsonl says, round by round, how many clients came back with a model of their
     own (counted here from the plan) and what their divergence made: FedU's share that took
     the global predictor (all of them under an infinite threshold, none under 0), FedEMA's
-    mean μ in (0, 1]."""
-    cfg = load_config(tiny_config(method=method, rounds=4),
-                      ["data.num_clients=6", "train.log_every=1", "train.local_steps=2",
-                       "train.local_lr=0.05", f"loss.fedu_threshold={threshold}"])
+    mean μ in (0, 1], and 0 in a selective round whose returning clients skipped a round."""
+    rounds_run = 6 if measure == "selective" else 4
+    cfg = load_config(tiny_config(method=method, rounds=rounds_run),
+                      [f"data.num_clients={10 if measure == 'selective' else 6}", "train.log_every=1", "train.local_steps=2",
+                       "train.local_lr=0.05", f"loss.fedu_threshold={threshold}",
+                       "loss.divergence=\"{}\"".format("receipt" if measure == "receipt"
+                                                        else "travelled"),
+                       "loss.fedema_mix=\"{}\"".format("selective" if measure == "selective"
+                                                       else "always")])
     train, _ = load_splits(cfg)
     run = RunDir.create(tmp_path / "run", cfg)
     run_pretraining(cfg, run, train)
     records = [r for r in run.metrics() if "loss" in r]
-    partition, seen, returning = Pretraining(cfg, train).partition, set(), []
-    for r in range(4):
+    partition, seen, returning, rounds = Pretraining(cfg, train).partition, set(), [], []
+    for r in range(rounds_run):
         clients = plan_round(cfg, partition, r).clients.tolist()
+        rounds.append(clients)
         returning.append(sum(c in seen for c in clients))
         seen |= set(clients)
     assert [r["returning_clients"] for r in records] == returning and sum(returning) > 0
@@ -362,8 +370,16 @@ def test_stateful_run__logs_its_returning_clients_and_what_their_divergence_made
     if method == "fedu":
         assert {r["fedu_global_predictor"] for r in came} == {1.0 if threshold else 0.0}
     else:
-        assert all(0 < r["fedema_mu"] <= 1 for r in came) and "fedu_global_predictor" not in \
-            came[0]
+        assert all(0 <= r["fedema_mu"] <= 1 for r in came)
+        assert "fedu_global_predictor" not in came[0]
+        # a round's mean μ is 0 exactly where none of its clients mixed: under "selective",
+        # where none trained in the round just before
+        mixed = [bool(returning[r]) if measure != "selective" else
+                 bool(set(rounds[r]) & set(rounds[r - 1])) for r in range(rounds_run)]
+        assert [r["fedema_mu"] > 0 for r in came] == [m for m, n in zip(mixed, returning,
+                                                                          strict=True) if n]
+        if measure == "selective":  # the plan has a round whose returning clients skipped
+            assert any(n and not m for m, n in zip(mixed, returning, strict=True))
 
 
 def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatch, tmp_path):
@@ -457,7 +473,7 @@ def test_moco_one_client_one_step__is_a_centralized_moco_step_and_queues_its_key
     store, lr, tau = ClientStates(), 0.5, 0.9
     method = MoCoFedAvg(LossConfig(moco_queue=10))
     result = run_round(model, Algorithm(method, local_lr=lr), x1, x2, Segments.from_counts([4]),
-                       "reference", states=RoundStates([3], store, tau))
+                       "reference", states=RoundStates([3], store, tau, 0))
     # the oracle: InfoNCE with the keys of a key encoder equal to the query encoder
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     f, g = model(x1, x2)
@@ -483,7 +499,7 @@ def test_moco_one_client_one_step__is_a_centralized_moco_step_and_queues_its_key
     torch.testing.assert_close(queue, keys, rtol=1e-10, atol=1e-12)
     # the next round's loss contrasts with that queue as well
     again = run_round(model, Algorithm(method, local_lr=lr), x1, x2, Segments.from_counts([4]),
-                      "reference", states=RoundStates([3], store, tau))
+                      "reference", states=RoundStates([3], store, tau, 0))
     f, g = model(x1, x2)
     (q1, k1), (q2, k2) = split_prediction(f), split_prediction(g)
     with torch.no_grad():
@@ -523,3 +539,78 @@ def test_fedssl_grid__every_cell_is_valid_and_its_store_fits(grid_file, scale, c
             clients = cfg.data.num_clients or 60_000 // cfg.data.samples_per_client
             seen = clients_seen(t.seed, t.rounds, clients, t.clients_per_round)
             assert seen * entry <= MAX_STATE_BYTES, cell.path.name
+
+
+@pytest.mark.parametrize("method", [FedU, FedEMA])
+def test_travelled_divergence__is_the_authors_mean_conv_distance_and_drives_the_mix(
+        tiny_config, method):
+    """``loss.divergence = "travelled"``: what a client keeps is the mean over the online
+    network's convolution weights of each one's L2 distance from its round's start (the
+    authors' ``_calculate_divergence``), computed here by hand; on its return that number,
+    not ‖W_g − W_k‖, decides FedU's predictor and FedEMA's μ."""
+    torch.manual_seed(0)
+    model = _byol_model(tiny_config, method.name)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    convs = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)
+             and not n.startswith("target")]
+    assert convs
+    x1, x2 = (torch.randn(4, 1, 28, 28, dtype=torch.float64) for _ in range(2))
+    store = ClientStates()
+    algorithm = Algorithm(method(LossConfig(divergence="travelled")), local_lr=0.5)
+    run_round(model, algorithm, x1, x2, Segments.from_counts([4]), "reference",
+              states=RoundStates([7], store, 0.9, 0))
+    kept = store.get(7, dtype=torch.float64)
+    by_hand = sum(float(torch.linalg.vector_norm(kept[n] - start[n])) for n in convs) / len(convs)
+    assert float(kept[TRAVELLED]) == pytest.approx(by_hand, rel=1e-12) and by_hand > 0
+    layout = Layout.of(model)
+    g = {n: p.detach() for n, p in model.named_parameters()}
+    assert divergence(g, kept, layout.online) != pytest.approx(by_hand)  # another measure
+    if method is FedU:
+        for threshold, takes_global in ((math.nextafter(by_hand, 0.0), False),
+                                        (math.nextafter(by_hand, 1.0), True)):
+            fedu = FedU(LossConfig(divergence="travelled", fedu_threshold=threshold))
+            mixed = fedu.client_start(g, kept, layout, 1)
+            name = layout.predictor[0]
+            assert torch.equal(mixed.weights[name], (g if takes_global else kept)[name])
+    else:
+        fedema = FedEMA(LossConfig(divergence="travelled", fedema_tau=0.7))
+        assert fedema.returned(g, kept, layout, 1) == {"divergence": float(kept[TRAVELLED]),
+                                                    "fedema_mu": pytest.approx(0.7)}
+        later = kept | {SCALE: torch.tensor(0.7 / (2 * by_hand), dtype=torch.float64)}
+        assert fedema.returned(g, later, layout, 1)["fedema_mu"] == pytest.approx(0.35)
+
+
+def test_divergence_measure__unknown_names_refused():
+    with pytest.raises(ValueError, match="loss.divergence must be 'receipt' or 'travelled'"):
+        LossConfig(divergence="per-layer")
+
+
+def test_fedema_selective__mixes_only_after_the_round_just_before(tiny_config):
+    """``loss.fedema_mix = "selective"`` (the authors' ``selective_ema``): a client back from
+    the round just before mixes as "always" does; one back after a gap starts from the
+    global model as a new client does, keeping its λ; every start records its round."""
+    selective = FedEMA(LossConfig(fedema_tau=0.7, fedema_mix="selective"))
+    always = FedEMA(LossConfig(fedema_tau=0.7))
+    g = _weights([3.0, 0.0], [1.0, 2.0])
+    kept = _weights([0.0, 4.0], [5.0, -1.0], target=[7.0, 7.0]) | {
+        "fedema.round": torch.tensor(4.0, dtype=torch.float64),
+        SCALE: torch.tensor(0.1, dtype=torch.float64)}
+    after = selective.client_start(g, kept, LAYOUT, 5)  # trained in round 4: mixes
+    same = always.client_start(g, kept, LAYOUT, 5)
+    for name in ("backbone.w", "predictor.w", "target.0.w"):
+        assert torch.equal(after.weights[name], same.weights[name])
+    assert float(after.keep["fedema.round"]) == 5.0 and float(after.keep[SCALE]) == 0.1
+    assert selective.returned(g, kept, LAYOUT, 5)["fedema_mu"] == pytest.approx(0.5)
+    gap = selective.client_start(g, kept, LAYOUT, 7)  # last trained in round 4: afresh
+    fresh = selective.client_start(g, None, LAYOUT, 7)
+    for name in ("backbone.w", "predictor.w", "target.0.w"):
+        assert torch.equal(gap.weights[name], fresh.weights[name])
+    assert torch.equal(gap.weights["target.0.w"], g["backbone.w"])
+    assert float(gap.keep[SCALE]) == 0.1 and float(gap.keep["fedema.round"]) == 7.0
+    assert selective.returned(g, kept, LAYOUT, 7)["fedema_mu"] == 0.0
+    assert "fedema.round" not in always.client_start(g, kept, LAYOUT, 5).keep
+    model = _byol_model(tiny_config, "fedema")
+    assert "fedema.round" in selective.state_shapes(model)
+    assert "fedema.round" not in always.state_shapes(model)
+    with pytest.raises(ValueError, match="loss.fedema_mix must be 'always' or 'selective'"):
+        LossConfig(fedema_mix="sometimes")

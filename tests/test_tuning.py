@@ -201,5 +201,11 @@ def test_fair_grid__every_method_six_recipes_on_the_validation_split_defaults_fi
     for m in ("byol_fedavg", "simsiam_fedavg", "moco_fedavg"):
         assert (first[m].optim.lr, first[m].model.norm) == (1.0, "bn")
     assert first["moco_fedavg"].loss.moco_directions == "mean"
+    authors = {c.method: c.cfg for c in cells if c.recipe == "r2"}  # the authors' forms
+    assert (first["fedu"].loss.divergence, authors["fedu"].loss.divergence) == (
+        "receipt", "travelled")
+    assert (first["fedema"].loss.fedema_mix, authors["fedema"].loss.fedema_mix) == (
+        "always", "selective") and authors["fedema"].loss.divergence == "travelled"
+    assert {first[m].model.norm for m in ("fedu", "fedema")} == {"bn"}
     rates = sorted({c.cfg.optim.lr for c in cells if c.method == "byol_fedavg"})
     assert rates == [0.5, 1.0, 2.0]  # x0.5, x1, x2 of the default

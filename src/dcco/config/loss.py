@@ -47,10 +47,24 @@ class LossConfig:
     (``dcco.methods.divergence``; Zhuang et al. 2022's autoscaler, 0.7 as its authors run it)."""
     fedu_threshold: float = 0.4
     """FedU's divergence threshold: a returning client takes the global predictor when
-    ‖W_g − W_k‖ of the online networks is below it, else keeps its own (Zhuang et al. 2021;
-    0.4, its authors' code's default, which measures the divergence per layer: set it for
-    your network, ``dcco.methods.divergence``)."""
+    its divergence (``loss.divergence``) is below it, else keeps its own (Zhuang et al.
+    2021). 0.4 is its authors' code's default, on their measure (``loss.divergence =
+    "travelled"``, a mean per-layer distance); on the default "receipt" measure (one vector
+    over the whole online network) set it for your network (``dcco.methods.divergence``)."""
 
+    divergence: Literal["receipt", "travelled"] = "receipt"
+    """How FedU and FedEMA measure a returning client's divergence (``dcco.methods.divergence``):
+    "receipt", ‖W_g − W_k‖ of the online networks as one vector when the client receives W_g,
+    as the papers' formulas read (dcco's default); "travelled", as the authors' code (EasyFL's
+    ``fedssl``) measures it: the mean over the online network's convolution weights of each
+    one's L2 distance travelled in the client's last local training, kept in its state. On
+    that scale FedU's threshold is the authors' 0.4."""
+    fedema_mix: Literal["always", "selective"] = "always"
+    """When a returning FedEMA client mixes its model with the global one
+    (``dcco.methods.divergence``): "always", at every return, as the paper reads; "selective",
+    as its authors' code runs it (EasyFL's ``fedssl``, ``selective_ema``): only when it trained
+    in the round just before, else it starts afresh from the global model as a new client
+    does (keeping its λ)."""
     moco_queue: int = 0
     """The keys a MoCo client keeps in its queue as extra negatives, its own keys of earlier
     rounds (``dcco.methods.moco``). 0 by default: a client of a few photos would queue the
@@ -81,6 +95,12 @@ class LossConfig:
             raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
         if not 0 < self.fedema_tau <= 1:
             raise ValueError(f"loss.fedema_tau must be in (0, 1], got {self.fedema_tau}")
+        if self.divergence not in ("receipt", "travelled"):
+            raise ValueError(f"loss.divergence must be 'receipt' or 'travelled', got "
+                             f"{self.divergence!r}")
+        if self.fedema_mix not in ("always", "selective"):
+            raise ValueError(f"loss.fedema_mix must be 'always' or 'selective', got "
+                             f"{self.fedema_mix!r}")
         if self.moco_directions not in ("mean", "sum"):
             raise ValueError(f"loss.moco_directions must be 'mean' or 'sum', got "
                              f"{self.moco_directions!r}")

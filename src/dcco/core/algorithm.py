@@ -265,29 +265,29 @@ class Algorithm:
         return self.method.stateful
 
     def stateful_update(self, model: Module, work: Module, layout: Layout, x1: Tensor,
-                        x2: Tensor, state: dict[str, Tensor] | None,
-                        decay: float) -> tuple[ClientUpdate, dict[str, Tensor]]:
-        """A stateful client's round with this algorithm's local steps
+                        x2: Tensor, state: dict[str, Tensor] | None, decay: float,
+                        round_index: int) -> tuple[ClientUpdate, dict[str, Tensor]]:
+        """A stateful client's round ``round_index`` with this algorithm's local steps
         (``dcco.core.client.stateful_update``): its update and its new state."""
         return stateful_update(
             model, work, layout, self.method, x1, x2, state, decay,
             lambda m, hook, method: replace(self, method=method).client_update(
-                m, x1, x2, None, hook))
+                m, x1, x2, None, hook), round_index)
 
     def stateful_updates(self, model: Module, clients: Iterable[tuple[int, Tensor, Tensor]],
                          load: Callable[[int], dict[str, Tensor] | None],
                          save: Callable[[int, dict[str, Tensor]], None],
-                         decay: float) -> list[ClientUpdate]:
+                         decay: float, round_index: int) -> list[ClientUpdate]:
         """A round's stateful clients one by one, wherever their states live (the
         simulator's store, a Flower node's ``context.state``): each ``(client, x1, x2)``'s
         state loaded (``load``: None for a client never seen), its round run from it
-        (``stateful_update``, on one working copy of ``model`` for them all), and its new
-        state saved (``save``); their updates, in order."""
+        (``stateful_update``, round ``round_index``, on one working copy of ``model`` for
+        them all), and its new state saved (``save``); their updates, in order."""
         layout, work = Layout.of(model), copy.deepcopy(model)
         updates = []
         for client, x1, x2 in clients:
             update, new = self.stateful_update(model, work, layout, x1, x2, load(client),
-                                               decay)
+                                               decay, round_index)
             save(client, new)
             updates.append(update)
         return updates

@@ -253,12 +253,13 @@ LocalSteps = Callable[[nn.Module, Callable[[dict[str, Tensor]], None], object], 
 
 def stateful_update(model: nn.Module, work: nn.Module, layout: Layout, method: object,
                     x1: Tensor, x2: Tensor, state: dict[str, Tensor] | None, decay: float,
-                    steps: LocalSteps) -> tuple[ClientUpdate, dict[str, Tensor]]:
+                    steps: LocalSteps, round_index: int
+                    ) -> tuple[ClientUpdate, dict[str, Tensor]]:
     """The round of a client that keeps state between rounds (FedU, FedEMA:
     ``dcco.methods.divergence``; MoCo's queue: ``dcco.methods.moco``).
 
     The client starts from ``method.client_start`` of the global model and its ``state``
-    (None: never seen), takes its local ``steps`` on ``work`` (a copy of the model that
+    (None: never seen) in round ``round_index``, takes its local ``steps`` on ``work`` (a copy of the model that
     this function overwrites), its target network following the online network by BYOL's
     (MoCo's) average after each step, ξ ← τ ξ + (1 − τ) θ with τ = ``decay``, and keeps
     ``method.client_end`` of where it ends.
@@ -273,7 +274,7 @@ def stateful_update(model: nn.Module, work: nn.Module, layout: Layout, method: o
                                   model.state_dict(keep_vars=True).items(), strict=True):
             w.copy_(v)  # every buffer as the global model's: a client's forward may move them
         global_weights = {n: p.detach() for n, p in model.named_parameters()}
-        start = method.client_start(global_weights, state, layout)
+        start = method.client_start(global_weights, state, layout, round_index)
         own = dict(work.named_parameters())
         for name, value in start.weights.items():
             own[name].copy_(value)

@@ -91,11 +91,14 @@ class RoundStates:
         clients: the round's client ids, in the order of its segments.
         store: every client's kept state; the round's clients' entries are replaced.
         target_decay: τ of the target network's average after each local step this round.
+        round_index: the round (from 0), for a method whose start depends on when the
+            client last trained (FedEMA's ``loss.fedema_mix = "selective"``).
     """
 
     clients: list[int]
     store: ClientStates
     target_decay: float
+    round_index: int
 
 
 def kept_by_clients(model: nn.Module, method: object) -> set[str]:

@@ -108,7 +108,7 @@ class ReferenceExecutor:
         clients = ((c, a, b) for c, (a, b) in zip(states.clients, self.views, strict=True))
         return algorithm.stateful_updates(
             self.model, clients, lambda c: states.store.get(c, probe.device, probe.dtype),
-            states.store.put, states.target_decay)
+            states.store.put, states.target_decay, states.round_index)
 
 
 class BatchedExecutor(ReferenceExecutor):

@@ -308,7 +308,7 @@ def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
         folder = FolderStates(Path(state_dir), ask.states_key, ask.round - 1, 1, probe.dtype)
         return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
             model, [(0, x1, x2)], lambda k: folder.get(k, probe.device, probe.dtype),
-            folder.put, ask.decay)[0]
+            folder.put, ask.decay, ask.round - 1)[0]
 
     def load(_: int) -> dict[str, Tensor] | None:
         record = context.state.array_records.get(CLIENT_STATE)
@@ -319,7 +319,7 @@ def _stateful_update(model: nn.Module, x1: Tensor, x2: Tensor, context: Context,
         context.state[CLIENT_STATE] = codec.array_record(stored(new, probe.dtype))
 
     return Algorithm(ask.method, local_lr=ask.lr).stateful_updates(
-        model, [(0, x1, x2)], load, save, ask.decay)[0]
+        model, [(0, x1, x2)], load, save, ask.decay, ask.round - 1)[0]
 
 
 INPUT_KEYS = ("img", "image", "images", "pixel_values", "x", "input", "inputs")

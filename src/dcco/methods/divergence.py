@@ -23,18 +23,25 @@ target network never leaves the client. What differs is where a client starts it
 Choices the papers leave open, and the ones made here:
 
 - ‖·‖ is the L2 norm of the difference of all the online network's parameters (backbone and
-  projector) as one vector, as the papers write it. The authors' code (EasyFL's ``fedssl``)
-  averages per-layer distances of the convolutions instead, so a threshold does not carry
-  over between the two; FedEMA's λ makes its own μ independent of the norm's scale, FedU's
-  threshold is not.
-- The divergence is taken when the client receives W_g, between W_g and the model it kept,
-  as the papers' formulas read (the authors' code uses the distance its model travelled in
-  its last local training, a stand-in for the same quantity).
+  projector) as one vector, as the papers write it, taken when the client receives W_g,
+  between W_g and the model it kept (``loss.divergence = "receipt"``, the default).
+- ``loss.divergence = "travelled"`` measures it as the authors' code (EasyFL's ``fedssl``,
+  ``_calculate_divergence``) does: after the client's local training, the mean over the
+  online network's convolution weights of each one's L2 distance from the round's start
+  (``travelled``), kept in the client's state and read when it returns. A network without
+  convolutions (a user's MLP) averages over its weight matrices. The two scales differ, so
+  a threshold does not carry over: FedU's 0.4 is the authors' on theirs; FedEMA's λ makes
+  its own μ independent of the scale.
 - A client seen for the first time has nothing to mix: it starts from the global online
   network and predictor, with a target network copied from the global online network.
   Where most clients take part once (60,000 one-sample clients, K = 32), FedU and FedEMA
   then are BYOL + FedAvg with a target network that starts each client's round as a copy
   of its online network.
+- ``loss.fedema_mix = "selective"`` mixes as the authors' code does with its
+  ``selective_ema``: only a client that trained in the round just before mixes; any other
+  returning client starts as a new one does, from the global model (its λ kept for its
+  next mix). Where clients rarely return in consecutive rounds, FedEMA is then close to
+  BYOL + FedAvg with a client-side target restarted each round.
 - FedEMA's λ needs a nonzero divergence: while ‖W_g − W_k‖ = 0 (a client alone in its
   rounds, whose model the server's average returns unchanged), μ = 0 and λ stays unset.
 - The target network's moving-average rate after each local step is BYOL's schedule at the
@@ -61,6 +68,12 @@ from dcco.methods.predictive import BYOLBase
 
 SCALE = "fedema.lambda"
 """FedEMA's λ_k in a client's state: a float64 scalar, set at its first mix."""
+LAST_ROUND = "fedema.round"
+"""With ``loss.fedema_mix = "selective"``: the round (from 0) the client last trained in, in
+its state: a float64 scalar."""
+TRAVELLED = "divergence.travelled"
+"""With ``loss.divergence = "travelled"``: the distance the client's model travelled in its
+last local training (``travelled``), in its state: a float64 scalar."""
 
 
 def divergence(global_weights: Mapping[str, Tensor], local: Mapping[str, Tensor],
@@ -69,6 +82,26 @@ def divergence(global_weights: Mapping[str, Tensor], local: Mapping[str, Tensor]
     total = sum(float(torch.sum((global_weights[n].to(torch.float64)
                                  - local[n].to(torch.float64)) ** 2)) for n in names)
     return math.sqrt(total)
+
+
+def travelled_weights(model: nn.Module, online: tuple[str, ...]) -> tuple[str, ...]:
+    """The online parameters the authors' divergence runs over: the convolutions' weights,
+    or, in a network without convolutions, every weight of two or more dimensions."""
+    convs = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+    chosen = tuple(n for n in online if n in convs)
+    if chosen:
+        return chosen
+    shapes = dict(model.named_parameters())
+    return tuple(n for n in online if n.endswith("weight") and shapes[n].ndim >= 2)
+
+
+def travelled(start: Mapping[str, Tensor], end: Mapping[str, Tensor],
+              names: tuple[str, ...]) -> float:
+    """The authors' divergence: the mean over ``names`` of each tensor's L2 distance
+    ‖w_end − w_start‖₂ (float64), the distance the model travelled in one local training."""
+    return sum(math.sqrt(float(torch.sum((end[n].to(torch.float64)
+                                          - start[n].to(torch.float64)) ** 2)))
+               for n in names) / len(names)
 
 
 def fedema_mu(distance: float, scale: float | None, tau: float) -> tuple[float, float | None]:
@@ -90,10 +123,11 @@ class DivergenceAware(BYOLBase, abc.ABC):
     stateful: ClassVar[bool] = True
 
     def client_start(self, global_weights: Mapping[str, Tensor],
-                     state: Mapping[str, Tensor] | None, layout: Layout) -> ClientStart:
-        """The client's weights at the round's start: the global model's (and a target
-        network copied from its online network) for a client without state, else the
-        method's mix of the global model with the client's own (``mixed``)."""
+                     state: Mapping[str, Tensor] | None, layout: Layout,
+                     round_index: int) -> ClientStart:
+        """The client's weights at the start of round ``round_index``: the global model's
+        (and a target network copied from its online network) for a client without state,
+        else the method's mix of the global model with the client's own (``mixed``)."""
         if state is None:
             weights = {n: global_weights[n] for n in (*layout.online, *layout.predictor)}
             weights |= {t: global_weights[o] for t, o in layout.target}
@@ -108,22 +142,37 @@ class DivergenceAware(BYOLBase, abc.ABC):
 
     @abc.abstractmethod
     def returned(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
-                 layout: Layout) -> dict[str, float]:
-        """What a returning client's start makes of its divergence, for the round's
-        metrics: ``divergence``, ‖W_g − W_k‖, and FedU's choice of the global predictor
-        (``fedu_global_predictor``, 1 or 0) or FedEMA's μ (``fedema_mu``)."""
+                 layout: Layout, round_index: int) -> dict[str, float]:
+        """What a returning client's start in round ``round_index`` makes of its divergence,
+        for the round's metrics: ``divergence`` (``distance``), and FedU's choice of the
+        global predictor (``fedu_global_predictor``, 1 or 0) or FedEMA's μ (``fedema_mu``:
+        0 for a client that does not mix under ``loss.fedema_mix = "selective"``)."""
 
     def client_end(self, end: dict[str, Tensor], start: ClientStart, work: nn.Module,
                    x1: Tensor, x2: Tensor) -> dict[str, Tensor]:
-        """What the client keeps: its weights at the round's end, and the method's own."""
-        return end | start.keep
+        """What the client keeps: its weights at the round's end, the method's own, and
+        with ``loss.divergence = "travelled"`` how far its local training moved it."""
+        kept = end | start.keep
+        if self.loss.divergence == "travelled":
+            names = travelled_weights(work, Layout.of(work).online)
+            kept[TRAVELLED] = torch.tensor(travelled(start.weights, end, names),
+                                           dtype=torch.float64)
+        return kept
+
+    def distance(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
+                 layout: Layout) -> float:
+        """A returning client's divergence, as ``loss.divergence`` measures it."""
+        if self.loss.divergence == "travelled":
+            return float(state[TRAVELLED])
+        return divergence(global_weights, state, layout.online)
 
     def state_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
         """The shapes of one client's state: its trainable parameters and their target
-        network's (``Layout.of``)."""
+        network's (``Layout.of``), FedEMA's λ, and the distance travelled when measured."""
         targets = {t for t, _ in Layout.of(model).target}
+        extra = {TRAVELLED: torch.Size([])} if self.loss.divergence == "travelled" else {}
         return {n: p.shape for n, p in model.named_parameters()
-                if p.requires_grad or n in targets} | {SCALE: torch.Size([])}
+                if p.requires_grad or n in targets} | {SCALE: torch.Size([])} | extra
 
 
 class FedU(DivergenceAware):
@@ -139,11 +188,11 @@ class FedU(DivergenceAware):
     def _close(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
                layout: Layout) -> tuple[float, bool]:
         """‖W_g − W_k‖ and whether it is below the threshold."""
-        distance = divergence(global_weights, state, layout.online)
+        distance = self.distance(global_weights, state, layout)
         return distance, distance < self.loss.fedu_threshold
 
     def returned(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
-                 layout: Layout) -> dict[str, float]:
+                 layout: Layout, round_index: int) -> dict[str, float]:
         distance, close = self._close(global_weights, state, layout)
         return {"divergence": distance, "fedu_global_predictor": float(close)}
 
@@ -168,17 +217,46 @@ class FedEMA(DivergenceAware):
     name: ClassVar[str] = "fedema"
     loss_kind: ClassVar[str] = "BYOL loss (2 − 2 cos, both directions; 0 to 8)"
 
+    def client_start(self, global_weights: Mapping[str, Tensor],
+                     state: Mapping[str, Tensor] | None, layout: Layout,
+                     round_index: int) -> ClientStart:
+        """As ``DivergenceAware.client_start``; under ``loss.fedema_mix = "selective"`` a
+        client that did not train in the round before starts as a new one (its λ kept),
+        and the client's state records this round."""
+        if self.loss.fedema_mix == "always":
+            return super().client_start(global_weights, state, layout, round_index)
+        if state is not None and not self.mixes(state, round_index):
+            start = super().client_start(global_weights, None, layout, round_index)
+            start = ClientStart(start.weights, {SCALE: state[SCALE]} if SCALE in state else {})
+        else:
+            start = super().client_start(global_weights, state, layout, round_index)
+        return ClientStart(start.weights, start.keep | {
+            LAST_ROUND: torch.tensor(float(round_index), dtype=torch.float64)})
+
+    def state_shapes(self, model: nn.Module) -> dict[str, torch.Size]:
+        """``DivergenceAware.state_shapes``, and the round last trained in when selective."""
+        extra = {LAST_ROUND: torch.Size([])} if self.loss.fedema_mix == "selective" else {}
+        return super().state_shapes(model) | extra
+
+    def mixes(self, state: Mapping[str, Tensor], round_index: int) -> bool:
+        """Whether a returning client mixes its model with the global one this round: always,
+        or under ``loss.fedema_mix = "selective"`` when it trained in the round before."""
+        if self.loss.fedema_mix == "always":
+            return True
+        return LAST_ROUND in state and float(state[LAST_ROUND]) == round_index - 1
+
     def _mu(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
             layout: Layout) -> tuple[float, float, float | None]:
         """‖W_g − W_k‖, μ and the client's λ after it (``fedema_mu``)."""
-        distance = divergence(global_weights, state, layout.online)
+        distance = self.distance(global_weights, state, layout)
         scale = float(state[SCALE]) if SCALE in state else None
         return (distance, *fedema_mu(distance, scale, self.loss.fedema_tau))
 
     def returned(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
-                 layout: Layout) -> dict[str, float]:
+                 layout: Layout, round_index: int) -> dict[str, float]:
         distance, mu, _ = self._mu(global_weights, state, layout)
-        return {"divergence": distance, "fedema_mu": mu}
+        return {"divergence": distance,
+                "fedema_mu": mu if self.mixes(state, round_index) else 0.0}
 
     def mixed(self, global_weights: Mapping[str, Tensor], state: Mapping[str, Tensor],
               layout: Layout) -> ClientStart:

@@ -99,7 +99,8 @@ class MoCoFedAvg(PredictiveMethod):
         return loss * 2 if self.loss.moco_directions == "sum" else loss
 
     def client_start(self, global_weights: Mapping[str, Tensor],
-                     state: Mapping[str, Tensor] | None, layout: Layout) -> ClientStart:
+                     state: Mapping[str, Tensor] | None, layout: Layout,
+                     round_index: int) -> ClientStart:
         """The global query encoder, a key encoder copied from it, and the client's queue."""
         weights = {n: global_weights[n] for n in layout.online}
         weights |= {t: global_weights[o] for t, o in layout.target}

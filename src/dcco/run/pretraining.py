@@ -250,7 +250,7 @@ class Pretraining:
         r = self.rounds_done
         plan = plan_round(self.cfg, self.partition, r)
         lr = self.lr(r)
-        returning = self._returning(plan.clients)
+        returning = self._returning(plan.clients, r)
         if self.world > 1:
             return replace(self.apply(self._shared_round(plan, r), lr, start),
                            returning=returning)
@@ -266,8 +266,8 @@ class Pretraining:
                            chunk=self.chunk, keep_graphs=self.keep_graphs, states=states)
         return replace(self.apply(result, lr, start), returning=returning)
 
-    def _returning(self, clients: Tensor) -> dict[str, float] | None:
-        """FedU's and FedEMA's round's clients that kept a model from an earlier round: how
+    def _returning(self, clients: Tensor, round_index: int) -> dict[str, float] | None:
+        """FedU's and FedEMA's round ``round_index``'s clients that kept a model from an earlier round: how
         many, and the sums of what their starts make of their divergence
         (``RoundMetrics.returning``), read from the store before the round; None for the
         other methods."""
@@ -281,7 +281,8 @@ class Pretraining:
             if state is None:
                 continue
             sums["returning"] += 1
-            for key, value in self.method.returned(global_weights, state, layout).items():
+            for key, value in self.method.returned(global_weights, state, layout,
+                                                     round_index).items():
                 sums[key] = sums.get(key, 0.0) + value
         return sums
 
@@ -292,7 +293,7 @@ class Pretraining:
             return None
         return RoundStates(clients.tolist(), self.client_states,
                            target_decay(self.cfg.loss.target_decay, round_index,
-                                        self.cfg.train.rounds))
+                                        self.cfg.train.rounds), round_index)
 
     def round_algorithm(self, round_index: int) -> Algorithm:
         """The algorithm of round ``round_index``: the run's, with FedSC's α of that round

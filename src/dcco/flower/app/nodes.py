@@ -190,7 +190,7 @@ def stateful_updates(cfg: RunConfig, algorithm: Algorithm, data: NodeData, model
     return algorithm.stateful_updates(
         model, ((k, *client_views(cfg, data, k, round_index)) for k in clients),
         lambda k: states.get(k, probe.device, probe.dtype), states.put,
-        target_decay(cfg.loss.target_decay, round_index, cfg.train.rounds))
+        target_decay(cfg.loss.target_decay, round_index, cfg.train.rounds), round_index)
 
 
 def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
