@@ -155,6 +155,75 @@ def test_tuning_cell__never_opens_the_test_split(tmp_path) -> None:
                      if c["accuracy"] >= best - 0.005 - 1e-12)
         assert record["pick"] == first
     assert "Tuning rule" in (out / "results.md").read_text()
+    # the final grid: each method at its pick, read on the test split, now put back
+    make_fashion_mnist(tmp_path / "data", n_train=300, n_test=100)
+    final = tmp_path / "final.toml"
+    final.write_text(_final_grid(grid_file, "out/picks.json"))
+    done = tmp_path / "final-out"
+    assert main(["reproduce", str(final), "--scale", "final", "--out", str(done),
+                 "--no-progress", "--jobs", "1"]) == 0
+    for method, record in picks["methods"].items():
+        cell = done / f"iid-2-{method}-{record['pick']}-s0"
+        summary = json.loads((cell / "summary.json").read_text())
+        assert summary["evaluations"]["linear@20"]["num_test"] == 100  # the test split
+        lr = float(record["overrides"][0].split("=")[1])
+        assert load_config(cell / "config.toml").optim.lr == lr
+    assert "| dcco |" in (done / "results.md").read_text()
+
+
+def _final_grid(tuning_grid: Path, picks: str) -> str:
+    """The tuning grid as a final grid: its [tuning] replaced by ``grid.picks``, its scale
+    without the validation split."""
+    text = tuning_grid.read_text()
+    text = text[:text.index("[tuning]")].replace("[scale.tune]", "[scale.final]")
+    text = text.replace('set = ["data.validation=50"]', "set = []")
+    return text.replace("seeds = [0]\n", f"seeds = [0]\npicks = \"{picks}\"\n", 1)
+
+
+def test_final_grid__runs_each_methods_pick_and_refuses_what_breaks_the_rule(tmp_path):
+    """grid.picks: each method's cells at its picked recipe, named by it; refused where a
+    method has no pick, where the scale still holds out a validation split, or beside a
+    [tuning]."""
+    import json
+
+    tune = _grid(tmp_path, tmp_path / "unused")
+    record = {"methods": {
+        "dcco": {"pick": "r2", "overrides": ["optim.lr=0.01", "model.norm=\"gn\""],
+                 "why": "r2, the highest"},
+        "cco_fedavg": {"pick": "r1", "overrides": ["optim.lr=0.005"], "why": "r1"}}}
+    (tmp_path / "picks.json").write_text(json.dumps(record))
+    final = tmp_path / "final.toml"
+    final.write_text(_final_grid(tune, "picks.json"))
+    grid = load_grid(final, "final")
+    cells = plan_cells(grid, tmp_path / "out")
+    assert [c.path.name for c in cells] == ["iid-2-dcco-r2-s0", "iid-2-cco_fedavg-r1-s0"]
+    assert [c.cfg.optim.lr for c in cells] == [0.01, 0.005]
+    assert cells[0].cfg.model.norm == "gn" and cells[0].cfg.data.validation == 0
+    record["methods"]["cco_fedavg"] = {"pick": None, "overrides": None,
+                                       "why": "not yet recorded: r2"}
+    (tmp_path / "picks.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="no pick for cco_fedavg yet \\(not yet recorded"):
+        load_grid(final, "final")
+    del record["methods"]["cco_fedavg"]
+    (tmp_path / "picks.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="has no pick for cco_fedavg; its tuning grid"):
+        load_grid(final, "final")
+    (tmp_path / "picks.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not a picks.json"):
+        load_grid(final, "final")
+    final.write_text(_final_grid(tune, "absent.json"))
+    with pytest.raises(ConfigError, match="absent.json, which does not exist"):
+        load_grid(final, "final")
+    record["methods"]["cco_fedavg"] = {"pick": "r1", "overrides": ["optim.lr=0.005"]}
+    (tmp_path / "picks.json").write_text(json.dumps(record))
+    kept = _final_grid(tune, "picks.json").replace("set = []", 'set = ["data.validation=50"]')
+    final.write_text(kept)
+    with pytest.raises(ConfigError, match="read on the test split.*leave data.validation"):
+        load_grid(final, "final")
+    both = tune.read_text().replace("seeds = [0]\n", "seeds = [0]\npicks = \"picks.json\"\n", 1)
+    final.write_text(both)
+    with pytest.raises(ConfigError, match="either tunes"):
+        load_grid(final, "tune")
 
 
 def test_tuning_grid__refuses_unequal_budgets_missing_methods_and_no_validation(tmp_path):

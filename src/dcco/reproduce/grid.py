@@ -9,7 +9,7 @@ from typing import Any
 
 from dcco.config import ConfigError, RunConfig, load_config, read_toml
 from dcco.methods.registry import METHODS
-from dcco.reproduce.tuning import TuningRule, parse_tuning
+from dcco.reproduce.tuning import Recipe, TuningRule, parse_tuning, read_picks
 from dcco.run.setup import resolved
 
 SUPERVISED = "supervised"
@@ -49,8 +49,18 @@ class Grid:
     """The grid's tuning rule (``[tuning]``, ``dcco.reproduce.tuning``): each method runs
     every one of its recipes; None: each method runs once, on ``base``."""
     recipe_bases: dict[tuple[str, str], RunConfig] | None = None
-    """With ``tuning``: the base config of each (method, recipe name), the scale's with the
-    recipe's overrides."""
+    """With ``tuning`` or ``picked``: the base config of each (method, recipe name), the
+    scale's with the recipe's overrides."""
+    picked: dict[str, Recipe] | None = None
+    """A final grid's recipe of each method (``grid.picks``: a tuning grid's picks.json,
+    ``dcco.reproduce.tuning.read_picks``); None: each method runs on ``base``."""
+
+    def recipes(self, method: str) -> tuple[Recipe | None, ...]:
+        """The recipes ``method`` runs: every one of a tuning grid's, a final grid's pick,
+        or (None,): the base config."""
+        if self.tuning is not None:
+            return self.tuning.recipes[method]
+        return (None,) if self.picked is None else (self.picked[method],)
 
 
 def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) -> Grid:
@@ -110,29 +120,48 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
             raise ConfigError(f"grid.supervised_labels = {supervised} must be label counts of "
                               f"the evaluations ({sorted(counts)})")
         supervised = tuple(int(n) for n in supervised)
-    tuning, recipe_bases = None, None
+    tuning, picked, recipes = None, None, None
+    if "tuning" in raw and "picks" in g:
+        raise ConfigError(f"{path}: a grid either tunes ([tuning]) or runs the picks of a "
+                          f"tuning grid (grid.picks), not both")
     if "tuning" in raw:
         tuning = parse_tuning(raw["tuning"], methods, evaluations, str(path))
+        recipes = tuning.recipes
         if not base.data.validation:
             raise ConfigError(f"{path}: a grid with [tuning] picks recipes on a validation "
                               f"split and never reads the test split; set data.validation "
                               f"(e.g. \"data.validation=5000\" in scale.{scale}.set)")
-        recipe_bases = {}
-        for method, recipes in tuning.recipes.items():
-            for r in recipes:
-                try:
-                    cfg = resolved(load_config(None, flat + scale_set + list(r.overrides)
-                                               + list(overrides or [])))
-                except ConfigError as e:
-                    raise ConfigError(f"{path}: tuning.{method} recipe {r.name} "
-                                      f"({', '.join(r.overrides)}): {e}") from None
-                if cfg.data != base.data or cfg.eval != base.eval:
-                    raise ConfigError(f"{path}: tuning.{method} recipe {r.name} changes "
-                                      f"[data] or [eval]; recipes tune training only, and "
-                                      f"every one is read on the same validation split")
-                recipe_bases[method, r.name] = cfg
+    if "picks" in g:
+        picked = read_picks(path.parent / str(g["picks"]), methods, str(path))
+        recipes = {m: (r,) for m, r in picked.items()}
+        if base.data.validation:
+            raise ConfigError(f"{path}: a final grid (grid.picks) is read on the test split, "
+                              f"its recipes having been picked on the validation split; "
+                              f"leave data.validation unset in its scale")
+    recipe_bases = None
+    if recipes is not None:
+        where = "tuning" if tuning is not None else "grid.picks"
+        recipe_bases = {(m, r.name): _recipe_base(path, where, m, r, flat + scale_set,
+                                                  list(overrides or []), base)
+                        for m, rs in recipes.items() for r in rs}
     return Grid(base, settings, methods, evaluations, seeds, scale, batch, supervised,
-                tuning, recipe_bases)
+                tuning, recipe_bases, picked)
+
+
+def _recipe_base(path: Path, where: str, method: str, recipe: Recipe, scale_set: list[str],
+                 overrides: list[str], base: RunConfig) -> RunConfig:
+    """The base config of one recipe of ``method``: the scale's with its overrides, checked
+    to leave [data] and [eval] as the scale has them."""
+    try:
+        cfg = resolved(load_config(None, scale_set + list(recipe.overrides) + overrides))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {where} {method} recipe {recipe.name} "
+                          f"({', '.join(recipe.overrides)}): {e}") from None
+    if cfg.data != base.data or cfg.eval != base.eval:
+        raise ConfigError(f"{path}: {where} {method} recipe {recipe.name} changes [data] or "
+                          f"[eval]; recipes tune training only, and every one is read on the "
+                          f"same split")
+    return cfg
 
 
 def _flatten(sections: dict[str, Any]) -> list[str]:

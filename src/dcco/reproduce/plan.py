@@ -26,7 +26,8 @@ class Cell:
     skipped: frozenset[str] = frozenset()
     """Evaluations of the grid this cell does not run (``Grid.supervised_labels``)."""
     recipe: str | None = None
-    """The method's recipe this cell runs (``r1``, …) in a grid with a tuning rule; None."""
+    """The method's recipe this cell runs (``r1``, …) in a grid with a tuning rule or a
+    final grid's picks; None: the grid's base config."""
 
     def evaluations(self, grid_evaluations: tuple[str, ...]) -> tuple[str, ...]:
         """The grid's evaluations that this cell runs."""
@@ -59,7 +60,7 @@ def plan_cells(grid: Grid, out: Path) -> list[Cell]:
     cells = []
     for seed in grid.seeds:
         for method in grid.methods:
-            for recipe in (grid.tuning.recipes[method] if grid.tuning else (None,)):
+            for recipe in grid.recipes(method):
                 cells += _method_cells(grid, out, method, seed, recipe)
     return cells
 

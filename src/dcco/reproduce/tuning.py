@@ -22,7 +22,13 @@ value: list the method's default first, so that a tie goes to it). Every method 
 the same number of recipes, and the grid's scale must hold out a validation split
 (``data.validation``): tuning never reads the test split.
 
-The pick (``pick``): among a method's recipes whose cells finished without a collapse
+A final grid runs each method at its pick: ``picks = "results/…-tune/picks.json"`` in its
+``[grid]`` (a path from the grid file's folder) reads the picks a tuning grid's records
+gave (``dcco.reproduce.picks.write_picks``; ``read_picks``), and its cells are named by the
+picked recipe (``non-iid-4-dcco-r4-s0``). Its scale reads the test split: it holds no
+validation split.
+
+The pick (``choose``): among a method's recipes whose cells finished without a collapse
 warning and without diverging, the highest ``select`` accuracy; a recipe within ``tie`` of
 it that is listed earlier wins. A method with a recipe not yet recorded has no pick.
 """
@@ -30,7 +36,9 @@ it that is listed earlier wins. A method with a recipe not yet recorded has no p
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dcco.config import ConfigError, to_toml_value
@@ -150,4 +158,28 @@ def choose(method: str, candidates: tuple[Candidate, ...], tie: float) -> Pick:
     return Pick(method, first.recipe, candidates, why)
 
 
-__all__ = ["Candidate", "Pick", "Recipe", "TuningRule", "choose", "parse_tuning"]
+def read_picks(path: Path, methods: tuple[str, ...], where: str) -> dict[str, Recipe]:
+    """Each of ``methods``' picked recipe from a tuning grid's ``picks.json`` (module
+    docstring); errors name the file and the method that has no pick."""
+    try:
+        record = json.loads(path.read_text())
+        chosen = record["methods"]
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: grid.picks names {path}, which does not exist; the "
+                          f"tuning grid's `dcco reproduce ... --table-only` writes it") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{where}: grid.picks {path} is not a picks.json "
+                          f"({type(e).__name__}: {e})") from None
+    recipes = {}
+    for m in methods:
+        entry = chosen.get(m) if isinstance(chosen, dict) else None
+        if entry is None:
+            raise ConfigError(f"{where}: {path} has no pick for {m}; its tuning grid did not "
+                              f"tune it")
+        if entry.get("pick") is None:
+            raise ConfigError(f"{where}: {path} has no pick for {m} yet ({entry.get('why')})")
+        recipes[m] = Recipe(str(entry["pick"]), tuple(str(o) for o in entry["overrides"]))
+    return recipes
+
+
+__all__ = ["Candidate", "Pick", "Recipe", "TuningRule", "choose", "parse_tuning", "read_picks"]
