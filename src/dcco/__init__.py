@@ -29,9 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from dcco import moved as _moved  # old import paths point to their new homes
+from dcco.version import __version__
 
 _moved.install()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dcco import __version__
+from dcco.version import __version__
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-import dcco
 from dcco.config import RunConfig, load_config, to_toml
 from dcco.errors import UserError, shown
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.scalars import ScalarLog
 from dcco.run.setup import resolved
 from dcco.run.stores import STATES_FOLDER
+from dcco.version import __version__
 
 
 class RunDirError(UserError):
@@ -86,7 +86,7 @@ def source_digest(package: Path) -> str:
 
 
 def _source_state() -> dict[str, str]:
-    package = Path(dcco.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # src/dcco
     state = {"source_sha256": source_digest(package)}
     try:
         git = ["git", "-C", str(package.parents[1])]
@@ -111,7 +111,7 @@ def code_version() -> dict[str, str]:
     """dcco's version, the machine (with torch's intra-op thread count, which changes the
     order of floating-point sums and so a run's numbers), and the code: the git commit of the checkout when dcco was
     imported (with '+dirty' if src/ differed from it) and a digest of the source files."""
-    return {"dcco": dcco.__version__, "torch": torch.__version__,
+    return {"dcco": __version__, "torch": torch.__version__,
             "python": platform.python_version(), "host": platform.node(),
             "machine": f"{platform.machine()} {platform.system()}",
             "cpu": f"{cpu_name()} ({os.cpu_count()} cores)",
