@@ -169,10 +169,13 @@ def test_collapse_watch__an_encoder_whose_outputs_are_under_eps_is_warned(tmp_pa
             return 1e-4 * self.net(x)
 
     torch.manual_seed(0)
-    with pytest.warns(CollapseWarning, match="vary less than a third of the loss's ε = 1e-05"):
+    with pytest.warns(CollapseWarning, match="vary less than a third of the loss's ε = 1e-05"
+                      ) as caught:
         done = dcco.fit(Tiny(), _vector_clients(), rounds=20, augment=_noise,
                         clients_per_round=6, projector=None, run_dir=tmp_path / "r",
                         progress=False)
+    # it points at the line above, the caller's, not at dcco's loop; and dcco exports it
+    assert [w.filename for w in caught] == [__file__] and dcco.CollapseWarning is CollapseWarning
     assert done.collapse["dead_dims"] == 1.0 and done.collapse["max_var"] < 1e-5
     assert done.summary["final_loss"] > 0.95 * 8  # the loss sits at d
 

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dcco"
 
 LAYERS = (
-    ("errors", "files", "tensorfile", "config", "moved", "version"),
+    ("errors", "files", "tensorfile", "config", "moved", "version", "callers"),
     ("core", "core.seeding", "core.devices"),
     ("core.stats", "core.losses", "core.collapse", "core.method"),
     ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",

@@ -66,6 +66,10 @@ def __getattr__(name: str) -> Any:
         from dcco.data.datasets import DataError
 
         return DataError
+    if name == "CollapseWarning":
+        from dcco.core.collapse import CollapseWarning
+
+        return CollapseWarning
     if name == "Diverged":
         from dcco.run.pretraining import Diverged
 
@@ -77,7 +81,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dcco' has no attribute {name!r}")
 
 
-__all__ = ["Aggregated", "ConfigError", "DataError", "Diverged", "Encoder", "FitResult",
+__all__ = ["Aggregated", "CollapseWarning", "ConfigError", "DataError", "Diverged", "Encoder", "FitResult",
            "ImageViews", "Merged", "UserError", "__version__", "aggregate_updates",
            "apply_update", "dual_encoder", "export_encoder", "fit", "linear_probe",
            "load_encoder", "local_update", "merge_statistics", "method", "server_optimizer",

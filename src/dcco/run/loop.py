@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
+from dcco.callers import caller_stacklevel
 from dcco.config import EvalConfig, RunConfig
 from dcco.core.client_state import kept_by_clients
 from dcco.core.collapse import (
@@ -178,7 +179,7 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
                 if on_warning is not None:
                     on_warning(warning)
                 else:
-                    warnings.warn(warning, CollapseWarning, stacklevel=2)
+                    warnings.warn(warning, CollapseWarning, stacklevel=caller_stacklevel())
             if on_log is not None:
                 on_log(record)
             w = window()
