@@ -61,7 +61,8 @@ def make_federation(tiny_config):
     def make(method: str = "dcco", fcfg: FlowerConfig | None = None,
              tamper: Tamper | None = None, overrides: tuple[str, ...] = ()):
         cfg = load_config(tiny_config(method=method, rounds=3), [
-            'train.dtype="float64"', 'train.backend="reference"', "train.clients_per_round=12",
+            'train.precision="float64"', 'train.compile="off"', 'train.backend="reference"',
+            "train.clients_per_round=12",
             'optim.optimizer="lars"', "optim.lr=0.5", *overrides])
         fcfg = fcfg or FlowerConfig(min_nodes=NODES)
         train, _ = load_splits(cfg)

@@ -92,6 +92,9 @@ def test_optim_old_key_names__read_as_the_new_ones_with_a_warning_and_a_conflict
         assert load_config(None, ["optim.warmup_steps=3"]).optim.warmup_rounds == 3
     with pytest.warns(DeprecationWarning, match="optim.name is now optim.optimizer"):
         assert load_config(None, ['optim.name="lars"']).optim.optimizer == "lars"
+    with pytest.warns(DeprecationWarning, match="train.dtype is now train.precision"):
+        dtype = load_config(None, ['train.dtype="float64"']).train
+    assert (dtype.precision, dtype.compile) == ("float64", "off")
     with pytest.raises(ConfigError, match="optim.warmup_steps .the old name of "
                                           "optim.warmup_rounds"):
         load_config(old, ["optim.warmup_rounds=8"])

@@ -17,7 +17,7 @@ class OptimConfig:
     optimizer: Literal["adam", "lars", "sgd"] = "adam"
     """"adam" (AdamW), "lars", or "sgd": plain SGD without momentum, FedAvg's server at
     lr 1 (θ ← θ + lr · the average update). The Flower strategy's ``optimizer=``; read from
-    its old name, ``optim.optimizer``, with a ``DeprecationWarning``."""
+    its old name, ``optim.name``, with a ``DeprecationWarning``."""
     lr: float = 5e-3
     """The peak learning rate (after warm-up)."""
     schedule: Literal["cosine", "constant"] = "cosine"

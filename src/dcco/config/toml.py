@@ -28,8 +28,9 @@ def _upgrade(raw: dict[str, Any], warn: bool = True) -> None:
     """Read a config written with an old key name as the new one (``RENAMED``; with ``warn``,
     a ``DeprecationWarning`` names the new key: a run directory's stored config is read
     quietly), and one written before ``train.precision`` existed as what it computed: its
-    ``train.dtype`` is the precision (the values carry over), and it ran eager (compile
-    "off"), so older run directories stay readable and comparable."""
+    ``train.dtype`` is the precision (the values carry over; with ``warn``, a
+    ``DeprecationWarning`` too), and it ran eager (compile "off"), so older run directories
+    stay readable and comparable."""
     for (section, old), new in RENAMED.items():
         values = raw.get(section)
         if not isinstance(values, dict) or old not in values:
@@ -53,6 +54,10 @@ def _upgrade(raw: dict[str, Any], warn: bool = True) -> None:
                           f"alone")
     train["precision"] = value
     train.setdefault("compile", "off")
+    if warn:
+        warnings.warn("train.dtype is now train.precision (a config without train.compile "
+                      "also runs eager, as it did then); the old name goes in a later release",
+                      DeprecationWarning, stacklevel=3)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
