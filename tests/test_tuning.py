@@ -278,3 +278,26 @@ def test_fair_grid__every_method_six_recipes_on_the_validation_split_defaults_fi
     assert {first[m].model.norm for m in ("fedu", "fedema")} == {"bn"}
     rates = sorted({c.cfg.optim.lr for c in cells if c.method == "byol_fedavg"})
     assert rates == [0.5, 1.0, 2.0]  # x0.5, x1, x2 of the default
+
+
+def test_fair_final_grid__every_method_at_its_committed_pick_on_the_test_split() -> None:
+    """experiments/fair_fmnist_final.toml runs each method at the recipe that its tuning
+    records picked (the committed picks.json), with the tuning scale's settings less the
+    validation split: the same config as the tuning cell but for [data]'s held-out samples."""
+    import json
+    from dataclasses import replace
+
+    final = load_grid(ROOT / "experiments" / "fair_fmnist_final.toml", "final")
+    tune = load_grid(ROOT / "experiments" / "fair_fmnist.toml", "tune")
+    record = json.loads((ROOT / "experiments" / "results" / "fair_fmnist-tune" / "picks.json")
+                        .read_text())
+    assert final.methods == tune.methods and final.base.data.validation == 0
+    cells = plan_cells(final, Path("out"))
+    assert len(cells) == 3 * (2 * (len(final.methods) - 1) + 1)  # centralized: no setting
+    for method in final.methods:
+        pick = record["methods"][method]["pick"]
+        assert pick is not None, method
+        picked = [c for c in cells if c.method == method]
+        assert {c.recipe for c in picked} == {pick}
+        tuned = tune.recipe_bases[method, pick]
+        assert replace(final.recipe_bases[method, pick], data=tuned.data) == tuned, method
