@@ -648,3 +648,32 @@ def test_package__the_errors_are_importable_from_dcco_and_dir_shows_public_names
         assert error in raises, error
     with pytest.raises(TypeError, match="encoder must be a torch.nn.Module"):
         dcco.fit("a model", {"a": torch.zeros(2, 3)}, rounds=1, augment=_jitter)
+
+
+def test_fit_refusals__are_user_errors_naming_the_argument(tmp_path):
+    """An encoder of the wrong input width, one whose output is (N, d, 1), and a model that
+    is not a module: each refusal of ``dcco.fit`` is a ``dcco.UserError`` (an
+    ``ArgumentError``, a ``TypeError`` too) whose message names the argument."""
+    import dcco
+
+    class Narrow(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(10, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x)
+
+    class Column(Narrow):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, 0))[:, :8, None]
+
+    clients = {i: torch.randn(4, 12) for i in range(8)}
+    for encoder, says in ((Narrow(), r"encoder: Narrow failed on one sample of shape \(12,\)"),
+                          (Column(), r"encoder: Column must map a batch to \(N, d\) encodings"),
+                          ("not a module", "encoder must be a torch.nn.Module")):
+        with pytest.raises(dcco.UserError, match=says) as caught:
+            dcco.fit(encoder, clients, rounds=2, clients_per_round=4, progress=False,
+                     augment=lambda x: x + 0.1 * torch.randn_like(x), run_dir=tmp_path / "r")
+        assert isinstance(caught.value, (dcco.ArgumentError, TypeError))
+        assert not (tmp_path / "r").exists()  # refused before anything is written

@@ -54,10 +54,10 @@ def __getattr__(name: str) -> Any:
         from dcco import fitting
 
         return getattr(fitting, name)
-    if name == "UserError":
-        from dcco.errors import UserError
+    if name in ("UserError", "ArgumentError"):
+        from dcco import errors
 
-        return UserError
+        return getattr(errors, name)
     if name == "ConfigError":
         from dcco.config import ConfigError
 
@@ -81,7 +81,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'dcco' has no attribute {name!r}")
 
 
-__all__ = ["Aggregated", "CollapseWarning", "ConfigError", "DataError", "Diverged", "Encoder", "FitResult",
+__all__ = ["Aggregated", "ArgumentError", "CollapseWarning", "ConfigError", "DataError", "Diverged", "Encoder", "FitResult",
            "ImageViews", "Merged", "UserError", "__version__", "aggregate_updates",
            "apply_update", "dual_encoder", "export_encoder", "fit", "linear_probe",
            "load_encoder", "local_update", "merge_statistics", "method", "server_optimizer",

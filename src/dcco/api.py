@@ -43,6 +43,7 @@ from dcco.core.server import (
     validate_update,
 )
 from dcco.core.stats import EncodingStats, Moments, encoding_stats, merge
+from dcco.errors import ArgumentError
 from dcco.methods.base import Method
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
@@ -72,8 +73,8 @@ def feature_dim(encoder: nn.Module, sample: Tensor | None) -> int:
     if isinstance(width, int):
         return width
     if sample is None:
-        raise ValueError(f"{type(encoder).__name__} has no feature_dim attribute; give a "
-                         f"sample input to measure its output width")
+        raise ArgumentError(f"encoder: {type(encoder).__name__} has no feature_dim attribute; "
+                            f"give a sample input to measure its output width")
     was_training = encoder.training
     first = next(encoder.parameters(), None)
     if first is not None:  # the sample as the encoder's weights are: dtype and device
@@ -85,15 +86,16 @@ def feature_dim(encoder: nn.Module, sample: Tensor | None) -> int:
         with torch.no_grad():
             out = encoder(sample[None])
     except Exception as e:
-        raise ValueError(f"{type(encoder).__name__} failed on one sample of shape "
-                         f"{tuple(sample.shape)} (measuring its output width): "
-                         f"{type(e).__name__}: {e}") from e
+        raise ArgumentError(f"encoder: {type(encoder).__name__} failed on one sample of shape "
+                            f"{tuple(sample.shape)} (measuring its output width): "
+                            f"{type(e).__name__}: {e}") from e
     finally:
         encoder.train(was_training)
     if not isinstance(out, Tensor) or out.ndim != 2:
-        raise ValueError(f"{type(encoder).__name__} must map a batch to (N, d) encodings; "
-                         f"one sample of shape {tuple(sample.shape)} gave "
-                         f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
+        raise ArgumentError(f"encoder: {type(encoder).__name__} must map a batch to (N, d) "
+                            f"encodings; "
+                            f"one sample of shape {tuple(sample.shape)} gave "
+                            f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
     return int(out.shape[1])
 
 
@@ -142,14 +144,14 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128
         heads.append(IdentityProjector(width) if dims is None else
                      build_projector(ModelConfig(), width, dims, seed, tower))
     if len(heads) == 2 and heads[0].out_dim != heads[1].out_dim:
-        raise ValueError(f"the two towers must encode to one width: {heads[0].out_dim} and "
-                         f"{heads[1].out_dim} (give projector widths, or encoders of equal "
-                         f"output)")
+        raise ArgumentError(f"the two towers must encode to one width: {heads[0].out_dim} and "
+                            f"{heads[1].out_dim} (give projector widths, or encoders of equal "
+                            f"output)")
     second_tower = (second, heads[1]) if second is not None else None
     head = _head(method, predictor, dims or (heads[0].out_dim,))
     if head is not None and second is not None:
-        raise ValueError(f"{method} trains a predictor or target network around one encoder "
-                         f"shared by both views; leave second=None")
+        raise ArgumentError(f"{method} trains a predictor or target network around one encoder "
+                            f"shared by both views; leave second=None")
     predictor_net, target = head_modules(ModelConfig(), head, encoder, heads[0], seed)
     return DualEncoder(encoder, heads[0], second=second_tower, predictor=predictor_net,
                        target=target)
@@ -161,26 +163,26 @@ def _head(method: str | None, predictor: Iterable[int] | None,
     ``dims`` (the encoder's width alone without one)."""
     if method is None:
         if predictor is not None:
-            raise ValueError("predictor= sizes a method's predictor: give method= too")
+            raise ArgumentError("predictor= sizes a method's predictor: give method= too")
         return None
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(sorted(METHODS))}")
+        raise ArgumentError(f"unknown method {method!r}; choose from {', '.join(sorted(METHODS))}")
     cls = METHODS[method]
     if not issubclass(cls, PredictiveMethod):
         if predictor is not None:
-            raise ValueError(f"{method} has no predictor; leave predictor=None")
+            raise ArgumentError(f"{method} has no predictor; leave predictor=None")
         return None
     d, default = dims[-1], cls.default_predictor(dims)
     widths = default if predictor is None else tuple(int(w) for w in predictor)
     if not default and widths:
-        raise ValueError(f"{method} has no predictor (its key encoder is a target network "
-                         f"alone); leave predictor=None")
+        raise ArgumentError(f"{method} has no predictor (its key encoder is a target network "
+                            f"alone); leave predictor=None")
     if default and (len(widths) < 2 or min(widths) < 1):
-        raise ValueError(f"{method}'s predictor needs two or more positive widths (hidden, "
-                         f"then d = {d}), got {list(widths)}; None: its default")
+        raise ArgumentError(f"{method}'s predictor needs two or more positive widths (hidden, "
+                            f"then d = {d}), got {list(widths)}; None: its default")
     if widths and widths[-1] != d:
-        raise ValueError(f"the predictor must end in the projection width {d}, got "
-                         f"{list(widths)}")
+        raise ArgumentError(f"the predictor must end in the projection width {d}, got "
+                            f"{list(widths)}")
     return Head(widths, cls.target)
 
 
@@ -202,15 +204,15 @@ def dual_view(model: Model) -> tuple[nn.Module, Callable[[str], str]]:
     if isinstance(model, DualEncoder):
         return model, lambda name: name
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (your encoder) or a DualEncoder, "
-                        f"got {type(model).__name__}")
+        raise ArgumentError(f"model must be a torch.nn.Module (your encoder) or a DualEncoder, "
+                            f"got {type(model).__name__}")
     return _Shared(model), lambda name: name.removeprefix("encoder.")
 
 
 def _encodings_checked(f: Tensor, g: Tensor, n: int) -> None:
     for name, t in (("F", f), ("G", g)):
         if not isinstance(t, Tensor) or t.ndim != 2 or t.shape[0] != n:
-            raise ValueError(
+            raise ArgumentError(
                 f"the model must map a batch of {n} inputs to ({n}, d) encodings; its {name} "
                 f"is {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
 
@@ -253,8 +255,8 @@ def _method(given: str | Method, statistics: bool = False) -> Method:
     m = method(given) if isinstance(given, str) else given
     if statistics and m.stats is None:
         shared = sorted(k for k, v in METHODS.items() if getattr(v, "stats", None) is not None)
-        raise ValueError(f"{m.name} shares no statistics; the statistics methods are "
-                         f"{', '.join(shared)}")
+        raise ArgumentError(f"{m.name} shares no statistics; the statistics methods are "
+                            f"{', '.join(shared)}")
     return m
 
 
@@ -285,8 +287,8 @@ def _phase1_forward(model: Model, x1: Tensor, x2: Tensor
     dual, back = dual_view(model)
     n = int(x1.shape[0])
     if n == 0:
-        raise ValueError("a client with no samples has no statistics; leave it out of the "
-                         "round")
+        raise ArgumentError("a client with no samples has no statistics; leave it out of the "
+                            "round")
     with buffers_kept(dual):
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
@@ -330,10 +332,10 @@ def _update_checked(method: str | Method, aggregate: Moments | None, n: int) -> 
     samples."""
     m = _method(method)
     if m.stats is not None and aggregate is None:
-        raise ValueError(f"{m.name} needs the round's aggregate S_A (merge_statistics)")
+        raise ArgumentError(f"{m.name} needs the round's aggregate S_A (merge_statistics)")
     if n < m.min_client_samples:
-        raise ValueError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
-                         f"got {n}")
+        raise ArgumentError(f"{m.name} needs at least {m.min_client_samples} samples on a client, "
+                            f"got {n}")
     return m
 
 
@@ -371,7 +373,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
     """
     m = _update_checked(method, aggregate, int(x1.shape[0]))
     if steps < 1 or (batch is not None and batch < 1):
-        raise ValueError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
+        raise ArgumentError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = dual_view(model)
     with buffers_kept(dual):
         update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
@@ -404,8 +406,8 @@ def _width(model: Model | int) -> int:
         return model
     if isinstance(model, DualEncoder):
         return model.projection_dim
-    raise TypeError("give the encoding width d (an int) or a DualEncoder to check the "
-                    "replies' shapes against")
+    raise ArgumentError("give the encoding width d (an int) or a DualEncoder to check the "
+                        "replies' shapes against")
 
 
 def merge_statistics(replies: Iterable[EncodingStats | Mapping[str, Any]], model: Model | int,

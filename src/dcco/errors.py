@@ -16,6 +16,14 @@ class UserError(ValueError):
     """Bad user input; the message names the key, file or folder at fault."""
 
 
+class ArgumentError(UserError, TypeError):
+    """An argument of dcco's public functions (``dcco.fit``, ``dual_encoder``, the round's
+    functions) that they cannot use: a user's encoder whose input or output does not fit, a
+    method or width that does not go with the rest; the message names the argument. It is a
+    ``TypeError`` as well as a ``ValueError`` (``UserError``), so that code catching either
+    around these calls keeps working."""
+
+
 def shown(path: Path | str) -> str:
     """A path as given, with its absolute form beside it when they differ (``nosuch/fmnist
     (= /home/me/nosuch/fmnist)``), for messages."""
@@ -24,4 +32,4 @@ def shown(path: Path | str) -> str:
     return str(path) if str(full) == str(path) else f"{path} (= {full})"
 
 
-__all__ = ["UserError", "shown"]
+__all__ = ["ArgumentError", "UserError", "shown"]

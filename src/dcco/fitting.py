@@ -17,7 +17,7 @@ from dcco.api import dual_encoder
 from dcco.config import USER, ConfigError, RunConfig, from_dict, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
-from dcco.errors import shown
+from dcco.errors import ArgumentError, shown
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.run.rundir import FIT_WORDS, RunDir
@@ -188,8 +188,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     from dcco.run.stores import STATES_FOLDER, check_stores
 
     if not isinstance(encoder, nn.Module):
-        raise TypeError(f"encoder must be a torch.nn.Module (your network), not "
-                        f"{type(encoder).__name__}")
+        raise ArgumentError(f"encoder must be a torch.nn.Module (your network), not "
+                            f"{type(encoder).__name__}")
     data = clients if isinstance(clients, Samples) else samples_of_clients(clients)
     if augment is None and not (data.x.dtype == torch.uint8 and data.x.ndim == 4
                                 and data.x.shape[1] in (1, 3)):
@@ -254,8 +254,8 @@ def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:
     from dcco.config import to_toml_value
 
     if isinstance(settings, str):
-        raise TypeError("settings takes a list of 'section.key=value' strings or a mapping, "
-                        f"not one string ({settings!r})")
+        raise ArgumentError("settings takes a list of 'section.key=value' strings or a mapping, "
+                            f"not one string ({settings!r})")
     if isinstance(settings, Mapping):
         none = '"none"'  # how an optional setting is left unset
         return [f"{k}={none if v is None else to_toml_value(v)}" for k, v in settings.items()]
