@@ -168,8 +168,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
 
     Raises:
         dcco.ConfigError: a bad setting (an unknown key or value, a key that is one of fit's
-            own arguments, a centralized method), or a ``run_dir`` holding another run or
-            under a file; named, before any file or folder is written.
+            own arguments, a centralized method), or a ``run_dir`` holding a run of other
+            settings; named, before any file or folder is written.
         dcco.DataError: bad samples (no clients, a client of none, samples of different
             shapes, NaN or an infinity, named by client and sample; samples dcco's own
             augmentation cannot take); likewise before anything is written. Both are a
@@ -177,7 +177,12 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         dcco.Diverged: the loss stopped being finite (a ``FloatingPointError``); its message
             names the round and the likely cause (the augmentation, the inputs or the rate),
             and no checkpoint holds the diverged model.
-        TypeError: ``settings`` given as one string, or an encoder that is not a module.
+        dcco.ArgumentError: an encoder that is not a module, or whose input width or output
+            shape does not fit the samples ((N, d) encodings); ``settings`` given as one
+            string. A ``dcco.UserError`` and a ``TypeError``.
+        dcco.run.rundir.RunDirError: a ``run_dir`` that is a file or lies under one, a
+            folder that is not a dcco run directory, or one that another process is writing
+            (a ``dcco.UserError``).
     """
     from datetime import datetime
 
