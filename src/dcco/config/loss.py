@@ -3,8 +3,9 @@ computes them)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args, get_origin, get_type_hints
 
 LAMBDA = 20.0
 """λ, the trade-off between the invariance and redundancy terms (paper appendix B)."""
@@ -95,18 +96,20 @@ class LossConfig:
             raise ValueError(f"loss.target_decay must be in [0, 1), got {self.target_decay}")
         if not 0 < self.fedema_tau <= 1:
             raise ValueError(f"loss.fedema_tau must be in (0, 1], got {self.fedema_tau}")
-        if self.divergence not in ("receipt", "travelled"):
-            raise ValueError(f"loss.divergence must be 'receipt' or 'travelled', got "
-                             f"{self.divergence!r}")
-        if self.fedema_mix not in ("always", "selective"):
-            raise ValueError(f"loss.fedema_mix must be 'always' or 'selective', got "
-                             f"{self.fedema_mix!r}")
-        if self.moco_directions not in ("mean", "sum"):
-            raise ValueError(f"loss.moco_directions must be 'mean' or 'sum', got "
-                             f"{self.moco_directions!r}")
+        for name, allowed in _choices().items():  # a config built in code skips TOML's check
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"loss.{name} must be {' or '.join(map(repr, allowed))}, "
+                                 f"got {getattr(self, name)!r}")
         if self.moco_queue < 0:
             raise ValueError(f"loss.moco_queue must be >= 0, got {self.moco_queue}")
         if not self.moco_temperature > 0:
             raise ValueError(f"loss.moco_temperature must be > 0, got {self.moco_temperature}")
         if not self.fedu_threshold >= 0:
             raise ValueError(f"loss.fedu_threshold must be >= 0, got {self.fedu_threshold}")
+
+
+@functools.cache
+def _choices() -> dict[str, tuple[str, ...]]:
+    """Each of ``LossConfig``'s fields whose type is a ``Literal``, and its allowed values."""
+    return {name: get_args(kind) for name, kind in get_type_hints(LossConfig).items()
+            if get_origin(kind) is Literal}

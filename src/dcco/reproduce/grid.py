@@ -140,25 +140,26 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
                               f"leave data.validation unset in its scale")
     recipe_bases = None
     if recipes is not None:
-        where = "tuning" if tuning is not None else "grid.picks"
-        recipe_bases = {(m, r.name): _recipe_base(path, where, m, r, flat + scale_set,
+        where = "tuning.{}" if tuning is not None else "grid.picks' {}"
+        recipe_bases = {(m, r.name): _recipe_base(path, where.format(m), r, flat + scale_set,
                                                   list(overrides or []), base)
                         for m, rs in recipes.items() for r in rs}
     return Grid(base, settings, methods, evaluations, seeds, scale, batch, supervised,
                 tuning, recipe_bases, picked)
 
 
-def _recipe_base(path: Path, where: str, method: str, recipe: Recipe, scale_set: list[str],
+def _recipe_base(path: Path, where: str, recipe: Recipe, scale_set: list[str],
                  overrides: list[str], base: RunConfig) -> RunConfig:
-    """The base config of one recipe of ``method``: the scale's with its overrides, checked
-    to leave [data] and [eval] as the scale has them."""
+    """The base config of one recipe (``where``: its method's place in the grid file, for
+    errors): the scale's with its overrides, checked to leave [data] and [eval] as the
+    scale has them."""
     try:
         cfg = resolved(load_config(None, scale_set + list(recipe.overrides) + overrides))
     except ConfigError as e:
-        raise ConfigError(f"{path}: {where} {method} recipe {recipe.name} "
+        raise ConfigError(f"{path}: {where} recipe {recipe.name} "
                           f"({', '.join(recipe.overrides)}): {e}") from None
     if cfg.data != base.data or cfg.eval != base.eval:
-        raise ConfigError(f"{path}: {where} {method} recipe {recipe.name} changes [data] or "
+        raise ConfigError(f"{path}: {where} recipe {recipe.name} changes [data] or "
                           f"[eval]; recipes tune training only, and every one is read on the "
                           f"same split")
     return cfg
