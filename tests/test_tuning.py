@@ -301,3 +301,29 @@ def test_fair_final_grid__every_method_at_its_committed_pick_on_the_test_split()
         assert {c.recipe for c in picked} == {pick}
         tuned = tune.recipe_bases[method, pick]
         assert replace(final.recipe_bases[method, pick], data=tuned.data) == tuned, method
+
+
+def test_fair_cross_silo_grid__the_same_picks_at_the_third_setting() -> None:
+    """experiments/fair_fmnist_cross_silo.toml runs every method of the final grid at the same
+    pick (the same overrides on the same scale), with only the setting's data, rounds, warm-up
+    and checkpoint interval changed: 10 clients of 64 photos, all every round, 150 rounds."""
+    from dataclasses import replace
+
+    final = load_grid(ROOT / "experiments" / "fair_fmnist_final.toml", "final")
+    silo = load_grid(ROOT / "experiments" / "fair_fmnist_cross_silo.toml", "final")
+    assert silo.methods == final.methods and silo.picked == final.picked
+    assert [s.name for s in silo.settings] == ["cross-silo Dir 0.1"]
+    cells = plan_cells(silo, Path("out"))
+    assert len(cells) == 3 * len(silo.methods) and all(c.na is None for c in cells)
+    for method in silo.methods:
+        (pick,) = {c.recipe for c in cells if c.method == method}
+        ours, theirs = silo.recipe_bases[method, pick], final.recipe_bases[method, pick]
+        assert ours.data.num_clients == 10 and ours.data.samples_per_client == 64
+        assert (ours.train.rounds, ours.optim.warmup_rounds) == (150, 5)
+        same = replace(ours, data=theirs.data,
+                       train=replace(ours.train, rounds=theirs.train.rounds,
+                                     checkpoint_every=theirs.train.checkpoint_every),
+                       optim=replace(ours.optim, warmup_rounds=theirs.optim.warmup_rounds))
+        assert same == theirs, method
+    central = next(c for c in cells if c.method == "centralized_cco")
+    assert central.cfg.train.clients_per_round * 64 == 640

@@ -1,0 +1,267 @@
+"""The fair fight's final table (issue 79): every method at its tuned pick, on the test split,
+mean ± sd over seeds, beside the floors (raw pixels, the untrained encoders) and the paper's
+number where the paper has one; then the verdicts, paired by seed, in the words
+``dcco.reproduce.verdicts`` defines.
+
+Reads only records: the final cells (``dcco reproduce experiments/fair_fmnist_final.toml
+--scale final --out experiments/results/fair_fmnist-final``), the picks they ran
+(experiments/results/fair_fmnist-tune/picks.json), the floors
+(``python experiments/fair_baselines.py``) and the paper's Table 1. One command writes it into
+docs/results.md (where it opens the file) and into the README's status:
+
+    python experiments/fair_table.py --write
+
+``--check`` exits 1 when either file's table differs from the records (tests/test_fair_table.py
+runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results" / "fair_fmnist-final"
+GRIDS = ((ROOT / "experiments" / "fair_fmnist_final.toml", RESULTS),
+         (ROOT / "experiments" / "fair_fmnist_cross_silo.toml",
+          ROOT / "experiments" / "results" / "fair_fmnist-cross-silo"))
+"""The final grids (scale ``final``) and their cells' folders: their settings are the table's
+columns, in this order."""
+PICKS = ROOT / "experiments" / "results" / "fair_fmnist-tune" / "picks.json"
+BASELINES = RESULTS / "baselines.json"
+EVALUATION = "linear@5000"
+TAG = "fair-table"
+TARGETS = {"docs": ROOT / "docs" / "results.md", "readme": ROOT / "README.md"}
+NAMES = {"dcco": "DCCO", "cco_fedavg": "CCO + FedAvg", "contrastive_fedavg": "contrastive FedAvg",
+         "fedsc": "FedSC", "moco_fedavg": "MoCo v2 + FedAvg", "byol_fedavg": "BYOL + FedAvg",
+         "simsiam_fedavg": "SimSiam + FedAvg", "centralized_cco": "centralized CCO (bound)",
+         "fedu": "FedU", "fedema": "FedEMA"}
+FLOORS = ("raw pixels", "untrained (gn)", "untrained (bn)")
+SHORT = {"optim.lr": "lr", "optim.weight_decay": "wd", "model.norm": "", "loss.moco_queue":
+         "queue", "loss.moco_directions": "", "loss.divergence": "", "loss.fedu_threshold":
+         "thr", "loss.fedema_mix": "", "model.clip_encodings": "clip",
+         "optim.vector_lr_scale": "vector lr ×"}
+
+
+def recipe_text(overrides: list[str]) -> str:
+    """A pick's overrides, short: ``lr 1.5, wd 1e-06, gn``."""
+    parts = []
+    for item in overrides:
+        key, value = item.split("=", 1)
+        value = value.strip('"')
+        name = SHORT.get(key, key)
+        parts.append(f"{name} {value}" if name else value)
+    return ", ".join(parts)
+
+
+def collect() -> dict:
+    """Everything the table shows, read from the records."""
+    from dcco.reproduce import cell_accuracy, load_grid, plan_cells
+
+    picks = json.loads(PICKS.read_text())["methods"]
+    grids = [load_grid(path, "final") for path, _ in GRIDS]
+    methods = grids[0].methods
+    if any(g.methods != methods for g in grids):
+        raise SystemExit("the final grids list different methods: " + "; ".join(
+            f"{path.name}: {', '.join(g.methods)}" for (path, _), g in zip(GRIDS, grids)))
+    settings = [s.name for g in grids for s in g.settings]
+    scores: dict[str, dict[str, dict[int, float]]] = {}
+    versions, extras, collapsed, planned = [], {}, set(), 0
+    for grid, (_, results) in zip(grids, GRIDS):
+        cells = plan_cells(grid, results)
+        planned += sum(c.na is None for c in cells)
+        for cell in cells:
+            acc = cell_accuracy(cell, EVALUATION)
+            if acc is None:
+                continue
+            summary = json.loads((cell.path / "summary.json").read_text())
+            versions.append(json.loads((cell.path / "version.json").read_text()))
+            # a centralized cell has no setting: it stands for each of its grid's settings
+            for setting in [cell.setting] if cell.setting else grid.settings:
+                by = scores.setdefault(cell.method, {}).setdefault(setting.name, {})
+                by[cell.seed] = 100 * acc
+                if summary.get("collapse_warning"):
+                    collapsed.add((cell.method, setting.name, cell.seed))
+            if cell.method in ("fedu", "fedema"):
+                extras.setdefault((cell.method, cell.setting.name), []).append(
+                    _state_figures(cell.path))
+    floors: dict[str, dict[int, float]] = {}
+    floor_versions = []
+    if BASELINES.is_file():
+        record = json.loads(BASELINES.read_text())
+        floor_versions.append(record["version"])
+        for seed, row in record["seeds"].items():
+            for name, result in row.items():
+                floors.setdefault(name, {})[int(seed)] = 100 * result["accuracy"]
+    norms = {m: next(o.split("=", 1)[1].strip('"') for o in p["overrides"]
+                     if o.startswith("model.norm=")) for m, p in picks.items()}
+    return {"methods": methods, "settings": settings, "planned": planned, "picks": picks,
+            "scores": scores, "floors": floors, "versions": versions,
+            "floor_versions": floor_versions, "norms": norms, "extras": extras,
+            "collapsed": collapsed}
+
+
+def _state_figures(path: Path) -> dict[str, float]:
+    """The means over a FedU or FedEMA cell's logged rounds of its stateful figures."""
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    keys = ("returning_clients", "divergence", "fedu_global_predictor", "fedema_mu")
+    return {k: statistics.fmean(v) for k in keys
+            if (v := [r[k] for r in rows if isinstance(r.get(k), (int, float))])}
+
+
+def _estimate(values: dict[int, float], collapsed: int = 0) -> str:
+    """``71.2 ± 0.4 (3)``: mean ± sd (seeds), with how many of them collapsed."""
+    if not values:
+        return "—"
+    xs = [values[s] for s in sorted(values)]
+    sd = f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else ""
+    return (f"{statistics.fmean(xs):.1f}{sd} ({len(xs)}"
+            + (f"; {collapsed} collapsed" if collapsed else "") + ")")
+
+
+def render(data: dict, brief: bool = False) -> str:
+    """The Markdown block: the accuracies, then (unless ``brief``) the verdicts."""
+    from dcco.reproduce import PAPER_TABLE1
+    from dcco.reproduce.verdicts import paired
+
+    methods, settings, scores, floors, picks, norms = (
+        data[k] for k in ("methods", "settings", "scores", "floors", "picks", "norms"))
+    done, planned = len(data["versions"]), data["planned"]
+    paper = PAPER_TABLE1[EVALUATION]
+
+    def score(method: str, setting: str) -> dict[int, float]:
+        return scores.get(method, {}).get(setting, {})
+
+    def collapses(method: str, setting: str) -> int:
+        return sum(m == method and s == setting for m, s, _ in data["collapsed"])
+
+    in_paper = [s for s in settings if any(s in row for row in paper.values())]
+    head = ["method (its pick)", *settings, *(f"paper, CIFAR-100, {s}" for s in in_paper)]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for method in methods:
+        row = [f"{NAMES[method]} ({picks[method]['pick']}: "
+               f"{recipe_text(picks[method]['overrides'])})"]
+        row += [_estimate(score(method, s), collapses(method, s)) for s in settings]
+        row += [_paper(paper.get(method, {}).get(s)) for s in in_paper]
+        lines.append("| " + " | ".join(row) + " |")
+    for floor in FLOORS:
+        value = _estimate(floors.get(floor, {}))
+        lines.append(f"| *{floor}* | " + " | ".join([value] * len(settings))
+                     + " | —" * len(in_paper) + " |")
+    progress = (f"{done} of the final grids' {planned} cells are finished"
+                + ("." if done == planned else "; the rest are under way and will fill in "
+                   "by the same command."))
+    if brief:
+        return "\n".join([
+            f"Fashion-MNIST, `{EVALUATION}` on the test split, %: mean ± sd over seeds (how "
+            f"many). {progress} Floors in italics; the paper's numbers are CIFAR-100's.", "",
+            *lines]) + "\n"
+    commits = Counter(v["git_commit"] for v in data["versions"] + data["floor_versions"])
+    cpus = Counter(v["cpu"] for v in data["versions"])
+    text = [
+        f"Fashion-MNIST, `{EVALUATION}` on the 10,000 test photos, in percent: mean ± sd over "
+        f"seeds (how many seeds). {progress}"
+        + " \"Collapsed\": the run's collapse watch warned (`collapse_warning` in its "
+        "summary.json): it counts in the mean like any seed. Floors (in italics) are probed "
+        "alike at the same seeds; the untrained encoders are the weights each cell of that "
+        "seed and normalisation starts from. The paper's numbers are CIFAR-100 at the "
+        "paper's network: a trend to compare, not a figure to match.",
+        "",
+        *lines,
+        "",
+        "The cells' code: " + ", ".join(f"`{c[:12]}` ({n} records)" for c, n in
+                                        sorted(commits.items())) + "; CPUs: "
+        + ", ".join(f"{c} ({n} cells)" for c, n in sorted(cpus.items())) + ". Written by "
+        "`python experiments/fair_table.py --write` from the records ("
+        + ", ".join(f"`{r.relative_to(ROOT)}/`" for _, r in GRIDS) + ").",
+    ]
+    text += ["", "Against DCCO, paired by seed (method − DCCO, points: mean ± sd, on how many "
+             "seeds ahead) and the verdict in the words defined below:", ""]
+    head = ["method", *(f"{s}: − DCCO" for s in settings), *(f"{s}: verdict" for s in settings)]
+    text += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for method in methods:
+        if method == "dcco":
+            continue
+        diffs = [paired(score(method, s), score("dcco", s)) for s in settings]
+        text.append(f"| {NAMES[method]} | " + " | ".join(
+            [str(d) if d else "—" for d in diffs]
+            + [f"**{d.word}**" if d and d.word else "—" for d in diffs]) + " |")
+    text += ["", "Against the floors, paired by seed (method − floor; the untrained encoder of "
+             "the method's own normalisation):", ""]
+    head = ["method", *(f"{s}: − raw pixels" for s in settings),
+            *(f"{s}: − untrained" for s in settings)]
+    text += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for method in methods:
+        untrained = floors.get(f"untrained ({norms[method]})", {})
+        cells = []
+        for floor in (floors.get("raw pixels", {}), untrained):
+            for s in settings:
+                d = paired(score(method, s), floor)
+                cells.append(f"{d}, **{d.floor_word()}**" if d and d.floor_word()
+                             else str(d) if d else "—")
+        text.append(f"| {NAMES[method]} | " + " | ".join(cells) + " |")
+    if data["extras"]:
+        text += ["", "What the stateful peers did (means over each cell's logged rounds, then "
+                 "over its seeds): clients a round that had trained before, their divergence "
+                 "(FedU's travelled distance or FedEMA's distance at receipt), the share of "
+                 "them that took the global predictor (FedU) and FedEMA's μ:", "",
+                 "| method | setting | seeds | returning clients | divergence | "
+                 "took global predictor | μ |", "|---|---|---|---|---|---|---|"]
+        for (method, setting), figures in sorted(data["extras"].items()):
+            def mean(key: str) -> str:
+                xs = [f[key] for f in figures if key in f]
+                return f"{statistics.fmean(xs):.3g}" if xs else "—"
+            text.append(f"| {NAMES[method]} | {setting} | {len(figures)} | "
+                        f"{mean('returning_clients')} | {mean('divergence')} | "
+                        f"{mean('fedu_global_predictor')} | {mean('fedema_mu')} |")
+    return "\n".join(text) + "\n"
+
+
+def _paper(entry) -> str:
+    if entry is None:
+        return "—"
+    return entry if isinstance(entry, str) else f"{entry.mean:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true",
+                      help="write the table into docs/results.md and README.md")
+    mode.add_argument("--check", action="store_true",
+                      help="exit 1 if either file's table differs from the records")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from dcco.reproduce import write_section
+
+    data = collect()
+    blocks = {"docs": render(data), "readme": render(data, brief=True)}
+    if args.check:
+        stale = [name for name, path in TARGETS.items()
+                 if _block(path.read_text()) != blocks[name].rstrip()]
+        for name in stale:
+            print(f"{TARGETS[name].relative_to(ROOT)}: the fair-fight table differs from the "
+                  f"records; run python experiments/fair_table.py --write", file=sys.stderr)
+        return 1 if stale else 0
+    if args.write:
+        for name, path in TARGETS.items():
+            write_section(path, blocks[name], TAG)
+            print(f"wrote {path.relative_to(ROOT)}")
+        return 0
+    print(blocks["docs"], end="")
+    return 0
+
+
+def _block(text: str) -> str | None:
+    begin, end = f"<!-- {TAG}:begin -->", f"<!-- {TAG}:end -->"
+    if begin not in text or end not in text:
+        return None
+    return text[text.index(begin) + len(begin):text.index(end)].strip("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
