@@ -123,101 +123,139 @@ def _estimate(values: dict[int, float], collapsed: int = 0) -> str:
             + (f"; {collapsed} collapsed" if collapsed else "") + ")")
 
 
-def render(data: dict, brief: bool = False) -> str:
-    """The Markdown block: the accuracies, then (unless ``brief``) the verdicts."""
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(cells: list[str]) -> list[str]:
+    return [_row(cells), "|---" * len(cells) + "|"]
+
+
+class _View:
+    """The records as the tables read them: a method's seeds at a setting, its collapses."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+        self.settings = data["settings"]
+
+    def score(self, method: str, setting: str) -> dict[int, float]:
+        return self.data["scores"].get(method, {}).get(setting, {})
+
+    def collapses(self, method: str, setting: str) -> int:
+        return sum(m == method and s == setting for m, s, _ in self.data["collapsed"])
+
+    def floor(self, name: str) -> dict[int, float]:
+        return self.data["floors"].get(name, {})
+
+
+def _accuracy_lines(view: _View) -> list[str]:
+    """Method × setting, the floors, and the paper's numbers at the settings it has."""
     from dcco.reproduce import PAPER_TABLE1
+
+    data, paper = view.data, PAPER_TABLE1[EVALUATION]
+    in_paper = [s for s in view.settings if any(s in row for row in paper.values())]
+    lines = _head(["method (its pick)", *view.settings,
+                   *(f"paper, CIFAR-100, {s}" for s in in_paper)])
+    for method in data["methods"]:
+        pick = data["picks"][method]
+        lines.append(_row(
+            [f"{NAMES[method]} ({pick['pick']}: {recipe_text(pick['overrides'])})",
+             *(_estimate(view.score(method, s), view.collapses(method, s))
+               for s in view.settings),
+             *(_paper(paper.get(method, {}).get(s)) for s in in_paper)]))
+    for floor in FLOORS:
+        lines.append(_row([f"*{floor}*", *[_estimate(view.floor(floor))] * len(view.settings),
+                           *["—"] * len(in_paper)]))
+    return lines
+
+
+def _verdict_lines(view: _View) -> list[str]:
+    """Each method against DCCO, paired by seed, with the verdict's word."""
     from dcco.reproduce.verdicts import paired
 
-    methods, settings, scores, floors, picks, norms = (
-        data[k] for k in ("methods", "settings", "scores", "floors", "picks", "norms"))
+    lines = _head(["method", *(f"{s}: − DCCO" for s in view.settings),
+                   *(f"{s}: verdict" for s in view.settings)])
+    for method in view.data["methods"]:
+        if method != "dcco":
+            diffs = [paired(view.score(method, s), view.score("dcco", s))
+                     for s in view.settings]
+            lines.append(_row([NAMES[method], *(str(d) if d else "—" for d in diffs),
+                               *(f"**{d.word}**" if d and d.word else "—" for d in diffs)]))
+    return lines
+
+
+def _floor_lines(view: _View) -> list[str]:
+    """Each method against the raw pixels and its own normalisation's untrained encoder."""
+    from dcco.reproduce.verdicts import paired
+
+    lines = _head(["method", *(f"{s}: − raw pixels" for s in view.settings),
+                   *(f"{s}: − untrained" for s in view.settings)])
+    for method in view.data["methods"]:
+        untrained = view.floor(f"untrained ({view.data['norms'][method]})")
+        cells = []
+        for floor in (view.floor("raw pixels"), untrained):
+            for s in view.settings:
+                d = paired(view.score(method, s), floor)
+                cells.append("—" if d is None else f"{d}, **{d.floor_word()}**"
+                             if d.floor_word() else str(d))
+        lines.append(_row([NAMES[method], *cells]))
+    return lines
+
+
+def _state_lines(extras: dict) -> list[str]:
+    """FedU's and FedEMA's logged figures, cell means averaged over seeds."""
+    lines = _head(["method", "setting", "seeds", "returning clients", "divergence",
+                   "took global predictor", "μ"])
+    for (method, setting), figures in sorted(extras.items()):
+        means = []
+        for key in ("returning_clients", "divergence", "fedu_global_predictor", "fedema_mu"):
+            xs = [f[key] for f in figures if key in f]
+            means.append(f"{statistics.fmean(xs):.3g}" if xs else "—")
+        lines.append(_row([NAMES[method], setting, str(len(figures)), *means]))
+    return lines
+
+
+def render(data: dict, brief: bool = False) -> str:
+    """The Markdown block: the accuracies, then (unless ``brief``) the verdicts."""
+    view = _View(data)
     done, planned = len(data["versions"]), data["planned"]
-    paper = PAPER_TABLE1[EVALUATION]
-
-    def score(method: str, setting: str) -> dict[int, float]:
-        return scores.get(method, {}).get(setting, {})
-
-    def collapses(method: str, setting: str) -> int:
-        return sum(m == method and s == setting for m, s, _ in data["collapsed"])
-
-    in_paper = [s for s in settings if any(s in row for row in paper.values())]
-    head = ["method (its pick)", *settings, *(f"paper, CIFAR-100, {s}" for s in in_paper)]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for method in methods:
-        row = [f"{NAMES[method]} ({picks[method]['pick']}: "
-               f"{recipe_text(picks[method]['overrides'])})"]
-        row += [_estimate(score(method, s), collapses(method, s)) for s in settings]
-        row += [_paper(paper.get(method, {}).get(s)) for s in in_paper]
-        lines.append("| " + " | ".join(row) + " |")
-    for floor in FLOORS:
-        value = _estimate(floors.get(floor, {}))
-        lines.append(f"| *{floor}* | " + " | ".join([value] * len(settings))
-                     + " | —" * len(in_paper) + " |")
     progress = (f"{done} of the final grids' {planned} cells are finished"
-                + ("." if done == planned else "; the rest are under way and will fill in "
-                   "by the same command."))
+                + ("." if done == planned else
+                   "; the rest are under way and will fill in by the same command."))
     if brief:
         return "\n".join([
-            f"Fashion-MNIST, `{EVALUATION}` on the test split, %: mean ± sd over seeds (how "
-            f"many). {progress} Floors in italics; the paper's numbers are CIFAR-100's.", "",
-            *lines]) + "\n"
+            (f"Fashion-MNIST, `{EVALUATION}` on the test split, %: mean ± sd over seeds (how "
+             f"many). {progress} Floors in italics; the paper's numbers are CIFAR-100's."),
+            "", *_accuracy_lines(view)]) + "\n"
     commits = Counter(v["git_commit"] for v in data["versions"] + data["floor_versions"])
     cpus = Counter(v["cpu"] for v in data["versions"])
     text = [
-        f"Fashion-MNIST, `{EVALUATION}` on the 10,000 test photos, in percent: mean ± sd over "
-        f"seeds (how many seeds). {progress}"
-        + " \"Collapsed\": the run's collapse watch warned (`collapse_warning` in its "
-        "summary.json): it counts in the mean like any seed. Floors (in italics) are probed "
-        "alike at the same seeds; the untrained encoders are the weights each cell of that "
-        "seed and normalisation starts from. The paper's numbers are CIFAR-100 at the "
-        "paper's network: a trend to compare, not a figure to match.",
+        (f"Fashion-MNIST, `{EVALUATION}` on the 10,000 test photos, in percent: mean ± sd "
+         f"over seeds (how many seeds). {progress} \"Collapsed\": the run's collapse watch "
+         "warned (`collapse_warning` in its summary.json): it counts in the mean like any "
+         "seed. Floors (in italics) are probed alike at the same seeds; the untrained "
+         "encoders are the weights each cell of that seed and normalisation starts from. The "
+         "paper's numbers are CIFAR-100 at the paper's network: a trend to compare, not a "
+         "figure to match."),
+        "", *_accuracy_lines(view), "",
+        ("The cells' code: "
+         + ", ".join(f"`{c[:12]}` ({n} records)" for c, n in sorted(commits.items()))
+         + "; CPUs: " + ", ".join(f"{c} ({n} cells)" for c, n in sorted(cpus.items()))
+         + ". Written by `python experiments/fair_table.py --write` from the records ("
+         + ", ".join(f"`{r.relative_to(ROOT)}/`" for _, r in GRIDS) + ")."),
         "",
-        *lines,
-        "",
-        "The cells' code: " + ", ".join(f"`{c[:12]}` ({n} records)" for c, n in
-                                        sorted(commits.items())) + "; CPUs: "
-        + ", ".join(f"{c} ({n} cells)" for c, n in sorted(cpus.items())) + ". Written by "
-        "`python experiments/fair_table.py --write` from the records ("
-        + ", ".join(f"`{r.relative_to(ROOT)}/`" for _, r in GRIDS) + ").",
-    ]
-    text += ["", "Against DCCO, paired by seed (method − DCCO, points: mean ± sd, on how many "
-             "seeds ahead) and the verdict in the words defined below:", ""]
-    head = ["method", *(f"{s}: − DCCO" for s in settings), *(f"{s}: verdict" for s in settings)]
-    text += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for method in methods:
-        if method == "dcco":
-            continue
-        diffs = [paired(score(method, s), score("dcco", s)) for s in settings]
-        text.append(f"| {NAMES[method]} | " + " | ".join(
-            [str(d) if d else "—" for d in diffs]
-            + [f"**{d.word}**" if d and d.word else "—" for d in diffs]) + " |")
-    text += ["", "Against the floors, paired by seed (method − floor; the untrained encoder of "
-             "the method's own normalisation):", ""]
-    head = ["method", *(f"{s}: − raw pixels" for s in settings),
-            *(f"{s}: − untrained" for s in settings)]
-    text += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for method in methods:
-        untrained = floors.get(f"untrained ({norms[method]})", {})
-        cells = []
-        for floor in (floors.get("raw pixels", {}), untrained):
-            for s in settings:
-                d = paired(score(method, s), floor)
-                cells.append(f"{d}, **{d.floor_word()}**" if d and d.floor_word()
-                             else str(d) if d else "—")
-        text.append(f"| {NAMES[method]} | " + " | ".join(cells) + " |")
+        ("Against DCCO, paired by seed (method − DCCO, points: mean ± sd, on how many seeds "
+         "ahead) and the verdict in the words defined above:"),
+        "", *_verdict_lines(view), "",
+        ("Against the floors, paired by seed (method − floor; the untrained encoder of the "
+         "method's own normalisation):"),
+        "", *_floor_lines(view)]
     if data["extras"]:
-        text += ["", "What the stateful peers did (means over each cell's logged rounds, then "
-                 "over its seeds): clients a round that had trained before, their divergence "
-                 "(FedU's travelled distance or FedEMA's distance at receipt), the share of "
-                 "them that took the global predictor (FedU) and FedEMA's μ:", "",
-                 "| method | setting | seeds | returning clients | divergence | "
-                 "took global predictor | μ |", "|---|---|---|---|---|---|---|"]
-        for (method, setting), figures in sorted(data["extras"].items()):
-            def mean(key: str) -> str:
-                xs = [f[key] for f in figures if key in f]
-                return f"{statistics.fmean(xs):.3g}" if xs else "—"
-            text.append(f"| {NAMES[method]} | {setting} | {len(figures)} | "
-                        f"{mean('returning_clients')} | {mean('divergence')} | "
-                        f"{mean('fedu_global_predictor')} | {mean('fedema_mu')} |")
+        text += ["", ("What the stateful peers did (means over each cell's logged rounds, then "
+                      "over its seeds): clients a round that had trained before, their "
+                      "divergence (FedU's travelled distance or FedEMA's distance at receipt), "
+                      "the share of them that took the global predictor (FedU) and FedEMA's "
+                      "μ:"), "", *_state_lines(data["extras"])]
     return "\n".join(text) + "\n"
 
 

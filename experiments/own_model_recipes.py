@@ -6,7 +6,7 @@ user's CNN (group norm, no weight standardisation) and which collapse it.
         --recipe 'adam 1e-3 (fit now):' --recipe 'adam 5e-3:optim.lr=5e-3'
 
 A recipe is ``NAME:SETTINGS``, ``section.key=value`` joined by ``;``, given to every
-``dcco.fit`` of the example on top of its defaults (``dcco.optim.USER_RECIPE``). Each runs the
+``dcco.fit`` of the example on top of its defaults (``dcco.config.USER``). Each runs the
 example in a process of its own (its 100 rounds, its probes of the trained and the untrained
 encoder) and the record keeps, per recipe: both probes, the collapse figures of its last
 round, its collapse warning if any, and the seconds. Output: ``--out``.json.

@@ -274,8 +274,51 @@ def test_fit__interrupted_then_called_again_continues_to_the_same_weights(tmp_pa
     for p, q in zip(reference.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p, q)
     with pytest.raises(UserError, match="holds a run with other settings"):
-        dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "cut", settings=SETTINGS,
-                 **(FIT | {"rounds": 7}))
+        dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "cut",
+                 settings=[*SETTINGS, "optim.lr=0.5"], **FIT)
+
+
+def test_fit__more_rounds_continue_a_finished_run_to_the_weights_of_one_longer_run(tmp_path):
+    """A finished run of 4 rounds, called again for 6, trains rounds 5 and 6 from its last
+    checkpoint: the weights and the records of one run of 6, to the bit, when no setting
+    depends on the run's length (a constant server rate after its warm-up)."""
+    steady = [*SETTINGS, 'optim.schedule="constant"', "optim.warmup_rounds=2"]
+    torch.manual_seed(7)
+    start = UserCNN().state_dict()
+    models = {}
+    for name in ("whole", "grown"):
+        models[name] = UserCNN()
+        models[name].load_state_dict(start)
+    whole = dcco.fit(models["whole"], _clients(), run_dir=tmp_path / "whole", settings=steady,
+                     **FIT)
+    short = dcco.fit(models["grown"], _clients(), run_dir=tmp_path / "grown", settings=steady,
+                     **(FIT | {"rounds": 4}))
+    assert [r["round"] for r in short.history] == [1, 2, 3, 4]
+    again = UserCNN()
+    again.load_state_dict(start)  # a fresh instance: its weights come from the checkpoint
+    grown = dcco.fit(again, _clients(), run_dir=tmp_path / "grown", settings=steady, **FIT)
+    for p, q in zip(whole.model.parameters(), grown.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert grown.summary["rounds"] == 6 and grown.summary["final_loss"] == \
+        whole.summary["final_loss"]
+    keys = ("round", "loss", "lr", "dead_dims", "corr_diag", "eff_rank")
+    assert [{k: r[k] for k in keys} for r in grown.history] == \
+        [{k: r[k] for k in keys} for r in whole.history]
+    assert dcco.load_encoder(tmp_path / "grown", model=UserCNN()) is not None
+    with pytest.raises(UserError, match="holds 6 of 6 rounds .* trained 6 rounds, more than "
+                                        "the 5 asked"):
+        dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "grown", settings=steady,
+                 **(FIT | {"rounds": 5}))
+    # a cosine decay after the warm-up: round 4 of a 4-round run is another rate than round
+    # 4 of a 6-round run (round 3, the decay's first, is the peak in both), so the run
+    # cannot become one; refused, naming the setting
+    cosine = [*SETTINGS, "optim.warmup_rounds=2"]
+    dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "cosine", settings=cosine,
+             **(FIT | {"rounds": 4}))
+    with pytest.raises(UserError, match=r"holds 4 of 4 rounds .* cannot go on to 6 .* the "
+                                        r"server rate \(optim.schedule\) depends on the "
+                                        r"run's length: its round 4 was trained at"):
+        dcco.fit(UserCNN(), _clients(), run_dir=tmp_path / "cosine", settings=cosine, **FIT)
 
 
 HEADS = {"byol_fedavg": ((12, 16), True), "simsiam_fedavg": ((4, 16), False),

@@ -71,7 +71,22 @@ def test_recipes__one_place_for_every_entry_points_defaults():
     assert DEMO_CONFIG is DEMO and PAPER == RunConfig()
     fitted = fit_config("dcco", 1, USER.clients_per_round, list(USER.projector), 0, [])
     assert fitted.optim == USER.optim and fitted.loss.lambd == USER.lambd
-    strategy = inspect.signature(DCCOStrategy).parameters
-    assert (strategy["optimizer"].default, strategy["lr"].default,
-            strategy["warmup_rounds"].default, strategy["lambd"].default) == (
-        USER.optim.optimizer, USER.optim.lr, USER.optim.warmup_rounds, USER.lambd)
+    # every default a public entry point exposes for a user's model is the recipe's
+    import dcco
+
+    expected = {"optimizer": USER.optim.optimizer, "lr": USER.optim.lr,
+                "weight_decay": USER.optim.weight_decay,
+                "warmup_rounds": USER.optim.warmup_rounds, "schedule": USER.optim.schedule,
+                "vector_lr_scale": USER.optim.vector_lr_scale, "lambd": USER.lambd,
+                "projector": USER.projector, "clients_per_round": USER.clients_per_round}
+    checked = set()
+    for entry in (dcco.fit, dcco.dual_encoder, DCCOStrategy, dcco.flower.answer,
+                  dcco.flower.evaluate_encoder, dcco.linear_probe):
+        for name, parameter in inspect.signature(entry).parameters.items():
+            if name in expected and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == expected[name], (entry.__qualname__, name)
+                checked.add((entry.__qualname__, name))
+    assert {("fit", "projector"), ("fit", "clients_per_round"), ("dual_encoder", "projector"),
+            ("DCCOStrategy", "lr"), ("DCCOStrategy", "lambd"),
+            ("DCCOStrategy", "weight_decay")} <= checked
+    assert not hasattr(dcco.config, "USER_RECIPE")  # one home: dcco.config.recipes

@@ -99,7 +99,7 @@ def feature_dim(encoder: nn.Module, sample: Tensor | None) -> int:
     return int(out.shape[1])
 
 
-def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128, 128), *,
+def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = USER.projector, *,
                  second: nn.Module | None = None, sample: Tensor | None = None,
                  sample_y: Tensor | None = None, seed: int = 0, method: str | None = None,
                  predictor: Iterable[int] | None = None) -> DualEncoder:
@@ -117,7 +117,7 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = (128, 128
             weights (the projector is initialised from ``seed``).
         projector: the projector's widths (dcco's MLP with group norm and weight
             standardisation, paper §4), or None for none (the encoder's output is the
-            encoding).
+            encoding). Default: ``dcco.config.USER.projector`` (512³), as ``dcco.fit``'s.
         second: a second tower for the second input (two modalities); None: ``encoder``
             encodes both views.
         sample, sample_y: one input of each tower (no batch dimension), to measure an

@@ -61,6 +61,14 @@ def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[T
     linear evaluation (the paper's protocol, appendix B: LARS, batch 512, rate 2.0 with
     cosine decay, the features standardised on the training set) for any module.
 
+    >>> import torch, dcco
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(400, 2, generator=g)
+    >>> y = (x[:, 0] > 0).long()                  # a class a linear layer can read
+    >>> dcco.linear_probe(torch.nn.Identity(), (x[:200], y[:200]), (x[200:], y[200:]),
+    ...                   steps=200) > 0.95
+    True
+
     Args:
         encoder: maps a batch of inputs to (N, d) features; left as it was.
         train, test: (inputs, labels), labels int (N,) in [0, classes).
@@ -97,12 +105,18 @@ class FitResult:
         run_dir: the run directory (``config.toml``, ``metrics.jsonl``, checkpoints,
             ``summary.json``), which ``dcco.load_encoder(run_dir, model=your_encoder)`` reads.
         summary: the run's summary (rounds, final loss, the collapse figures, ...).
+        history: the run's records by round, as logged every ``train.log_every`` rounds:
+            ``round``, ``loss`` (the mean over the rounds since the last record), ``lr``, and
+            for a method that shares statistics the collapse figures of the round's pooled
+            statistics (``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var``); a run that
+            was continued holds its earlier rounds' records too.
         collapse, collapse_warning: see the properties.
     """
 
     model: DualEncoder
     run_dir: Path
     summary: dict[str, Any]
+    history: tuple[dict[str, Any], ...] = ()
 
     @property
     def collapse(self) -> dict[str, float] | None:
@@ -137,7 +151,35 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     ``settings=['train.backend="reference"']``, which runs the clients one by one, gives).
     The run directory is ``dcco pretrain``'s: metrics, atomic checkpoints, a summary; an
     interrupted ``fit`` with the same ``run_dir`` and arguments continues from its last
-    checkpoint, to the same weights.
+    checkpoint, to the same weights. With more ``rounds`` and nothing else changed, it trains
+    on from where the run ended, to the weights one run of the new total gives, when no
+    setting depends on the run's length; the default cosine decay of the server rate does
+    (its rate at round 1 depends on the total), so continuing such a run is refused, naming
+    the setting, and a run meant to be extended sets ``optim.schedule = "constant"``
+    (``dcco.run.extension``).
+
+    >>> import tempfile, torch, dcco
+    >>> g = torch.Generator().manual_seed(0)
+    >>> clients = {k: torch.randn(4, 8, generator=g) for k in range(16)}  # 16 clients of 4
+    >>> def jitter(x):                                   # a view: the sample, a little noise
+    ...     return x + 0.1 * torch.randn_like(x)
+    >>> encoder = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+    ...                               torch.nn.Linear(32, 16))
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> steady = {"optim.schedule": "constant", "train.log_every": 2}
+    >>> result = dcco.fit(encoder, clients, rounds=4, augment=jitter, clients_per_round=4,
+    ...                   projector=(32, 32), run_dir=run, progress=False, settings=steady)
+    >>> [r["round"] for r in result.history], result.summary["rounds"]
+    ([2, 4], 4)
+    >>> longer = dcco.fit(encoder, clients, rounds=6, augment=jitter, clients_per_round=4,
+    ...                   projector=(32, 32), run_dir=run, progress=False, settings=steady)
+    >>> [r["round"] for r in longer.history], sorted(longer.collapse)[:2]
+    ([2, 4, 6], ['corr_diag', 'dead_dims'])
+
+    Returns:
+        A ``FitResult``: the trained model (your encoder, trained in place, is its
+        ``backbone``), the run directory, the summary, and the loss and collapse figures by
+        round (``history``).
 
     Args:
         encoder: your module, from a batch of views to (N, d) features (trained in place).
@@ -232,7 +274,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         from dcco.run.rundir import config_differences
 
         run = RunDir.open(path)
-        if differ := config_differences(run.config(), cfg):
+        longer = _longer(run, cfg)
+        if differ := config_differences(longer or run.config(), cfg):
             raise ConfigError(f"{shown(path)} holds a run with other settings ({differ}); "
                               f"give another run_dir=, or the same arguments to continue it")
         stored = run.summary().get("user_model", {})
@@ -246,11 +289,42 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         check_stores(cfg, build_method(method, cfg.loss), model,
                      build_partition(cfg, data).num_clients, state_dir=path / STATES_FOLDER)
         run = RunDir.create(path, cfg, FIT_WORDS)
+    if resume and longer is not None:
+        run.extend(cfg)
     run.update_summary(user_model=record)
     then = None if on_round is None else (lambda m, _latest: on_round(m.round, model))
     summary = run_with_progress(cfg, run, data, None, resume, progress is not False,
                                 model=model, augment=augment, then=then)
-    return FitResult(model, run.path, summary)
+    history = tuple(r for r in run.metrics() if "loss" in r)
+    return FitResult(model, run.path, summary, history)
+
+
+def _longer(run: RunDir, cfg: RunConfig) -> RunConfig | None:
+    """The run's config at ``cfg``'s rounds when only its rounds differ from ``cfg`` and it
+    can train on to them as the run of that many rounds would (``ConfigError`` naming why
+    not); None when its rounds are ``cfg``'s (or other settings differ too)."""
+    from dataclasses import replace
+
+    from dcco.run.checkpoint import checkpoint_rounds
+    from dcco.run.extension import extension_refusal
+    from dcco.run.rundir import config_differences
+
+    stored = run.config()
+    rounds = cfg.train.rounds
+    if stored.train.rounds == rounds:
+        return None
+    longer = replace(stored, train=replace(stored.train, rounds=rounds))
+    if config_differences(longer, cfg):
+        return None
+    done = checkpoint_rounds(run.checkpoint_path)
+    if why := extension_refusal(stored, rounds, done):
+        raise ConfigError(
+            f"{shown(run.path)} holds {done} of {stored.train.rounds} rounds of this run, and "
+            f"it cannot go on to {rounds} as the run of {rounds} rounds would: {why}. Give "
+            f"another run_dir= to train {rounds} rounds from the start; a run whose settings "
+            f"do not depend on its length (settings={{'optim.schedule': 'constant'}}) can be "
+            f"extended")
+    return longer
 
 
 def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:

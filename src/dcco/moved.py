@@ -63,7 +63,7 @@ CONFIG_CLASSES = ("AugmentConfig", "DataConfig", "EvalConfig", "LossConfig", "Mo
 """The config classes: each has one import path, ``dcco.config`` (2026-11-28)."""
 
 MOVED_NAMES = {
-    "dcco.core.optim": ("OptimConfig", "USER_RECIPE"),
+    "dcco.core.optim": ("OptimConfig",),
     "dcco.core.privacy": ("PrivacyConfig",),
     "dcco.data": ("TableConfig",),
     "dcco.data.augment": ("AugmentConfig",),

@@ -17,8 +17,9 @@ from dcco.config.augment import AugmentConfig
 from dcco.config.eval import EvalConfig
 from dcco.config.loss import LossConfig
 from dcco.config.model import ModelConfig
-from dcco.config.optim import USER_RECIPE, OptimConfig
+from dcco.config.optim import OptimConfig
 from dcco.config.privacy import PrivacyConfig
+from dcco.config.recipes import USER, UserDefaults
 from dcco.config.runconfig import RunConfig
 from dcco.config.sections import (
     CLIENT_DATASETS,
@@ -33,7 +34,6 @@ from dcco.config.sections import (
 )
 from dcco.config.table import TableConfig
 from dcco.config.toml import from_dict, load_config, read_toml, to_toml, to_toml_value
-from dcco.config.user import USER, UserDefaults
 
 __all__ = [
     "CLIENT_DATASETS",
@@ -41,7 +41,6 @@ __all__ = [
     "PAIRED_DATASETS",
     "TENSORBOARD_HINT",
     "USER",
-    "USER_RECIPE",
     "AugmentConfig",
     "ConfigError",
     "DataConfig",

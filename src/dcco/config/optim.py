@@ -67,12 +67,3 @@ class OptimConfig:
             raise ValueError(f"optim.vector_lr_scale must be in (0, 1], got "
                              f"{self.vector_lr_scale}")
 
-
-USER_RECIPE = OptimConfig(optimizer="adam", lr=1e-3, warmup_rounds=10)
-"""The server optimiser that ``dcco.fit`` and ``dcco.flower.DCCOStrategy`` use unless told:
-Adam at 1e-3 (the paper's other rate) after 10 warm-up rounds, cosine over the run. A user's
-model is not the network a recipe was tuned on: under LARS 1.5 (the Table 1 `small`
-recipe's, tuned for its ResNet14 with weight standardisation) a plain CNN with group norm
-collapses to one direction within 20 rounds, and Adam 5e-3 (the paper's CIFAR rate) leaves
-the paper's own network on a plateau for its first ~1,500 rounds; Adam 1e-3 trains both
-(docs/results.md, "Collapse")."""

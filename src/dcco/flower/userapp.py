@@ -84,7 +84,26 @@ def answer(msg: Message, context: Context, model: nn.Module,
            augment: Callable[[Tensor], Tensor] | None = None,
            views_key: int | None = None, reuse_forward: bool = True,
            state_dir: str | Path | None = None) -> Message:
-    """The node's reply to one of the strategy's ``train`` messages.
+    """The node's reply to one of the strategy's ``train`` messages: your ClientApp's train
+    handler returns it (``InProcessGrid`` runs the nodes in this process here, as ``flwr run``
+    would on SuperNodes; ``DCCOStrategy``'s example runs a longer one):
+
+    >>> import torch
+    >>> from flwr.app import ArrayRecord
+    >>> from flwr.clientapp import ClientApp
+    >>> from dcco.flower import DCCOStrategy, answer
+    >>> from dcco.flower.testing.inprocess import InProcessGrid
+    >>> app = ClientApp()
+    >>> @app.train()
+    ... def train(msg, context):                 # your model, this node's samples
+    ...     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(context.node_id))
+    ...     return answer(msg, context, torch.nn.Linear(6, 8), x, views_key=context.node_id,
+    ...                   augment=lambda v: v + 0.1 * torch.randn_like(v))
+    >>> nodes = InProcessGrid(app, [{}, {}, {}], {})
+    >>> result = DCCOStrategy(fraction_evaluate=0.0).start(
+    ...     nodes, ArrayRecord(torch.nn.Linear(6, 8).state_dict()), num_rounds=1)
+    >>> result.train_metrics_clientapp[1]["num-examples"]
+    24
 
     Args:
         msg, context: what your ``@app.train()`` handler received.

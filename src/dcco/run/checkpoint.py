@@ -112,6 +112,13 @@ def load_checkpoint(path: str | Path, model: nn.Module,
     return int(header["rounds_done"])
 
 
+def checkpoint_rounds(path: str | Path) -> int:
+    """The rounds a checkpoint holds (0 when there is none yet)."""
+    if not Path(path).is_file():
+        return 0
+    return int(read_checkpoint(path)[1]["rounds_done"])
+
+
 def checkpoint_meta(path: str | Path) -> dict[str, Any]:
     """The ``meta`` dictionary stored with a checkpoint."""
     return json.loads(read_checkpoint(path)[1]["meta"])

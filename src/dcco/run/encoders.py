@@ -179,6 +179,17 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False,
                  model: nn.Module | None = None) -> Encoder:
     """A trained encoder as a plain module in eval mode (float32, on the CPU).
 
+    >>> import tempfile, torch, dcco
+    >>> clients = {k: torch.randn(4, 8, generator=torch.Generator().manual_seed(k))
+    ...            for k in range(8)}
+    >>> trained = torch.nn.Linear(8, 16)
+    >>> run = dcco.fit(trained, clients, rounds=2, clients_per_round=4, projector=(16, 16),
+    ...                augment=lambda x: x + 0.1 * torch.randn_like(x), progress=False,
+    ...                run_dir=tempfile.mkdtemp() + "/run").run_dir
+    >>> encoder = dcco.load_encoder(run, model=torch.nn.Linear(8, 16))  # a fresh instance
+    >>> torch.allclose(encoder(clients[0]), trained(clients[0]))
+    True
+
     Args:
         path: a run directory (its ``checkpoint.safetensors``), or a file written by
             ``export_encoder`` / ``dcco export`` (its ``.json`` beside it).

@@ -244,6 +244,11 @@ class RunDir:
     def config(self) -> RunConfig:
         return load_config(self.config_path, warn_renamed=False)
 
+    def extend(self, cfg: RunConfig) -> None:
+        """Store ``cfg``, the run's config with more rounds, as its config (atomically): the
+        run then resumes to its new total (``dcco.run.extension`` says when it may)."""
+        atomic_write_text(self.config_path, to_toml(with_absolute_paths(resolved(cfg))))
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Hold an exclusive lock on the run directory (``.lock``, POSIX ``flock``), so that

@@ -38,6 +38,31 @@ class DCCOStrategy(Strategy):
     ``"num-examples"``: the exact round weighs each node by its sample count, which
     ``answer`` reports under that key).
 
+    A whole run in this process, two nodes of 8 vectors each (``InProcessGrid`` stands in for
+    a SuperLink; ``flwr run`` deploys the same ServerApp and ClientApp):
+
+    >>> import torch
+    >>> from flwr.app import ArrayRecord
+    >>> from flwr.clientapp import ClientApp
+    >>> from dcco.flower import DCCOStrategy, answer
+    >>> from dcco.flower.testing.inprocess import InProcessGrid
+    >>> def net():
+    ...     torch.manual_seed(0)
+    ...     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(),
+    ...                                torch.nn.Linear(16, 8))
+    >>> app = ClientApp()
+    >>> @app.train()
+    ... def train(msg, context):
+    ...     samples = torch.randn(8, 6, generator=torch.Generator().manual_seed(context.node_id))
+    ...     return answer(msg, context, net(), samples, views_key=context.node_id,
+    ...                   augment=lambda x: x + 0.1 * torch.randn_like(x))
+    >>> strategy = DCCOStrategy(min_train_nodes=2, fraction_evaluate=0.0)
+    >>> grid = InProcessGrid(app, [{}, {}], {})
+    >>> result = strategy.start(grid, ArrayRecord(net().state_dict()), num_rounds=2)
+    >>> metrics = result.train_metrics_clientapp
+    >>> sorted(metrics), metrics[2]["num-examples"], metrics[2]["update-accepted"]
+    ([1, 2], 16, 2.0)
+
     Args:
         fraction_train: the fraction of connected nodes sampled a round (at least
             ``min_train_nodes``), as Flower's ``FedAvg``.
