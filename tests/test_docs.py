@@ -152,10 +152,10 @@ def test_methods_table__the_guides_is_the_readmes_and_names_every_method():
 
 
 def test_readme__stops_early_and_its_links_resolve():
-    """The README is a short tour (at most 250 lines), every file it links exists, and its
+    """The README is a short tour (at most 180 lines), every file it links exists, and its
     one outside link is the paper's."""
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 250
+    assert len(readme.splitlines()) <= 180
     targets = re.findall(r"\]\(([^)#]+)", readme)
     assert [t for t in targets if t.startswith("https://")] == [
         "https://arxiv.org/abs/2210.00092"]
