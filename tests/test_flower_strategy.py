@@ -981,3 +981,19 @@ def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk
                    (tmp_path / "nodes").rglob("*.safetensors"))
     assert files and {p.parts[1] for p in files} == {key}  # node/key/0.r<round>
     assert any(p.name == "0.r4.safetensors" for p in files)  # the last round's (0-based)
+
+
+def test_strategy__its_old_name_warns_on_every_path_and_names_the_caller() -> None:
+    """``DCCO`` names the method; the strategy's old alias, by either import path, is
+    ``DCCOStrategy`` with a ``DeprecationWarning`` pointing at this file."""
+    import importlib
+
+    for module, path in (("dcco.flower", "dcco.flower.DCCO"),
+                         ("dcco.flower.strategy", "dcco.flower.strategy.DCCO")):
+        with pytest.warns(DeprecationWarning, match=f"{path} is now dcco.flower.DCCOStrategy"
+                          ) as caught:
+            alias = importlib.import_module(module).DCCO
+        assert alias is DCCOStrategy
+        assert caught[0].filename == __file__
+    with pytest.raises(AttributeError, match="has no attribute 'DCO'"):
+        importlib.import_module("dcco.flower.strategy").DCO  # noqa: B018

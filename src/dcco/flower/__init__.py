@@ -25,7 +25,6 @@ own ``arrays`` and ``config`` records, which a user's handler can read without d
 differ in what a message holds, so a single format would make one of them pay for the other.
 """
 
-import warnings
 from typing import Any
 
 
@@ -34,9 +33,9 @@ def __getattr__(name: str) -> Any:
         from dcco.flower.strategy import DCCOStrategy
 
         if name == "DCCO":
-            warnings.warn("dcco.flower.DCCO is now dcco.flower.DCCOStrategy (DCCO also names "
-                          "the method); the old name goes in a later release",
-                          DeprecationWarning, stacklevel=2)
+            from dcco.flower.strategy.renamed import renamed_strategy
+
+            return renamed_strategy("dcco.flower.DCCO")
         return DCCOStrategy
     if name == "SecAgg":
         from dcco.flower.secure_round import SecAgg

@@ -38,27 +38,14 @@ class DCCOStrategy(Strategy):
     ``"num-examples"``: the exact round weighs each node by its sample count, which
     ``answer`` reports under that key).
 
-    A whole run in this process, two nodes of 8 vectors each (``InProcessGrid`` stands in for
-    a SuperLink; ``flwr run`` deploys the same ServerApp and ClientApp):
+    Two rounds on two in-process nodes (``vector_app``'s handler returns ``answer``):
 
     >>> import torch
     >>> from flwr.app import ArrayRecord
-    >>> from flwr.clientapp import ClientApp
-    >>> from dcco.flower import DCCOStrategy, answer
-    >>> from dcco.flower.testing.inprocess import InProcessGrid
-    >>> def net():
-    ...     torch.manual_seed(0)
-    ...     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(),
-    ...                                torch.nn.Linear(16, 8))
-    >>> app = ClientApp()
-    >>> @app.train()
-    ... def train(msg, context):
-    ...     samples = torch.randn(8, 6, generator=torch.Generator().manual_seed(context.node_id))
-    ...     return answer(msg, context, net(), samples, views_key=context.node_id,
-    ...                   augment=lambda x: x + 0.1 * torch.randn_like(x))
+    >>> from dcco.flower.testing.inprocess import InProcessGrid, vector_app
     >>> strategy = DCCOStrategy(min_train_nodes=2, fraction_evaluate=0.0)
-    >>> grid = InProcessGrid(app, [{}, {}], {})
-    >>> result = strategy.start(grid, ArrayRecord(net().state_dict()), num_rounds=2)
+    >>> result = strategy.start(InProcessGrid(vector_app(), [{}, {}], {}),
+    ...                         ArrayRecord(torch.nn.Linear(6, 8).state_dict()), num_rounds=2)
     >>> metrics = result.train_metrics_clientapp
     >>> sorted(metrics), metrics[2]["num-examples"], metrics[2]["update-accepted"]
     ([1, 2], 16, 2.0)
@@ -73,27 +60,20 @@ class DCCOStrategy(Strategy):
         arrayrecord_key, configrecord_key: the keys of the model and the config in the
             evaluation messages, as ``FedAvg``'s (the training messages are
             ``dcco.flower.answer``'s own layout).
-        evaluate_metrics_aggr_fn: how the evaluation replies' metrics are combined (as
-            ``FedAvg``'s; default: their average weighted by ``"num-examples"``).
-        min_train_nodes: the fewest nodes sampled a round.
-        min_available_nodes: nodes to wait for before a round.
+        evaluate_metrics_aggr_fn: combines the evaluation replies' metrics, as ``FedAvg``'s.
+        min_train_nodes, min_available_nodes: the fewest nodes sampled a round, and the
+            nodes to wait for before one.
         method: ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method
             of dcco (``cco_fedavg``, ``contrastive_fedavg``, ``byol_fedavg``,
             ``simsiam_fedavg``, ``moco_fedavg``, ``fedu``, ``fedema``; one exchange). BYOL's,
-            SimSiam's and MoCo's need the model of ``dcco.dual_encoder(..., method=...)``
-            on the server and the nodes; the server moves BYOL's target network, and FedU's,
-            FedEMA's and MoCo's nodes keep their own state in ``context.state`` (and are
-            not sent the server's target network).
+            SimSiam's and MoCo's need ``dcco.dual_encoder(..., method=...)``'s model; FedU's,
+            FedEMA's and MoCo's nodes keep their state in ``context.state``.
         optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
             (``dcco.core.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
             ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
-            parameters' share. The default, Adam 1e-3 with 10 warm-up rounds, trains the
-            models CCO collapses under larger steps (docs/own_code.md, "Collapse").
-        local_lr: the clients' SGD rate (paper: 1.0).
-        lambd: λ of the CCO loss, sent to the nodes with every instruction. The default, 5
-            (``dcco.config.USER``, as ``dcco.fit``'s), trained every model of the learning
-            study better than the paper's 20, which suits its 1024-wide projector
-            (docs/results.md, "What training is worth").
+            parameters' share. The default (``dcco.config.USER``): Adam 1e-3 after 10 rounds.
+        local_lr, lambd: the clients' SGD rate (paper: 1.0); λ of the CCO loss, sent to
+            them (default ``dcco.config.USER``'s 5, better than the paper's 20 on our models).
         min_survivors: the fewest valid replies a phase needs, or the round is skipped.
         seed: node sampling and the views' seed of each round.
         trained: the names of the arrays the clients train (their deltas); None: those of
@@ -112,10 +92,9 @@ class DCCOStrategy(Strategy):
             plain messages; kept for the run of ``start``, and in ``checkpoint``).
         checkpoint: a file the strategy rewrites atomically after every round: the model,
             the server optimiser's state, the round, the node sampling's state, FedSC's cache
-            and the metrics so far. A ``start`` that finds it resumes after its last round (a
-            stopped ServerApp is started again with the same arguments; ``initial_arrays``
-            is then ignored, and the log says so), to the same model as an uninterrupted
-            run. None: no checkpoint.
+            and the metrics so far. A ``start`` that finds it (the same arguments) resumes
+            after its last round, ignoring ``initial_arrays``, to the same model as an
+            uninterrupted run. None: no checkpoint.
         loss: the method's loss settings besides λ (``dcco.config.LossConfig``'s keys:
             ``target_decay``, ``moco_queue``, ``fedu_threshold``, ``temperature``, ...),
             sent to the nodes; None: their defaults.
@@ -317,7 +296,4 @@ class DCCOStrategy(Strategy):
         self.rounds.watch = self._watch()
 
 
-DCCO = DCCOStrategy
-"""The strategy's first name (``DCCO`` is also the method's): kept as an alias."""
-
-__all__ = ["DCCO", "DCCOStrategy", "RoundsSkipped", "SecAgg"]
+__all__ = ["DCCOStrategy", "RoundsSkipped", "SecAgg"]

@@ -109,3 +109,26 @@ class InProcessGrid(Grid):
         except Exception as e:  # noqa: BLE001 (a SuperNode turns any ClientApp exception into an error reply)
             reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, repr(e)), reply_to=msg)
         return reply if self.tamper is None else self.tamper(node, msg, reply)
+
+
+def vector_app(samples: int = 8, width: int = 6, out: int = 8):
+    """A ClientApp to try a strategy with in this process: each node holds ``samples`` seeded
+    random vectors of ``width`` (seeded by its node id) and answers every training message
+    with ``dcco.flower.answer`` on a ``torch.nn.Linear(width, out)``, its views the vectors
+    with a little noise."""
+    import torch
+    from flwr.clientapp import ClientApp
+
+    from dcco.flower.userapp import answer
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        gen = torch.Generator().manual_seed(context.node_id)
+        x = torch.randn(samples, width, generator=gen)
+        return answer(msg, context, torch.nn.Linear(width, out), x, views_key=context.node_id,
+                      augment=lambda v: v + 0.1 * torch.randn_like(v))
+
+    return app
+
