@@ -274,8 +274,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         from dcco.run.rundir import config_differences
 
         run = RunDir.open(path)
-        longer = _longer(run, cfg)
-        if differ := config_differences(longer or run.config(), cfg):
+        stored, longer = _stored_at(run, cfg)
+        if differ := config_differences(stored, cfg):
             raise ConfigError(f"{shown(path)} holds a run with other settings ({differ}); "
                               f"give another run_dir=, or the same arguments to continue it")
         stored = run.summary().get("user_model", {})
@@ -289,7 +289,7 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
         check_stores(cfg, build_method(method, cfg.loss), model,
                      build_partition(cfg, data).num_clients, state_dir=path / STATES_FOLDER)
         run = RunDir.create(path, cfg, FIT_WORDS)
-    if resume and longer is not None:
+    if resume and longer:
         run.extend(cfg)
     run.update_summary(user_model=record)
     then = None if on_round is None else (lambda m, _latest: on_round(m.round, model))
@@ -299,10 +299,11 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     return FitResult(model, run.path, summary, history)
 
 
-def _longer(run: RunDir, cfg: RunConfig) -> RunConfig | None:
-    """The run's config at ``cfg``'s rounds when only its rounds differ from ``cfg`` and it
-    can train on to them as the run of that many rounds would (``ConfigError`` naming why
-    not); None when its rounds are ``cfg``'s (or other settings differ too)."""
+def _stored_at(run: RunDir, cfg: RunConfig) -> tuple[RunConfig, bool]:
+    """The run's stored config to compare ``cfg`` with, and whether it is a longer run of it:
+    the stored config at ``cfg``'s rounds when only the rounds differ and the run can train
+    on to them as the run of that many rounds would (``ConfigError`` naming why not), else the
+    stored config as it is."""
     from dataclasses import replace
 
     from dcco.run.checkpoint import checkpoint_rounds
@@ -311,11 +312,9 @@ def _longer(run: RunDir, cfg: RunConfig) -> RunConfig | None:
 
     stored = run.config()
     rounds = cfg.train.rounds
-    if stored.train.rounds == rounds:
-        return None
     longer = replace(stored, train=replace(stored.train, rounds=rounds))
-    if config_differences(longer, cfg):
-        return None
+    if stored.train.rounds == rounds or config_differences(longer, cfg):
+        return stored, False
     done = checkpoint_rounds(run.checkpoint_path)
     if why := extension_refusal(stored, rounds, done):
         raise ConfigError(
@@ -324,7 +323,7 @@ def _longer(run: RunDir, cfg: RunConfig) -> RunConfig | None:
             f"another run_dir= to train {rounds} rounds from the start; a run whose settings "
             f"do not depend on its length (settings={{'optim.schedule': 'constant'}}) can be "
             f"extended")
-    return longer
+    return longer, True
 
 
 def setting_strings(settings: Iterable[str] | Mapping[str, Any]) -> list[str]:

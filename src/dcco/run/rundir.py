@@ -125,6 +125,11 @@ NOT_COMPUTED = frozenset({"data.data_dir", "train.tensorboard"})
 is reused whatever they are (it keeps its own)."""
 
 
+def stored_config(cfg: RunConfig) -> str:
+    """``config.toml``'s text for ``cfg``: resolved for this machine, its paths absolute."""
+    return to_toml(with_absolute_paths(resolved(cfg)))
+
+
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
     """``cfg`` with a relative ``data.data_dir`` made absolute (from the working directory
     now), so that the stored config finds its data from any working directory (``dcco
@@ -209,9 +214,9 @@ class RunDir:
                 f"run directory {shown(path)} already exists and is not empty; "
                 f"{words.resume.format(path=run.path)}, or choose another {words.run_dir}"
             )
-        stored = with_absolute_paths(resolved(cfg))  # refused before anything is written
+        stored = stored_config(cfg)  # refused before anything is written
         run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run.config_path, to_toml(stored))
+        atomic_write_text(run.config_path, stored)
         version = code_version() | {"command": " ".join(sys.argv)}
         atomic_write_text(run.path / "version.json", json.dumps(version, indent=2) + "\n")
         return run
@@ -247,7 +252,7 @@ class RunDir:
     def extend(self, cfg: RunConfig) -> None:
         """Store ``cfg``, the run's config with more rounds, as its config (atomically): the
         run then resumes to its new total (``dcco.run.extension`` says when it may)."""
-        atomic_write_text(self.config_path, to_toml(with_absolute_paths(resolved(cfg))))
+        atomic_write_text(self.config_path, stored_config(cfg))
 
     @contextmanager
     def lock(self) -> Iterator[None]:
