@@ -85,14 +85,14 @@ def main() -> None:
         train, _ = load_splits(cfg)
         variants = {}
         for backend in ("batched", "reference"):
-            pt = Pretraining(load_config(None, [*base, f'train.backend="{backend}"']), train)
+            pt = Pretraining.of(load_config(None, [*base, f'train.backend="{backend}"']), train)
             variants[f"simulator {backend}"] = (pt.step, pt)
         for secure in (False, True) if args.secagg else (False,):
             fcfg = FlowerConfig(min_nodes=args.nodes, secagg=secure)
             grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": args.nodes}
                                               for i in range(args.nodes)],
                                  run_config_entries(cfg, fcfg))
-            pt = Pretraining(cfg, train)
+            pt = Pretraining.of(cfg, train)
             fed = Federation(grid, pt, fcfg)
             fed.wait_for_nodes()
             variants["flower in-process" + (" SecAgg+" if secure else "")] = (fed.step, pt)

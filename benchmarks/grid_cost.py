@@ -76,7 +76,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|")
     total_hours = 0.0
     for cell in cells:
-        pt = Pretraining(cell.cfg, train)
+        pt = Pretraining.of(cell.cfg, train)
         device = pt.device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)

@@ -50,7 +50,7 @@ def measure(method: str, secure: bool, overrides: list[str]) -> dict:
     train = load_dataset(cfg.data.dataset, "train", cfg.data.data_dir)
     grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": NODES}
                                       for i in range(NODES)], run_config_entries(cfg, fcfg))
-    pt = Pretraining(cfg, train, holds_client_states=False)  # as a Flower server
+    pt = Pretraining.of(cfg, train, holds_client_states=False)  # as a Flower server
     fed = Federation(grid, pt, fcfg)
     fed.wait_for_nodes()
     agg = fed.collect()

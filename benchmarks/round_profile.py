@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     (cell,) = select_cells([c for c in plan_cells(grid, Path(tempfile.gettempdir()))
                             if c.na is None], [args.cell])
     cfg = resolved(cell.cfg)
-    pt = Pretraining(cfg, load_splits(cfg)[0])
+    pt = Pretraining.of(cfg, load_splits(cfg)[0])
     on_gpu = pt.device.type == "cuda"
 
     def sync() -> None:

@@ -181,7 +181,7 @@ def _last_weight(model) -> str:
 
 def run_variant(cfg, rounds: int, every: int, train, test, batch: int, knn_every: int
                 ) -> list[dict]:
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     ids = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:batch]
     x1, x2 = training_views(pt.images, pt.second, ids.to(pt.device),
                             derive_seed(cfg.train.seed, "collapse-probe"), PROBE_ROUND,

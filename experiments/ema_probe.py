@@ -50,7 +50,7 @@ def main() -> None:
 
         cfg = replace(cfg, train=replace(cfg.train, rounds=args.rounds))
     train, test = load_splits(cfg)
-    run = Pretraining(cfg, train)
+    run = Pretraining.of(cfg, train)
     averages = {d: copy.deepcopy(run.model) for d in args.decays}
     start = time.perf_counter()
     losses = []

@@ -80,7 +80,7 @@ def main() -> None:
         cell = next(c for c in plan_cells(grid, Path("unused")) if c.path.name.startswith(
             "non-iid-4-dcco-r1"))
         cfg, name = cell.cfg, cell.path.name
-    pt = Pretraining(cfg, load_splits(cfg)[0], rounds_to_run=args.rounds)
+    pt = Pretraining.of(cfg, load_splits(cfg)[0], rounds_to_run=args.rounds)
     eps = pt.method.variance_eps()
     readings = []
     for r in range(1, args.rounds + 1):

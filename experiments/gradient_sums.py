@@ -76,7 +76,7 @@ def main() -> None:
             cfg = cell_config(grid, "small", f"{setting}-{method}-s0", args.data_dir)
             train, _ = load_splits(cfg)
             torch.manual_seed(0)
-            pt = Pretraining(cfg, train)
+            pt = Pretraining.of(cfg, train)
             for r in range(max(args.rounds) + 1):
                 if r in args.rounds:
                     row = {"setting": setting, "method": method, "round": r} | measure(pt, r)

@@ -50,7 +50,7 @@ def main() -> None:
     cfg = cell_config(GRID, "small", "non-iid-16-dcco-s0", args.data_dir)
     train, _ = load_splits(cfg)
     torch.manual_seed(0)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     for _ in range(args.rounds):
         pt.step()
     plan = plan_round(pt.cfg, pt.partition, args.rounds)

@@ -55,7 +55,7 @@ def child(cell: str, overrides: list[str], rounds: int, every: int, data_dir: st
             cfg = load_config(path, overrides)
     cfg = replace(cfg, train=replace(cfg.train, rounds=max(rounds, cfg.train.rounds)))
     train, _ = load_splits(cfg)
-    run = Pretraining(cfg, train)
+    run = Pretraining.of(cfg, train)
     snapshots, losses = {}, []
     for r in range(1, rounds + 1):
         losses.append(float(run.step().loss))

@@ -92,7 +92,7 @@ def encodings(pt: Pretraining, images: torch.Tensor) -> dict[str, float]:
 
 
 def run_variant(cfg, rounds: int, every: int, train, probe_images) -> list[dict]:
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     last = _last_projector_layer(pt.model)
     params = {n: p for n, p in pt.model.named_parameters() if p.requires_grad}
     records = [{"round": 0, **encodings(pt, probe_images)}]

@@ -32,7 +32,7 @@ GRID = Path(__file__).resolve().parent / "stale_fmnist.toml"
 
 
 def run(cfg, train, rounds: int, adapt_1d: bool) -> list[dict]:
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     if adapt_1d:  # LARS's trust ratio for the 1-D parameters' group too
         for group in pt.optimizer.param_groups:
             group["exclude"] = False

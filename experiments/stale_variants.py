@@ -92,7 +92,7 @@ def without_head_shift_scale(pt: Pretraining, pseudo: dict) -> dict:
 
 
 def run(cfg, train, test, variant: str, rounds: int) -> dict:
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     if variant == "unit":
         pt.model.unit_encodings = True
     if variant == "head-1d-adapted":
@@ -165,7 +165,7 @@ def gradient_error(cfg, train, rounds: int) -> dict:
     """The pooled gradient of round ``rounds`` with stale statistics against fresh ones."""
     cfg = replace(cfg, train=replace(cfg.train, staleness=1, stale_after=10 ** 9))
     torch.manual_seed(0)
-    pt = Pretraining(cfg, train)  # fresh rounds that also keep each round's aggregate
+    pt = Pretraining.of(cfg, train)  # fresh rounds that also keep each round's aggregate
     for _ in range(rounds - 1):
         pt.step()
     before = {k: v.detach().clone() for k, v in pt.model.state_dict().items()}

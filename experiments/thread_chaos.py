@@ -33,7 +33,7 @@ def losses(rounds: int, data_dir: str) -> list[float]:
 
     cfg = cell_config(GRID, *CELL, data_dir)
     train, _ = load_splits(cfg)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     return [float(pt.step().loss) for _ in range(rounds)]
 
 

@@ -432,7 +432,7 @@ def test_stale_after__a_fresh_warm_up_then_one_exchange_and_the_fresh_run_in_its
 
     def run(*overrides: str) -> tuple[Pretraining, list[int]]:
         cfg = load_config(tiny_config(rounds=4), list(overrides))
-        pt = Pretraining(cfg, load_splits(cfg)[0])
+        pt = Pretraining.of(cfg, load_splits(cfg)[0])
         return pt, [pt.step().exchanges for _ in range(4)]
 
     warm, exchanges = run("train.staleness=1", "train.stale_after=2")
@@ -472,7 +472,7 @@ def test_stale_statistics__resume_is_bit_identical_with_the_saved_aggregate(tiny
     assert exchanges == [1.5, 1.0]  # per round, over windows of 2: round 1 took two
 
     stopped = RunDir.create(tmp_path / "stopped", cfg)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     for _ in range(2):
         pt.step()
     assert pt.aggregate is not None

@@ -371,18 +371,59 @@ def test_cli__progress_lines_in_a_log_agree_with_the_summary(tiny_config, tmp_pa
     assert "probe step 30/30 (100%)" in done.stderr and "feature batch" in done.stderr
 
 
-def test_cli_pretrain__checks_its_config_once_on_the_way_to_the_round(tiny_config, tmp_path,
-                                                                     monkeypatch):
-    """``dcco pretrain`` resolves its config where the run starts; the run directory and the
-    pretraining receive it checked, and the checks across sections run once (a config changed
-    on the way would be checked afresh: ``dcco.run.setup.CHECKED``)."""
+def _count_the_runs_work(monkeypatch) -> dict[str, int]:
+    """Counters of what checking a run costs: passes over the data's values, partitions
+    drawn and the config's models built (``dcco.run.setup``'s, where ``check_run`` does
+    each)."""
     from dcco.run import setup
 
-    calls = []
-    checks = setup._validate
-    monkeypatch.setattr(setup, "_validate", lambda cfg: calls.append(cfg) or checks(cfg))
-    setup.CHECKED.clear()
-    setup.RESOLVED.clear()
-    assert main(["pretrain", str(tiny_config("dcco")), "--run-dir", str(tmp_path / "run"),
+    counts = {"scans": 0, "partitions": 0, "models": 0}
+
+    def counted(name: str, key: str) -> None:
+        real = getattr(setup, name)
+
+        def wrapper(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(setup, name, wrapper)
+
+    counted("refuse_non_finite", "scans")
+    counted("build_partition", "partitions")
+    counted("build_dual_encoder", "models")
+    return counts
+
+
+def test_cli_pretrain__scans_partitions_and_builds_once_on_the_way_to_the_round(
+        tiny_config, tmp_path, monkeypatch):
+    """``dcco pretrain`` checks its run once (``dcco.run.setup.check_run``) and hands the
+    checked run, its partition and model, to the pretraining: one pass over the data, one
+    partition, one model; a resumed run is checked once too, by the loop."""
+    counts = _count_the_runs_work(monkeypatch)
+    run = tmp_path / "run"
+    assert main(["pretrain", str(tiny_config("dcco")), "--run-dir", str(run),
                  "--no-progress", "--set", "train.rounds=2"]) == 0
-    assert len(calls) == 1
+    assert counts == {"scans": 1, "partitions": 1, "models": 1}
+    from dcco.run.rundir import RunDir
+
+    assert RunDir.open(run).summary()["rounds"] == 2
+
+
+def test_fit__scans_and_partitions_once_and_builds_no_model_of_the_config(tmp_path,
+                                                                        monkeypatch):
+    """``dcco.fit`` wraps the user's encoder itself and checks the run once with it: one
+    pass over the samples, one partition, and no model built from the config."""
+    import torch
+    from torch import nn
+
+    import dcco
+
+    counts = _count_the_runs_work(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    clients = {f"c{k}": torch.randn(4, 6, generator=gen) for k in range(8)}
+    encoder = nn.Sequential(nn.Linear(6, 8), nn.GroupNorm(2, 8), nn.ReLU())
+    done = dcco.fit(encoder, clients, rounds=2, clients_per_round=4, projector=(8, 8),
+                    augment=lambda x: x + 0.1 * torch.randn_like(x), run_dir=tmp_path / "r",
+                    progress=False)
+    assert done.summary["rounds"] == 2
+    assert counts == {"scans": 1, "partitions": 1, "models": 0}

@@ -69,7 +69,7 @@ def make_federation(tiny_config):
         grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": NODES}
                                           for i in range(NODES)],
                              run_config_entries(cfg, fcfg), tamper=tamper)
-        pt = Pretraining(cfg, train)
+        pt = Pretraining.of(cfg, train)
         fed = Federation(grid, pt, fcfg)
         fed.wait_for_nodes()
         return cfg, pt, fed
@@ -161,7 +161,7 @@ def test_flower_rounds_over_natural_clients_equal_the_reference_backend(make_fed
 
 def _assert_rounds_equal(cfg, pt: Pretraining, fed: Federation, method: str) -> None:
     train, _ = load_splits(cfg)
-    ref = Pretraining(cfg, train)
+    ref = Pretraining.of(cfg, train)
     for r in range(2):
         plan = plan_round(cfg, ref.partition, r)
         x1, x2 = ref.views(plan, r)
@@ -202,7 +202,7 @@ def test_flower_stateful_rounds__equal_the_simulators_and_nodes_keep_the_clients
         "data.num_clients=6", "train.clients_per_round=4", "train.local_steps=2",
         "train.local_lr=0.05", 'optim.optimizer="sgd"', "optim.lr=1.0", "loss.moco_queue=5"))
     train, _ = load_splits(cfg)
-    ref = Pretraining(cfg, train)
+    ref = Pretraining.of(cfg, train)
     whole = sum(v.numel() * v.element_size() for v in pt.model.state_dict().values())
     target = sum(p.numel() * p.element_size() for n, p in pt.model.named_parameters()
                  if n.startswith("target."))
@@ -238,8 +238,8 @@ def test_fedsc_cache_of_absent_clients__flower_rounds_equal_the_simulators(make_
     then holds clients absent from the round)."""
     cfg, pt, fed = make_federation("fedsc", overrides=CACHED)
     train, _ = load_splits(cfg)
-    ref = Pretraining(cfg, train)
-    drop = Pretraining(replace(cfg, train=replace(cfg.train, absent_statistics="drop")), train)
+    ref = Pretraining.of(cfg, train)
+    drop = Pretraining.of(replace(cfg, train=replace(cfg.train, absent_statistics="drop")), train)
     for r in range(2):
         agg = fed.step()
         ref.step()
@@ -512,7 +512,7 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_goes_on(make_federa
     set_lr(pt.optimizer, pt.lr(0))
     apply_pseudo_gradient(pt.optimizer, [p for _, p in pt.params],
                           [pseudo[name] for name, _ in pt.params])
-    saved = Pretraining(cfg, train)
+    saved = Pretraining.of(cfg, train)
     load_checkpoint(tmp_path / "run" / "checkpoint.safetensors", saved.model, saved.optimizer)
     assert params_err(saved, pt) < 1e-7
 
@@ -634,7 +634,7 @@ def test_node_config_errors_name_the_fix():
 
 def _reference(cfg):
     train, _ = load_splits(cfg)
-    return Pretraining(cfg, train)
+    return Pretraining.of(cfg, train)
 
 
 # a client's later local steps start from its earlier ones: with the paper's local lr of 1.0
@@ -889,7 +889,7 @@ def test_differential_privacy_over_flower__equals_the_simulators_private_round(
                                    overrides=overrides)
     assert pt.privacy is not None and pt.model.unit_encodings
     train, _ = load_splits(cfg)
-    ref = Pretraining(cfg, train)
+    ref = Pretraining.of(cfg, train)
     for _ in range(2):
         agg = fed.step()
         ref.step()

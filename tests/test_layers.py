@@ -202,7 +202,7 @@ def test_layers__the_checks_the_config_leaves_to_the_run_still_run(tmp_path):
     cfg = RunConfig(train=TrainConfig(method="contrastive_fedavg", absent_statistics="cached",
                                       device="cpu"))
     match = "train.absent_statistics = 'cached' keeps clients' shared statistics"
-    for refuse in (validate, lambda c: Pretraining(c, None),
+    for refuse in (validate, lambda c: Pretraining.of(c, None),
                    lambda c: RunDir.create(tmp_path / "run", c)):
         with pytest.raises(ConfigError, match=match):
             refuse(cfg)

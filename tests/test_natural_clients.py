@@ -84,7 +84,7 @@ def test_natural_round__batched_equals_reference_equals_centralized_step(tmp_pat
     pooled images (float64), in both backends."""
     cfg = load_config(_config(tmp_path, ham, precision="float64"))
     train, _ = load_splits(cfg)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     assert pt.partition.num_clients == len(train.clients.unique())
     sizes = pt.partition.sizes
     assert int(sizes.min()) == 1 and int(sizes.max()) >= 4
@@ -116,7 +116,7 @@ def test_natural_clients__every_method_trains_rounds(tmp_path, ham, method):
     partition = build_partition(cfg, train)
     minimum = METHODS[method].min_client_samples
     assert int(partition.sizes.min()) == minimum if minimum > 1 else 1
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     for _ in range(2):
         m = pt.step()
         assert torch.isfinite(torch.as_tensor(m.loss))

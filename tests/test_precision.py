@@ -203,7 +203,7 @@ def test_deferred_finiteness__names_the_round_and_no_checkpoint_holds_the_diverg
 
     cfg = load_config(tiny_config(rounds=6, checkpoint_every=2), ["train.log_every=5"])
     train = load_dataset("fashion_mnist", "train", cfg.data.data_dir)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     run = RunDir.create(tmp_path / "run", cfg)
 
     def step():

@@ -182,12 +182,12 @@ def test_byol_run__moves_its_target_and_resumes_bit_identically(tiny_config, tmp
     summary = run_pretraining(cfg, whole, train)
     assert summary["rounds"] == 4 and math.isfinite(summary["final_loss"])
     sent = summary["bytes_per_client_round"]  # the target goes down with the model, not up
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     target_bytes = sum(p.numel() * p.element_size() for p in pt.model.target.parameters())
     assert sent["down"] - sent["up"] == target_bytes > 0
 
     stopped = RunDir.create(tmp_path / "stopped", cfg)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     start = [p.clone() for p in pt.model.target.parameters()]
     for _ in range(2):
         pt.step()

@@ -188,7 +188,7 @@ def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_pa
     cfg = load_config(tiny_config(rounds=6, checkpoint_every=3), ["privacy.target_epsilon=8"])
     train = load_dataset("fashion_mnist", "train", cfg.data.data_dir)
     whole = RunDir.create(tmp_path / "whole", cfg)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     summary = pretraining_loop(pt, whole, pt.step, train)
     privacy = summary["privacy"]
     assert privacy["epsilon"] <= 8 and privacy["noise_multiplier"] > 0
@@ -197,13 +197,13 @@ def test_dp_run__reports_epsilon_and_resumes_bit_identically(tiny_config, tmp_pa
     assert eps == sorted(eps) and eps[-1] == pytest.approx(privacy["epsilon"])
 
     cut = RunDir.create(tmp_path / "cut", cfg)
-    first = Pretraining(cfg, train)
+    first = Pretraining.of(cfg, train)
     while first.rounds_done < 3:  # as if killed after round 3's checkpoint
         first.step()
     from dcco.run.checkpoint import save_checkpoint
 
     save_checkpoint(cut.checkpoint_path, first.model, first.optimizer, 3)
-    resumed = Pretraining(cfg, train)
+    resumed = Pretraining.of(cfg, train)
     resume_from_checkpoint(resumed, cut)
     pretraining_loop(resumed, cut, resumed.step, train)
     a = build_dual_encoder(cfg.model, 1, projector(cfg), seed=0)
@@ -224,7 +224,7 @@ def test_fedsc_private_run__takes_the_same_accountant_and_reports_epsilon(tiny_c
     runs = {}
     for method in ("fedsc", "dcco"):
         cfg = load_config(tiny_config(method=method, rounds=2), ["privacy.noise_multiplier=1.5"])
-        pt = Pretraining(cfg, load_dataset("fashion_mnist", "train", cfg.data.data_dir))
+        pt = Pretraining.of(cfg, load_dataset("fashion_mnist", "train", cfg.data.data_dir))
         for _ in range(2):
             assert torch.isfinite(torch.as_tensor(pt.step().loss))
         runs[method] = pt.privacy

@@ -190,7 +190,7 @@ def _rounds_per_second(grid_path: Path) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        pt = Pretraining(cell.cfg, load_splits(grid.base)[0])
+        pt = Pretraining.of(cell.cfg, load_splits(grid.base)[0])
         pt.step()
         best = 0.0
         for _ in range(3):  # the fastest of three: a busy moment only slows a reading

@@ -254,16 +254,16 @@ def test_disk_store__refused_where_it_would_not_fit_or_over_ranks(tiny_config, m
 
     cfg = load_config(tiny_config(method="fedema"), ["train.client_state_store=\"disk\""])
     train, _ = load_splits(cfg)
-    pt = Pretraining(cfg, train, state_dir=tmp_path / "states")
+    pt = Pretraining.of(cfg, train, state_dir=tmp_path / "states")
     assert type(pt.client_states).__name__ == "DiskClientStates"
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100, 90, 10))
     with pytest.raises(ConfigError, match="GiB free on the disk of"):
-        Pretraining(cfg, train, state_dir=tmp_path / "states")
+        Pretraining.of(cfg, train, state_dir=tmp_path / "states")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     with pytest.raises(ConfigError, match="GiB free on the disk of"):
-        Pretraining(cfg, train)  # refused before its temporary folder is made
+        Pretraining.of(cfg, train)  # refused before its temporary folder is made
     assert not any((tmp_path / "tmp").iterdir())
     # a resumed run's own files will be replaced: they count as free (a link once)
     old = tmp_path / "states" / "snapshot-1"
@@ -272,14 +272,14 @@ def test_disk_store__refused_where_it_would_not_fit_or_over_ranks(tiny_config, m
         fh.truncate(1 << 30)  # sparse: 1 GiB by its size, none on disk
     os.link(old / "1.safetensors", tmp_path / "states" / "live" / "1.safetensors")
     assert bytes_under(tmp_path / "states") == 1 << 30
-    Pretraining(cfg, train, state_dir=tmp_path / "states")
-    monkeypatch.setattr("dcco.run.pretraining.rank_and_size", lambda: (0, 2))
+    Pretraining.of(cfg, train, state_dir=tmp_path / "states")
+    monkeypatch.setattr("dcco.run.setup.rank_and_size", lambda: (0, 2))
     with pytest.raises(ConfigError, match="runs in one process"):
-        Pretraining(cfg, train, state_dir=tmp_path / "states")
+        Pretraining.of(cfg, train, state_dir=tmp_path / "states")
 
 
 def _run(cfg, train, rounds):
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     for _ in range(rounds):
         pt.step()
     return pt
@@ -314,7 +314,7 @@ def test_stateful_run__keeps_every_participant_and_resumes_bit_identically(
     whole = RunDir.create(tmp_path / "whole", cfg)
     run_pretraining(cfg, whole, train)
     stopped = RunDir.create(tmp_path / "stopped", cfg)
-    half = Pretraining(cfg, train, state_dir=stopped.client_states_path)
+    half = Pretraining.of(cfg, train, state_dir=stopped.client_states_path)
     for _ in range(2):
         half.step()
     save_checkpoint(stopped.checkpoint_path, half.model, half.optimizer, 2,
@@ -358,7 +358,7 @@ def test_stateful_run__logs_its_returning_clients_and_what_their_divergence_made
     run = RunDir.create(tmp_path / "run", cfg)
     run_pretraining(cfg, run, train)
     records = [r for r in run.metrics() if "loss" in r]
-    partition, seen, returning, rounds = Pretraining(cfg, train).partition, set(), [], []
+    partition, seen, returning, rounds = Pretraining.of(cfg, train).partition, set(), [], []
     for r in range(rounds_run):
         clients = plan_round(cfg, partition, r).clients.tolist()
         rounds.append(clients)
@@ -403,7 +403,7 @@ def test_stateful_methods__refused_where_not_implemented(tiny_config, monkeypatc
     monkeypatch.setattr("dcco.run.stores.MAX_STATE_BYTES", 1 << 10)
     with pytest.raises(ConfigError, match="client_state_store = 'disk'.*client_state_dtype "
                                           "= 'float16'"):
-        Pretraining(cfg, train)
+        Pretraining.of(cfg, train)
 
 
 def test_stateful_store_too_large__refused_before_any_run_directory(

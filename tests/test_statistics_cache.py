@@ -47,7 +47,7 @@ def test_cache__aggregate_is_the_merge_of_every_clients_last_statistics():
 
 
 def _run(cfg, train, rounds):
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     for _ in range(rounds):
         pt.step()
     return pt
@@ -110,7 +110,7 @@ def test_cached_rounds__refused_without_statistics_with_privacy_staleness_or_too
     train, _ = load_splits(cfg)
     monkeypatch.setattr("dcco.run.stores.MAX_CACHE_BYTES", 1 << 10)  # 24 clients of 16-wide sums
     with pytest.raises(ConfigError, match="GiB of client statistics"):
-        Pretraining(cfg, train)
+        Pretraining.of(cfg, train)
 
 
 def test_cached_rounds__refused_under_secagg_over_flower():

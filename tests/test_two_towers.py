@@ -295,7 +295,7 @@ def test_two_view_run__pretrains_resumes_and_evaluates_both_towers(tiny_config, 
     cfg = RunDir.open(full).config()
     assert cfg.augment_y.flip_p == 0.0 and cfg.model.y_widths == (4, 4, 8)
     train, _ = load_splits(cfg)
-    pt = Pretraining(cfg, train)  # interrupted after round 2, then resumed by the CLI
+    pt = Pretraining.of(cfg, train)  # interrupted after round 2, then resumed by the CLI
     assert pt.model.backbone2.feature_dim == 8 and pt.second is not None
     pt.step(), pt.step()
     save_checkpoint(RunDir.create(part, cfg).checkpoint_path, pt.model, pt.optimizer, 2,
@@ -393,10 +393,10 @@ def test_feature_modalities__integer_and_four_channel_features_train_through_an_
                                  "model.projector=[8]", "augment_y.enabled=false",
                                  "train.clients_per_round=4", "train.rounds=2",
                                  'train.device="cpu"'])
-        pt = Pretraining(cfg, _pairs_of(x, y))
+        pt = Pretraining.of(cfg, _pairs_of(x, y))
         assert math.isfinite(float(pt.step().loss))
         with pytest.raises(ConfigError, match="augment_y.enabled = false"):
-            Pretraining(load_config(None, ['data.dataset="pairs"', "model.shared=false",
+            Pretraining.of(load_config(None, ['data.dataset="pairs"', "model.shared=false",
                                            'model.y_arch="mlp"', "train.clients_per_round=2"]),
                         _pairs_of(x, y))
 
@@ -460,7 +460,7 @@ def test_load_encoder__rebuilds_a_paired_run_mid_run_from_its_checkpoint(tmp_pat
                              "train.rounds=4", "train.checkpoint_every=1", 'train.device="cpu"'])
     train, _ = load_splits(cfg)
     run = RunDir.create(tmp_path / "run", cfg)
-    pt = Pretraining(cfg, train)
+    pt = Pretraining.of(cfg, train)
     pt.step()
     save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, 1,
                     meta={"method": "dcco"} | pt.inputs_record)
@@ -480,7 +480,7 @@ def test_other_methods__train_two_towers_on_pairs(method):
                              'model.y_arch="mlp"', "model.y_widths=[8]", "model.projector=[8]",
                              "augment_y.enabled=false", "train.clients_per_round=4",
                              'train.device="cpu"', f'train.method="{method}"'])
-    pt = Pretraining(cfg, _pairs_of(x, y))
+    pt = Pretraining.of(cfg, _pairs_of(x, y))
     before = [p.detach().clone() for _, p in pt.params]
     assert math.isfinite(float(pt.step().loss))
     assert any(not torch.equal(a, p) for a, (name, p) in zip(before, pt.params)

@@ -228,11 +228,8 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     """
     from datetime import datetime
 
-    from dcco.methods.registry import build_method
     from dcco.run.loop import run_with_progress
-    from dcco.run.planning import build_partition
-    from dcco.run.setup import check_run
-    from dcco.run.stores import STATES_FOLDER, check_stores
+    from dcco.run.setup import check_run, validate
 
     if not isinstance(encoder, nn.Module):
         raise ArgumentError(f"encoder must be a torch.nn.Module (your network), not "
@@ -252,9 +249,9 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     dims = None if projector is None else [int(d) for d in projector]
     cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
                      own_augment=augment is not None)
-    check_run(cfg, data, towers=False)
+    validate(cfg)
     # with the method's predictor and target network around your encoder, if it has them
-    # (check_run has checked model.predictor against the method and the projector)
+    # (validate has checked model.predictor against the method and the projector)
     model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed,
                          method=method, predictor=cfg.model.predictor)
     record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
@@ -285,16 +282,17 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
                 raise ConfigError(f"{shown(path)} holds a run of another {what} "
                                   f"({stored[key]!r}, now {record[key]!r}); give another "
                                   f"run_dir=, or the same arguments to continue it")
+        checked = check_run(cfg, data, model=model, run_dir=path)
     else:
-        check_stores(cfg, build_method(method, cfg.loss), model,
-                     build_partition(cfg, data).num_clients, state_dir=path / STATES_FOLDER)
+        # the data scanned, the clients drawn and the stores checked once, for the whole run
+        checked = check_run(cfg, data, model=model, run_dir=path)
         run = RunDir.create(path, cfg, FIT_WORDS)
     if resume and longer:
         run.extend(cfg)
     run.update_summary(user_model=record)
     then = None if on_round is None else (lambda m, _latest: on_round(m.round, model))
     summary = run_with_progress(cfg, run, data, None, resume, progress is not False,
-                                model=model, augment=augment, then=then)
+                                model=model, augment=augment, then=then, checked=checked)
     history = tuple(r for r in run.metrics() if "loss" in r)
     return FitResult(model, run.path, summary, history)
 

@@ -103,6 +103,7 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
         run = RunDir.open(args.resume)
         cfg = run.config()
         train, test = load_splits(cfg)
+        checked = None  # checked once, against the run's client states, by the loop
         _say(f"resuming {run.path} ({cfg.train.method})")
     else:
         if args.config is None:
@@ -111,7 +112,7 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
                                                                args.tensorboard)))
         train, test = load_splits(cfg)  # data errors before any run directory exists
         path = args.run_dir or _default_run_dir(args.config.stem, cfg.train.method)
-        check_run(cfg, train, run_dir=Path(path))
+        checked = check_run(cfg, train, run_dir=Path(path))
         run = RunDir.create(path, cfg)
         record_split(run, cfg, train, test)
         _say(f"pretraining {cfg.train.method} into {run.path}")
@@ -122,8 +123,9 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
 
     interrupts = getattr(args, "interrupts", None)
     summary = run_with_progress(cfg, run, train, test, args.resume is not None,
-                                      not args.no_progress,
-                                      interrupts.stop if interrupts is not None else None)
+                                not args.no_progress,
+                                interrupts.stop if interrupts is not None else None,
+                                checked=checked)
     if "stopped" in summary:
         _say(f"stopped at round {summary['rounds']} ({summary['stopped']}), checkpoint "
              f"saved; continue with: dcco pretrain --resume {shlex.quote(str(run.path))}")

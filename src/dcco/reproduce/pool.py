@@ -390,7 +390,7 @@ def _peak_memory_here(cfg: RunConfig, rounds: int) -> tuple[int, int]:
     free, _ = torch.cuda.mem_get_info()
     # the clients' store (FedU, FedEMA, MoCo) sized for these rounds; on disk, a temporary
     # folder, deleted here (the pool ends this process without its finalizers)
-    pt = Pretraining(cfg, load_splits(cfg)[0], rounds_to_run=rounds)
+    pt = Pretraining.of(cfg, load_splits(cfg)[0], rounds_to_run=rounds)
     try:
         for _ in range(min(rounds, cfg.train.rounds)):
             pt.step()

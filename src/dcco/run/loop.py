@@ -28,6 +28,7 @@ from dcco.models import DualEncoder
 from dcco.run.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from dcco.run.pretraining import Pretraining, RoundMetrics, read_numbers
 from dcco.run.rundir import RunDir
+from dcco.run.setup import CheckedRun, check_run
 
 RoundCallback = Callable[[RoundMetrics, dict[str, float]], None]
 
@@ -239,7 +240,8 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
                     model: DualEncoder | None = None,
                     stop: Callable[[], str | None] | None = None,
                     augment: Callable[[Tensor], Tensor] | None = None,
-                    on_warning: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    on_warning: Callable[[str], None] | None = None,
+                    checked: CheckedRun | None = None) -> dict[str, Any]:
     """Pretrain in this process into a run directory (``pretraining_loop``).
 
     Args:
@@ -251,13 +253,17 @@ def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
         on_round: see ``pretraining_loop``.
         model, augment: see ``Pretraining``.
         stop, on_warning: see ``pretraining_loop``.
+        checked: ``cfg`` and ``train_set`` (and ``model``) as the caller checked them before
+            creating ``run`` (``dcco.run.setup.check_run``), taken as they are; None: checked
+            here.
 
     Returns:
         The summary written to ``summary.json`` (``pretraining_loop``'s partial record for a
         run that was told to stop).
     """
-    pt = Pretraining(cfg, train_set, model=model, augment=augment,
-                     state_dir=run.client_states_path)
+    if checked is None:
+        checked = check_run(cfg, train_set, model=model, state_dir=run.client_states_path)
+    pt = Pretraining(checked, augment)
     if resume:
         resume_from_checkpoint(pt, run)
     return pretraining_loop(pt, run, pt.step, train_set, test_set, on_round, stop=stop,
@@ -269,10 +275,12 @@ def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
                       stop: Callable[[], str | None] | None = None,
                       model: DualEncoder | None = None,
                       augment: Callable[[Tensor], Tensor] | None = None,
-                      then: RoundCallback | None = None) -> dict[str, Any]:
+                      then: RoundCallback | None = None,
+                      checked: CheckedRun | None = None) -> dict[str, Any]:
     """``run_pretraining`` with a progress bar (``progress``: None on a terminal, plain lines
     in a log; False: none) and the run's loss and k-NN plots at the end; ``then`` is called
-    after the bar's update every round (``pretraining_loop``'s ``on_round``)."""
+    after the bar's update every round (``pretraining_loop``'s ``on_round``); ``checked``:
+    see ``run_pretraining``."""
     from dcco.run.progress import Progress
     from dcco.run.report import plot_run_curves
 
@@ -295,7 +303,7 @@ def run_with_progress(cfg: RunConfig, run: RunDir, train_set: Dataset,
         summary = run_pretraining(cfg, run, train_set, test_set, resume=resume,
                                   on_round=on_round, model=model, stop=stop, augment=augment,
                                   on_warning=(lambda text: bar.note(f"warning: {text}"))
-                                  if bar.enabled else None)
+                                  if bar.enabled else None, checked=checked)
     plot_run_curves(run)
     return summary
 

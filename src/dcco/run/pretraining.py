@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dcco.config import ConfigError, RunConfig
+from dcco.config import RunConfig
 from dcco.core.algorithm import Algorithm, RoundResult
 from dcco.core.client import trainable_parameters
 from dcco.core.client_state import (
@@ -61,10 +61,9 @@ from dcco.models import DualEncoder
 from dcco.models.dual import buffers_kept
 from dcco.run.algorithms import algorithm_of
 from dcco.run.devices import keeps_graphs, max_batch_of, resolve_device
-from dcco.run.planning import RoundPlan, build_partition, input_record, plan_round
+from dcco.run.planning import RoundPlan, input_record, plan_round
 from dcco.run.privacy import Privacy
-from dcco.run.setup import build_model, check_data, check_partition, speed_of, validate
-from dcco.run.stores import check_stores
+from dcco.run.setup import CheckedRun, check_run, speed_of
 from dcco.run.views import user_views
 
 PROBE_SAMPLES = 256
@@ -108,34 +107,21 @@ class Pretraining:
     """The state of one pretraining run: model, server optimiser and the rounds done so far.
 
     Args:
-        cfg: the run config.
-        train_set: the unlabelled pretraining images, or pairs (labels are used only to
-            partition).
-        partition: the clients; by default ``build_partition(cfg, train_set)``.
-        model: the dual encoder to train (e.g. with the user's own tower for a modality that
-            is not images, docs/multimodal.md); by default ``dcco.run.setup.build_model``.
+        run: the checked run (``dcco.run.setup.check_run``): its config, data, partition,
+            model and the stores' sizes, taken as they are. ``Pretraining.of`` checks and
+            builds in one call.
         augment: the user's own augmentation instead of ``cfg.augment``: a function from a
             batch of stored samples (on the device) to one view of each, called twice a
             round for the two views, each sample's view its own (no mixing across samples).
             It may draw from torch's global random state: the round seeds it from the
             run's seed and the round (``user_views``) and restores it after, so runs are
             reproducible and resume exactly. Its views are cast to the run's dtype when floating.
-        holds_client_states: whether this process keeps what the clients of a stateful method
-            keep between rounds (FedU, FedEMA, MoCo's queue): the simulator does; a Flower
-            server does not, its nodes do.
-        state_dir: the folder of the clients' states with ``train.client_state_store =
-            "disk"`` (the run directory's ``client_states``); None: a temporary folder,
-            deleted with the store.
-        rounds_to_run: the rounds this object will run where fewer than the config's (a
-            measurement of a few rounds): the clients' store is sized for them.
     """
 
-    def __init__(self, cfg: RunConfig, train_set: Dataset,
-                 partition: Partition | None = None, model: DualEncoder | None = None,
-                 augment: Callable[[Tensor], Tensor] | None = None,
-                 holds_client_states: bool = True, state_dir: Path | None = None,
-                 rounds_to_run: int | None = None) -> None:
-        self.cfg = validate(cfg)
+    def __init__(self, run: CheckedRun,
+                 augment: Callable[[Tensor], Tensor] | None = None) -> None:
+        cfg, train_set = run.cfg, run.train_set
+        self.cfg = cfg
         self.augment = augment
         self.device = resolve_device(cfg.train.device)
         self.chunk = max_batch_of(cfg.train.max_batch, self.device)
@@ -150,9 +136,7 @@ class Pretraining:
         self.aggregate: Moments | None = None
         """The last round's aggregated statistics, which the next round uses when
         ``train.staleness = 1`` (saved in checkpoints)."""
-        self.partition = partition if partition is not None else build_partition(cfg, train_set)
-        check_partition(cfg, self.partition)
-        check_data(cfg, train_set, towers=model is None)
+        self.partition = run.partition
         self.images = train_set.inputs(0).to(self.device)
         """The training samples (the first modality's, for pairs)."""
         self.second = train_set.inputs(1).to(self.device) if train_set.paired else None
@@ -160,9 +144,7 @@ class Pretraining:
         self.inputs_record = input_record(train_set)
         """What the towers read (shapes and kinds), kept with every checkpoint and summary so
         that ``dcco.load_encoder`` rebuilds them, also mid-run."""
-        self.model: DualEncoder = prepare_model(
-            model if model is not None else build_model(cfg, *train_set.input_shapes),
-            self.speed, self.device)
+        self.model: DualEncoder = prepare_model(run.model, self.speed, self.device)
         self.model.unit_encodings = cfg.privacy.enabled
         # the config's, also on a model the caller built (``dcco.fit``'s own encoder)
         self.model.encoding_bound = cfg.model.clip_encodings
@@ -173,27 +155,48 @@ class Pretraining:
         self.rounds_done = 0
         self.rank, self.world = rank_and_size()
         """This process's rank and the number of ranks sharing each round (``dcco.core.distributed``)."""
-        if self.world > 1 and not self.method.federated and self.method.name != "centralized_cco":
-            raise ConfigError(
-                f"{self.method.name} over several ranks is not supported: a centralized batch "
-                f"is split over the ranks and run as DCCO, which is exact for CCO alone; run "
-                f"it in one process")
-        if self.world > 1 and cfg.train.client_weighting != "samples":
-            raise ConfigError("train.client_weighting = 'uniform' runs in one process: the "
-                              "ranks of torch.distributed weigh their shares by sample count")
-        check_stores(cfg, self.method, self.model, self.partition.num_clients,
-                     state_dir=state_dir, rounds_to_run=rounds_to_run, world=self.world,
-                     client_states=holds_client_states)
         self.cache = self._statistics_cache()
         """The server's cache of every client's last statistics
         (``train.absent_statistics = "cached"``, saved in checkpoints), else None."""
-        self.client_states = (self._client_states(state_dir)
-                              if holds_client_states else None)
+        self.client_states = (self._client_states(run.state_dir)
+                              if run.holds_client_states else None)
         """What each client that has taken part keeps between its rounds, for a method whose
         clients keep their model (FedU, FedEMA; saved in checkpoints), else None."""
         self._augment_seed = derive_seed(cfg.train.seed, "augment")
         self._first_bad: Tensor | None = None
         self._bad_loss: Tensor | None = None
+
+    @classmethod
+    def of(cls, cfg: RunConfig, train_set: Dataset, partition: Partition | None = None,
+           model: DualEncoder | None = None, augment: Callable[[Tensor], Tensor] | None = None,
+           holds_client_states: bool = True, state_dir: Path | None = None,
+           rounds_to_run: int | None = None) -> Pretraining:
+        """A run checked (``dcco.run.setup.check_run``) and started in one call.
+
+        Args:
+            cfg: the run config.
+            train_set: the unlabelled pretraining images, or pairs (labels are used only to
+                partition).
+            partition: the clients; by default ``build_partition(cfg, train_set)``.
+            model: the dual encoder to train (e.g. with the user's own tower for a modality
+                that is not images, docs/multimodal.md); by default
+                ``dcco.run.setup.build_model``.
+            augment: see the class.
+            holds_client_states: whether this process keeps what the clients of a stateful
+                method keep between rounds (FedU, FedEMA, MoCo's queue): the simulator does;
+                a Flower server does not, its nodes do.
+            state_dir: the folder of the clients' states with ``train.client_state_store =
+                "disk"`` (the run directory's ``client_states``); None: a temporary folder,
+                deleted with the store.
+            rounds_to_run: the rounds this object will run where fewer than the config's (a
+                measurement of a few rounds): the clients' store is sized for them.
+
+        Raises:
+            ConfigError: naming the key to change. DataError: a sample that is not finite.
+        """
+        return cls(check_run(cfg, train_set, model=model, partition=partition,
+                             state_dir=state_dir, rounds_to_run=rounds_to_run,
+                             holds_client_states=holds_client_states), augment)
 
     @property
     def finished(self) -> bool:

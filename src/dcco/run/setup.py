@@ -6,17 +6,15 @@ partition checked against it (``check_data``, ``check_run``).
 The config itself (``dcco.config``) is plain data that imports no method, model or torch;
 these are its run-side checks, each raising a ``ConfigError`` that names the key to change.
 
-A run's config is checked once on its way: where the run starts (the CLI, ``dcco.fit``,
-the demo, the grid, the Flower app) ``resolved`` checks it and makes it concrete, and the
-run directory and the pretraining that receive that config find it checked (``CHECKED``) and
-do not check it again. A config changed on the way (``dataclasses.replace``) is another
-config, and is checked afresh.
+A run is checked once, and the check is a value: ``check_run`` scans the data, builds the
+partition and the model and sizes the stores, and returns them as a ``CheckedRun``, which
+``dcco.run.pretraining.Pretraining`` takes as it is. The config checks alone (``validate``,
+``resolved``) read neither data nor model, and cost nothing to repeat.
 """
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from dcco.core.distributed import rank_and_size
 from dcco.core.precision import Speed, check, resolve
 from dcco.data.augment import is_image
 from dcco.data.paired import Dataset, is_paired
+from dcco.data.partition import Partition
 from dcco.data.samples import refuse_non_finite
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
@@ -33,32 +32,24 @@ from dcco.run.algorithms import algorithm_of
 from dcco.run.devices import resolve_device
 from dcco.run.planning import build_partition
 from dcco.run.privacy import Privacy
-from dcco.run.stores import STATES_FOLDER, check_stores, needs_model
-
-CHECKED: weakref.WeakSet[RunConfig] = weakref.WeakSet()
-"""The configs ``validate`` has passed in this process (frozen values, so an equal config is
-the same check); ``RESOLVED``, those ``resolved`` returned."""
-RESOLVED: weakref.WeakSet[RunConfig] = weakref.WeakSet()
+from dcco.run.stores import STATES_FOLDER, check_stores
 
 
 def validate(cfg: RunConfig) -> RunConfig:
     """``cfg``, checked across sections against its method: the method's round settings (as
     ``dcco.core.algorithm.Algorithm`` takes them), its head, its norm against its clients'
     batches and its data against its clients' sizes, and ``auto`` resolvable on this machine.
-    A config checked before (``CHECKED``) is not checked again.
+    Reads no data and builds no model.
 
     Raises:
         ConfigError: naming the key to change.
     """
-    if cfg in CHECKED:
-        return cfg
     try:
         _validate(cfg)
     except ConfigError:
         raise
     except ValueError as e:  # the algorithm's and the precision's checks name the keys
         raise ConfigError(str(e)) from None
-    CHECKED.add(cfg)
     return cfg
 
 
@@ -125,19 +116,12 @@ def resolved(cfg: RunConfig) -> RunConfig:
     """``cfg`` validated (``validate``), with every ``auto`` of ``[train]``'s precision and
     compile made concrete for ``train.device`` on this machine: what a run directory stores.
 
-    A config ``resolved`` returned before (``RESOLVED``) is returned as it is.
-
     Raises:
         ConfigError: naming the key to change.
     """
-    if cfg in RESOLVED:
-        return cfg
     validate(cfg)
     s = speed_of(cfg)
-    out = replace(cfg, train=replace(cfg.train, precision=s.precision, compile=s.compile))
-    CHECKED.add(out)  # ``auto`` made concrete as ``validate`` found it resolvable
-    RESOLVED.add(out)
-    return out
+    return replace(cfg, train=replace(cfg.train, precision=s.precision, compile=s.compile))
 
 
 def projector(cfg: RunConfig) -> tuple[int, ...]:
@@ -168,11 +152,12 @@ def build_model(cfg: RunConfig, in_channels: InputShape,
                               head(cfg), y_shape)
 
 
-def check_data(cfg: RunConfig, dataset: Any, towers: bool = True) -> None:
+def check_data(cfg: RunConfig, dataset: Any, towers: bool = True, scan: bool = True) -> None:
     """Refuse a training set ``cfg`` cannot train on, before any run starts: images for a
     paired ``data.dataset`` (or pairs for an image one), configured towers that cannot read
     their inputs (``towers``: false for towers the user builds), samples holding NaN or an
-    infinity, or augmentation asked of a modality that is not images.
+    infinity (``scan``: false leaves the one pass over every value to ``check_run``), or
+    augmentation asked of a modality that is not images.
 
     Raises:
         ConfigError: naming the key to change.
@@ -196,7 +181,7 @@ def check_data(cfg: RunConfig, dataset: Any, towers: bool = True) -> None:
             check_inputs(cfg.model, x_shape, y_shape if dataset.paired else None)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    for tower in range(1 + dataset.paired):
+    for tower in range(1 + dataset.paired) if scan else ():
         refuse_non_finite(dataset.inputs(tower),
                           f"the training set {dataset.name!r}"
                           + (f" (tower {tower})" if dataset.paired else ""),
@@ -221,32 +206,76 @@ def check_partition(cfg: RunConfig, partition: Any) -> None:
             + (" large enough for the method" if cfg.data.partition == "natural" else ""))
 
 
-def check_run(cfg: RunConfig, train_set: Dataset, towers: bool = True,
-              run_dir: Path | None = None) -> None:
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run ``check_run`` found able to start: its config, its data, and what it built from
+    them, which ``Pretraining`` takes as they are (no second scan, partition or model)."""
+
+    cfg: RunConfig
+    train_set: Dataset
+    partition: Partition
+    model: DualEncoder
+    """The dual encoder to train: the config's, built from ``train.seed`` (CPU, float32), or
+    the caller's own."""
+    state_dir: Path | None
+    """Where the clients' states go with ``train.client_state_store = "disk"``; None: a
+    temporary folder."""
+    holds_client_states: bool
+    """Whether this process keeps the clients' states (a Flower server does not)."""
+    users_model: bool
+    """Whether ``model`` is the caller's (its towers are theirs, not ``cfg.model``'s)."""
+
+
+def check_run(cfg: RunConfig, train_set: Dataset, *, model: DualEncoder | None = None,
+              partition: Partition | None = None, run_dir: Path | None = None,
+              state_dir: Path | None = None, rounds_to_run: int | None = None,
+              holds_client_states: bool = True) -> CheckedRun:
     """Everything ``Pretraining`` refuses about a config and its data, checked before a run
     directory or any other file is created (``load_splits`` has checked the data against the
-    config): the device, the config across its sections (``validate``), the data against the
-    config (``check_data``; ``towers``: false for towers the user builds, whose stores the
-    caller sizes with ``dcco.run.stores.check_stores``), the partition's clients against a
-    round's (``check_partition``), differential privacy's accounting, and the stores kept
-    beside the model (``check_stores``; ``run_dir``: where the run will be, whose disk holds
-    the clients' states with ``train.client_state_store = "disk"``).
+    config), and what was built on the way: the device, the config across its sections
+    (``validate``), the data against the config (``check_data``: scanned once, here), the
+    partition's clients against a round's (``check_partition``), differential privacy's
+    accounting, and the stores kept beside the model (``check_stores``).
+
+    Args:
+        model: the caller's own dual encoder (``dcco.fit``'s); None: the config's, built here.
+        partition: the clients, where the caller has them; None: ``build_partition``.
+        run_dir: where the run will be; its ``client_states`` folder is ``state_dir``.
+        state_dir: the clients' states' folder on disk, without a ``run_dir``.
+        rounds_to_run, holds_client_states: see ``Pretraining``.
 
     Raises:
         ConfigError: naming the key to change.
+        DataError: a sample holds NaN or an infinity.
     """
     resolve_device(cfg.train.device)
     validate(cfg)
-    check_data(cfg, train_set, towers=towers)
-    partition = build_partition(cfg, train_set)
+    users_model = model is not None
+    check_data(cfg, train_set, towers=not users_model)
+    if partition is None:
+        partition = build_partition(cfg, train_set)
     check_partition(cfg, partition)
     method = build_method(cfg.train.method, cfg.loss)
+    world = rank_and_size()[1]
+    if world > 1 and not method.federated and method.name != "centralized_cco":
+        raise ConfigError(
+            f"{method.name} over several ranks is not supported: a centralized batch is split "
+            f"over the ranks and run as DCCO, which is exact for CCO alone; run it in one "
+            f"process")
+    if world > 1 and cfg.train.client_weighting != "samples":
+        raise ConfigError("train.client_weighting = 'uniform' runs in one process: the ranks "
+                          "of torch.distributed weigh their shares by sample count")
     if cfg.privacy.enabled:
         Privacy.of(cfg, partition, method)
-    if towers and needs_model(cfg, method):
-        check_stores(cfg, method, build_model(cfg, *train_set.input_shapes),
-                     partition.num_clients, world=rank_and_size()[1],
-                     state_dir=None if run_dir is None else Path(run_dir) / STATES_FOLDER)
+    if model is None:
+        model = build_model(cfg, *train_set.input_shapes)
+    if run_dir is not None:
+        state_dir = Path(run_dir) / STATES_FOLDER
+    check_stores(cfg, method, model, partition.num_clients, world=world,
+                 state_dir=state_dir, rounds_to_run=rounds_to_run,
+                 client_states=holds_client_states)
+    return CheckedRun(cfg, train_set, partition, model, state_dir, holds_client_states,
+                      users_model)
 
 
 def _device_type(device: str) -> str:
@@ -258,5 +287,5 @@ def _device_type(device: str) -> str:
     return device.split(":")[0]
 
 
-__all__ = ["build_model", "check_data", "check_partition", "check_run", "head", "projector",
+__all__ = ["CheckedRun", "build_model", "check_data", "check_partition", "check_run", "head", "projector",
            "resolved", "speed_of", "validate"]

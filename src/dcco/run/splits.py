@@ -25,7 +25,8 @@ def training_split(cfg: RunConfig) -> Dataset:
 
 def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
     """The training and test splits of the configured data set (images or pairs), checked
-    against the config (``dcco.run.setup.check_data``).
+    against the config (``dcco.run.setup.check_data``; their values are scanned for NaN and
+    infinities once, where a run starts: ``dcco.run.setup.check_run``).
 
     With ``data.validation = n`` the second split is the ``n`` training samples held out
     (``dcco.data.validation.hold_out``) and the first the rest: the test split's files are
@@ -33,9 +34,9 @@ def load_splits(cfg: RunConfig) -> tuple[Dataset, Dataset]:
     train = load_split(cfg.data.dataset, "train", cfg.data.data_dir, table=cfg.table)
     if cfg.data.validation:
         train, held = hold_out(train, cfg.data.validation, cfg.data.validation_seed)
-        check_data(cfg, train)
+        check_data(cfg, train, scan=False)
         return train, held
-    check_data(cfg, train)
+    check_data(cfg, train, scan=False)
     test = load_split(cfg.data.dataset, "test", cfg.data.data_dir, table=cfg.table)
     for tower in range(1 + train.paired):
         a, b = train.inputs(tower), test.inputs(tower)

@@ -2,7 +2,7 @@
 every client's last statistics (``train.absent_statistics = "cached"``) and the states of
 the clients of FedU, FedEMA and MoCo (``train.client_state_store``). ``check_stores``
 refuses a run whose stores would not fit, naming what to change; ``dcco.run.setup.check_run``
-calls it before a run directory exists, and ``Pretraining`` again before it builds them."""
+calls it once, before a run directory exists, and ``Pretraining`` builds the stores it sized."""
 
 from __future__ import annotations
 
@@ -79,11 +79,6 @@ def check_stores(cfg: RunConfig, method: Method, model: nn.Module, num_clients: 
             f"model{half}")
 
 
-def needs_model(cfg: RunConfig, method: Method) -> bool:
-    """Whether ``check_stores`` reads the model for this config (a store to size)."""
-    return cfg.train.absent_statistics == "cached" or method.stateful
-
-
 def _existing(path: Path) -> Path:
     """``path``, or its nearest folder above that exists (for its disk's free space)."""
     while not path.exists() and path != path.parent:
@@ -91,4 +86,4 @@ def _existing(path: Path) -> Path:
     return path
 
 
-__all__ = ["STATES_FOLDER", "check_stores", "needs_model"]
+__all__ = ["STATES_FOLDER", "check_stores"]

@@ -82,7 +82,7 @@ def run_federated(grid: Grid, cfg: RunConfig, fcfg: FlowerConfig, train_set: Ima
         The summary written to ``summary.json``; for a stopped run ``{"rounds", "stopped"}``.
     """
     # its refusals before the run directory is written; the nodes keep their clients' states
-    pt = Pretraining(cfg, train_set, holds_client_states=False)
+    pt = Pretraining.of(cfg, train_set, holds_client_states=False)
     run = open_run(cfg, fcfg)
     LOG.info("dcco: run directory %s", run.path.resolve())
     if fcfg.resume:
