@@ -52,7 +52,7 @@ from dcco.core.seeding import derive_seed
 from dcco.core.stats import encoding_stats
 from dcco.data.augment import training_views
 from dcco.run.checkpoint import atomic_write_text
-from dcco.run.loop import monitor_knn
+from dcco.run.monitors import monitor_knn
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import code_version
 from dcco.run.splits import load_splits

@@ -420,3 +420,23 @@ def test_version__one_constant_equal_to_pyprojects():
 
     declared = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
     assert __version__ == declared["project"]["version"] == dcco.__version__
+
+
+def test_layers__the_run_loop_hands_its_jobs_to_monitors():
+    """``pretraining_loop`` stays a loop (under 60 lines): the collapse watch, privacy, the
+    k-NN and probe monitors and checkpoints are each a ``Monitor`` of ``dcco.run.monitors``,
+    and a run with all of them on gets one of each, checkpoints last."""
+    import inspect
+
+    from dcco.run import loop, monitors
+
+    lines, _ = inspect.getsourcelines(loop.pretraining_loop)
+    assert len(lines) < 60, len(lines)
+    jobs = (monitors.Collapse, monitors.PrivacyBudget, monitors.KnnMonitor,
+            monitors.ProbeMonitor, monitors.Checkpoints)
+    assert all(issubclass(job, monitors.Monitor) for job in jobs)
+    import re
+
+    source = inspect.getsource(loop)
+    for job in jobs:  # the loop reaches them only through the list
+        assert not re.search(rf"\b{job.__name__}\b", source), job.__name__

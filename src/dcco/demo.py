@@ -76,8 +76,9 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
     """Run (or resume) the demo into ``out``; returns the results table as Markdown.
 
     Args:
-        pretrain: ``pretrain(cfg, run, train, test, resume) -> summary``, e.g.
-            ``dcco.run.loop.run_pretraining`` wrapped with a progress bar by the CLI.
+        pretrain: ``pretrain(cfg, run, train, test, resume, checked) -> summary``, e.g.
+            ``dcco.run.loop.run_pretraining`` wrapped with a progress bar by the CLI;
+            ``checked`` is the run's ``CheckedRun``, made before any folder was created.
         progress: told how each evaluation advances.
 
     Raises:
@@ -89,8 +90,9 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
     if data_dir is not None:
         base = replace(base, data=replace(base.data, data_dir=str(data_dir)))
     train, test = load_splits(base)
-    for method in METHODS:  # every refusal before the first file or folder
-        check_run(with_method(base, method), train)
+    # every refusal before the first file or folder; each run takes its check as it is
+    checked = {method: check_run(with_method(base, method), train, run_dir=out / method)
+               for method in METHODS}
     out.mkdir(parents=True, exist_ok=True)
     splits = (train, test)
     say(f"Fashion-MNIST: {len(train)} training images, {len(test)} test images; clients of "
@@ -104,7 +106,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         summary = run.summary()
         if summary.get("rounds") != cfg.train.rounds:
             say(f"\n[{method}] pretraining" + (" (resuming)" if existed else ""))
-            summary = pretrain(cfg, run, train, test, existed)
+            summary = pretrain(cfg, run, train, test, existed, checked[method])
         recorded = summary.get("evaluations", {})
         if key not in recorded or not is_current(recorded[key]):
             say(f"[{method}] linear probe with {cfg.eval.labels} labels")

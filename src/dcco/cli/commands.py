@@ -236,10 +236,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _resume_with(args, again + [x for o in args.overrides for x in ("--set", o)])
     start = time.perf_counter()
 
-    def pretrain(cfg, run, train, test, resume):
+    def pretrain(cfg, run, train, test, resume, checked):
         from dcco.run.loop import run_with_progress
 
-        return run_with_progress(cfg, run, train, test, resume, not args.no_progress)
+        return run_with_progress(cfg, run, train, test, resume, not args.no_progress,
+                                 checked=checked)
 
     with _PhaseProgress(not args.no_progress) as progress:
         table = run_demo(out, pretrain, data_dir=args.data_dir,

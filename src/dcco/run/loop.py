@@ -1,31 +1,23 @@
 """The run loop of every backend (``pretraining_loop``): rounds until the run is finished,
-with metrics records, the collapse figures and their watch, the k-NN monitor, atomic
-checkpoints and the summary; ``run_pretraining`` and ``run_with_progress`` run it in this
+with metrics records (``MetricsWindow``) and the monitors of ``dcco.run.monitors`` (the
+collapse watch, privacy, k-NN, probe, checkpoints, the summary); ``run_pretraining`` and ``run_with_progress`` run it in this
 process. ``Pretraining`` holds the state (``dcco.run.pretraining``); data comes in, metrics go
 out, the CLI shows and stores them."""
 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
 
-from dcco.callers import caller_stacklevel
-from dcco.config import EvalConfig, RunConfig
-from dcco.core.client_state import kept_by_clients
-from dcco.core.collapse import (
-    FIGURES,
-    CollapseWarning,
-    CollapseWatch,
-    watch_start,
-)
+from dcco.config import RunConfig
+from dcco.core.collapse import FIGURES
 from dcco.data.paired import Dataset
-from dcco.evaluate import knn_accuracy, knn_description, labelled_subset, linear_probe
 from dcco.models import DualEncoder
-from dcco.run.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
+from dcco.run.checkpoint import checkpoint_state, load_checkpoint
+from dcco.run.monitors import message_bytes, run_summary, standard_monitors
 from dcco.run.pretraining import Pretraining, RoundMetrics, read_numbers
 from dcco.run.rundir import RunDir
 from dcco.run.setup import CheckedRun, check_run
@@ -99,139 +91,55 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
                      on_log: Callable[[dict[str, Any]], None] | None = None,
                      stop: Callable[[], str | None] | None = None,
                      on_warning: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The run loop of every backend: rounds until ``pt`` is finished, with metrics records,
-    the collapse figures and their watch, the k-NN monitor, atomic checkpoints and the
-    summary.
-
-    Every metrics record carries the collapse figures (``dcco.core.collapse``): of the round's
-    S_A for a method that shares statistics; for one that shares none, of a fixed probe
-    batch at the k-NN monitor's rounds (``train.knn_every``) and the last. The first sign of
-    collapse after the warm-up (``CollapseWatch``, from ``collapse_watch_start``) is noted in
-    the metrics (``{"round": r, "warning": "collapse", "message": ...}``) and in the summary
-    (``collapse_warning``), and said once: to ``on_warning``, or as a ``CollapseWarning``.
+    """The run loop of every backend: ``step`` until ``pt`` is finished, a metrics record
+    every ``train.log_every`` rounds, and the monitors of ``dcco.run.monitors`` (the collapse
+    watch, privacy, k-NN and probe on ``train_set``/``test_set``, checkpoints with ``meta``).
 
     A run told to stop (``stop`` returns a reason) goes on to the end of its logging window,
-    so that its records are those an uninterrupted run writes, then checkpoints there, notes
-    ``{"round": r, "stopped": reason}`` in the metrics and returns without a summary: the run
-    is unfinished, and resuming it continues from that round as if it had never stopped.
-
-    Args:
-        pt: the training state (resumed or fresh).
-        run: its run directory.
-        step: runs the next round and applies it (``Pretraining.step``, or the Flower
-            federation's), returning its metrics.
-        train_set, test_set: the k-NN monitor's bank and queries; no test set, no monitor.
-        on_round: called after every round with its metrics and the latest logged values
-            (``loss``: the mean over the last logging window, as ``final_loss`` is;
-            ``rounds_per_sec``; ``knn`` once measured), e.g. to drive a progress bar.
-        window: makes a fresh ``MetricsWindow`` (a backend's subclass).
-        meta: stored with each checkpoint (the method is always stored).
-        on_log: called with every metrics record written.
-        stop: asked after each logged round whether to stop (a reason, e.g. "time budget"),
-            or None to go on.
-        on_warning: shows the collapse warning (a progress bar's note); None: Python's
-            ``warnings.warn``.
+    checkpoints there, notes ``{"round", "stopped"}`` and returns without a summary; resuming
+    it continues as if it had never stopped. ``on_round(metrics, latest)`` is called every
+    round (``latest``: the last logged loss, rate, collapse figures, k-NN); ``on_log`` with
+    each record; ``on_warning`` says the collapse warning (None: a ``CollapseWarning``);
+    ``window`` makes a backend's ``MetricsWindow``.
 
     Returns:
-        The summary written to ``summary.json``; for a stopped run ``{"rounds": r,
-        "stopped": reason}``, and no summary is written.
+        The summary written to ``summary.json``; for a stopped run ``{"rounds", "stopped"}``.
     """
-    cfg = pt.cfg
-    t_cfg = cfg.train
-    meta = {"method": t_cfg.method} | pt.inputs_record | (meta or {})
-    w, latest, started = window(), {}, time.perf_counter()
-    model_bytes = sum(p.numel() * p.element_size() for _, p in pt.params)
-    # a stateful method's clients keep (FedU, FedEMA) or restart (MoCo) their own target
-    # network: none is sent (nor by dcco's Flower app, whose run reports the bytes it
-    # measures)
-    kept = kept_by_clients(pt.model, pt.method)
-    state_bytes = sum(v.numel() * v.element_size() for n, v in pt.model.state_dict().items()
-                      if n not in kept)
-    d = pt.model.projection_dim
-    message_bytes = pt.algorithm.message_bytes(d, d, model_bytes,
-                                               state_bytes=state_bytes - model_bytes)
-    writes = pt.rank == 0  # with several ranks, rank 0 alone writes (all hold one model)
-    own_cco = pt.method.uses_eps and pt.method.federated and pt.method.stats is None
-    watch = CollapseWatch(watch_start(cfg.optim.warmup_rounds), eps=pt.method.variance_eps(),
-                          client_samples=(int(pt.partition.sizes.max()) if own_cco else None))
-    stopped: str | None = None
+    latest: dict[str, Any] = {}
+    monitors = standard_monitors(pt, run, train_set, test_set, latest, meta, on_warning)
+    w, started, writes, stopped = window(), time.perf_counter(), pt.rank == 0, None
+    bytes_per_client = message_bytes(pt)
     while not pt.finished and stopped is None:
         m = step()
         w.add(m)
         last = pt.finished
         if m.skipped is not None and writes:
             run.append_metrics({"round": m.round, "skipped": m.skipped})
-        if m.round % t_cfg.log_every == 0 or last:
+        if m.round % pt.cfg.train.log_every == 0 or last:
             pt.check_finite()
-            record = w.record(m.round, m.lr) | {"bytes_per_client": message_bytes}
-            if writes:
-                record |= pt.collapse(probe=last or bool(
-                    t_cfg.knn_every and m.round % t_cfg.knn_every == 0))
-            if pt.privacy is not None:
-                record["epsilon"] = latest["epsilon"] = pt.privacy.epsilon(m.round)
+            record = w.record(m.round, m.lr) | {"bytes_per_client": bytes_per_client}
+            for monitor in monitors:
+                monitor.record(m, record, last)
             if writes:
                 run.append_metrics(record)
-            latest |= {k: record[k] for k in ("loss", "rounds_per_sec", *FIGURES)
-                       if k in record}
-            warning = watch.check(m.round, {k: record[k] for k in FIGURES if k in record}, d)
-            if warning is not None and writes:
-                run.append_metrics({"round": m.round, "warning": "collapse",
-                                    "message": warning})
-                if on_warning is not None:
-                    on_warning(warning)
-                else:
-                    warnings.warn(warning, CollapseWarning, stacklevel=caller_stacklevel())
+            latest |= {k: record[k] for k in ("loss", "rounds_per_sec", *FIGURES) if k in record}
+            for monitor in monitors:
+                monitor.logged(m, record)
             if on_log is not None:
                 on_log(record)
             w = window()
-            if stop is not None and not last:
-                stopped = stop()
-        if writes and test_set is not None and (
-                (t_cfg.knn_every and m.round % t_cfg.knn_every == 0) or last):
-            latest["knn"] = monitor_knn(pt, train_set, test_set)
-            run.append_metrics({"round": m.round, "knn": latest["knn"],
-                                "knn_features": cfg.eval.knn_features})
-        if writes and test_set is not None and t_cfg.probe_every and \
-                m.round % t_cfg.probe_every == 0:
-            latest["probe"] = monitor_probe(pt, train_set, test_set)
-            run.append_metrics({"round": m.round, "probe": latest["probe"],
-                                "probe_labels": cfg.eval.labels})
-        if m.round % t_cfg.checkpoint_every == 0 or last or stopped is not None:
-            pt.check_finite()
-            if writes:
-                save_checkpoint(run.checkpoint_path, pt.model, pt.optimizer, m.round,
-                                meta=meta, state=pt.round_state())
+            stopped = stop() if stop is not None and not last else None
+        for monitor in monitors:
+            monitor.round_done(m, last, stopped is not None)
         if on_round is not None:
             on_round(m, latest)
+    if stopped is not None and writes:
+        run.append_metrics({"round": pt.rounds_done, "stopped": stopped})
     if stopped is not None:
-        if writes:
-            run.append_metrics({"round": pt.rounds_done, "stopped": stopped})
         return {"rounds": pt.rounds_done, "stopped": stopped}
     if not writes:
         return {"rounds": pt.rounds_done, "rank": pt.rank}
-    history = run.metrics()
-    losses = [r["loss"] for r in history if "loss" in r]
-    knn = [r["knn"] for r in history if "knn" in r]
-    skipped = sum(1 for r in history if isinstance(r.get("skipped"), str))
-    warned = [r["message"] for r in history if r.get("warning") == "collapse"]
-    figures = next((r for r in reversed(history) if "eff_rank" in r), {})
-    return run.update_summary(
-        method=t_cfg.method, dataset=cfg.data.dataset, rounds=pt.rounds_done,
-        alpha=cfg.data.alpha, samples_per_client=cfg.data.samples_per_client,
-        clients_per_round=t_cfg.clients_per_round,
-        final_loss=losses[-1] if losses else None, knn=knn[-1] if knn else None,
-        **({"knn_features": cfg.eval.knn_features,
-            "knn_monitor": knn_description(cfg.eval, *_knn_sizes(cfg.eval, train_set, test_set))}
-           if knn else {}),
-        **pt.inputs_record,
-        exchanges_per_round=pt.algorithm.exchanges(has_previous=True),
-        bytes_per_client_round=message_bytes,
-        pretrain_seconds_this_session=time.perf_counter() - started,
-        **({"skipped_rounds": skipped} if skipped else {}),
-        **({"privacy": pt.privacy.summary(pt.rounds_done)} if pt.privacy is not None else {}),
-        **({"collapse": {k: figures[k] for k in ("round", *FIGURES)}} if figures else {}),
-        **({"collapse_warning": warned[0]} if warned else {}),
-    )
+    return run_summary(pt, run, monitors, time.perf_counter() - started)
 
 
 def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,
@@ -314,29 +222,3 @@ def collapse_postfix(latest: dict[str, Any]) -> dict[str, str]:
         return {}
     return {"dead": f"{latest['dead_dims']:.0%}", "C_ii": f"{latest['corr_diag']:.2f}",
             "rank": f"{latest['eff_rank']:.1f}"}
-
-
-def monitor_knn(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:
-    """Weighted k-NN top-1 accuracy of the current encoder's first tower (the fast
-    pretraining monitor)."""
-    e = pt.cfg.eval
-    return knn_accuracy(pt.model, train_set, test_set, k=e.knn_k, temperature=e.knn_temperature,
-                        bank_size=e.knn_bank, num_queries=e.knn_queries, seed=pt.cfg.train.seed,
-                        device=pt.device, features=e.knn_features)
-
-
-def monitor_probe(pt: Pretraining, train_set: Dataset, test_set: Dataset) -> float:
-    """The run's linear probe on the model as it is (``train.probe_every``): its
-    ``eval.labels`` labelled samples of the seed, its probe settings; the model is left as it
-    was and no training randomness is drawn."""
-    e, seed = pt.cfg.eval, pt.cfg.train.seed
-    ids = labelled_subset(train_set.labels, e.labels, train_set.num_classes, seed)
-    return linear_probe(pt.model, train_set, test_set, ids, e, seed, pt.device).accuracy
-
-
-def _knn_sizes(e: EvalConfig, train_set: Dataset, test_set: Dataset | None
-               ) -> tuple[int, int]:
-    """The bank and query counts the monitor used (its sizes, capped by the splits)."""
-    n_test = len(test_set) if test_set is not None else 0
-    return (min(e.knn_bank or len(train_set), len(train_set)),
-            min(e.knn_queries or n_test, n_test))
