@@ -78,7 +78,7 @@ contrastive FedAvg at the `gpu-paper` scale), then non-IID 16, then the rest. Fi
 are skipped."""
 PILOT_SCALES = ("gpu", "gpu-paper", "gpu-lars", "gpu-warmup")
 """The recipes the pilot (``benchmarks/recipe_pilot.py``) weighs, in its tie order: the
-`gpu` scale's, chosen on the CPU (docs/results.md, "Collapse"), then the paper's Adam 5e-3,
+`gpu` scale's, chosen on the CPU (docs/results/collapse.md), then the paper's Adam 5e-3,
 LARS and Adam 5e-3 with a long warm-up."""
 GPU_RUNGS = ("eager float32", "+ bf16", "+ compile", "+ CUDA graphs")
 """The ladder's rungs that decide ``auto`` on CUDA (precision and compilation)."""

@@ -7,8 +7,7 @@ untrained, and the raw pixels.
 At the default 1,400 rounds it takes about 3 minutes on 2 cores, and the trained encoder
 gains 4.4 to 7.1 probe points over its untrained self by seed. With --rounds 4000 (about 8
 minutes) it gains at least 5.3 on seeds 0, 1 and 2 and ends above the raw pixels on each.
-What it prints, and the study that chose fit's defaults: docs/results.md, "What training is
-worth".
+What it prints, and the study that chose fit's defaults: docs/results/learning-value.md.
 """
 import argparse
 import copy

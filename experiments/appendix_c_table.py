@@ -1,4 +1,4 @@
-"""The appendix C tables for docs/results.md, from the committed cells of
+"""The appendix C tables for docs/results/appendix-c.md, from the committed cells of
 experiments/appendix_c_fmnist.toml (scales small and small-bn) and the Table 1 grid's DCCO.
 
     python experiments/appendix_c_table.py

@@ -1,4 +1,4 @@
-"""The tables of docs/results.md, "Collapse", from the records of
+"""The tables of docs/results/collapse.md, from the records of
 ``experiments/collapse_mechanism.py`` (``experiments/results/collapse/*.json``).
 
     python experiments/collapse_table.py experiments/results/collapse/paper_dcco_adam5e-3.json \

@@ -1,5 +1,5 @@
-"""Where a DCCO run's encodings sit against the loss's ε (issue 80, item 9; docs/results.md,
-"Collapse"): the spread of the per-dimension variances of S_A, round by round, as multiples
+"""Where a DCCO run's encodings sit against the loss's ε (issue 80, item 9;
+docs/results/collapse.md): the spread of the per-dimension variances of S_A, round by round, as multiples
 of ε, with the standardised spread the loss sees, √(v / (v + ε)).
 
     python experiments/eps_regime.py --rounds 300 --every 20 \

@@ -1,4 +1,4 @@
-"""The floors of the fair fight's final table (docs/results.md, "A fair fight"): the raw pixels
+"""The floors of the fair fight's final table (docs/results/fair-fight.md): the raw pixels
 and the untrained encoders, probed exactly as the final cells are.
 
 For each seed of ``experiments/fair_fmnist_final.toml`` (scale ``final``), this probes
@@ -12,8 +12,7 @@ For each seed of ``experiments/fair_fmnist_final.toml`` (scale ``final``), this 
 The probe is the final cells' ``linear@5000``: the same 5,000 labelled training photos
 (``labelled_subset`` at the seed), the same 300 LARS steps, scored on the 10,000 test photos.
 The record holds the command, the machine and the code's commit and source hash. The
-committed record ran with the final cells' code, from their worktree (docs/results.md, "A
-fair fight"):
+committed record ran with the final cells' code, from their worktree (docs/results/fair-fight.md):
 
     PYTHONPATH=/work/fair-final/src python experiments/fair_baselines.py \
         --out experiments/results/fair_fmnist-final/baselines.json

@@ -7,7 +7,7 @@ Reads only records: the final cells (``dcco reproduce experiments/fair_fmnist_fi
 --scale final --out experiments/results/fair_fmnist-final``), the picks they ran
 (experiments/results/fair_fmnist-tune/picks.json), the floors
 (``python experiments/fair_baselines.py``) and the paper's Table 1. One command writes it into
-docs/results.md (where it opens the file) and into the README's status:
+docs/results/README.md (where it opens the index) and into the README's status:
 
     python experiments/fair_table.py --write
 
@@ -35,7 +35,7 @@ PICKS = ROOT / "experiments" / "results" / "fair_fmnist-tune" / "picks.json"
 BASELINES = RESULTS / "baselines.json"
 EVALUATION = "linear@5000"
 TAG = "fair-table"
-TARGETS = {"docs": ROOT / "docs" / "results.md", "readme": ROOT / "README.md"}
+TARGETS = {"docs": ROOT / "docs" / "results" / "README.md", "readme": ROOT / "README.md"}
 NAMES = {"dcco": "DCCO", "cco_fedavg": "CCO + FedAvg", "contrastive_fedavg": "contrastive FedAvg",
          "fedsc": "FedSC", "moco_fedavg": "MoCo v2 + FedAvg", "byol_fedavg": "BYOL + FedAvg",
          "simsiam_fedavg": "SimSiam + FedAvg", "centralized_cco": "centralized CCO (bound)",
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true",
-                      help="write the table into docs/results.md and README.md")
+                      help="write the table into docs/results/README.md and README.md")
     mode.add_argument("--check", action="store_true",
                       help="exit 1 if either file's table differs from the records")
     args = parser.parse_args(argv)

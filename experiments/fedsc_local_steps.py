@@ -1,7 +1,6 @@
 """Do FedSC's local steps pay? Its k-NN monitor against exchanges and against the clients'
 gradient steps, E = 1, 2 and 5 local steps, beside DCCO's curves at the same recipe, and the
-probes of every method of the comparison, mean and spread over seeds (docs/results.md,
-"FedSC").
+probes of every method of the comparison, mean and spread over seeds (docs/results/future-work.md).
 
 Reads the finished cells of experiments/fedsc_fmnist.toml (scales ``small``, ``small-e2``,
 ``small-e5``, ``small-e2-fedsc``, ``small-e5-fedsc``, and FedSC's own mechanism, a FedAvg

@@ -1,5 +1,5 @@
 """The comparison of the methods whose clients keep state (FedU, FedEMA, MoCo) with BYOL,
-SimSiam and DCCO, for docs/results.md, from the finished cells of
+SimSiam and DCCO, for docs/results/stateful-peers.md, from the finished cells of
 experiments/fedssl_fmnist.toml (each scale's folder under experiments/results), DCCO's and
 the FedAvg baselines' cells of the claims grid (experiments/table1_claims_fmnist.toml,
 group norm, seeds 0-2 of its 5), the cross-silo grids (experiments/fedssl_cross_silo_fmnist.toml,

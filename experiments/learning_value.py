@@ -1,5 +1,5 @@
 """What training is worth: a user's own model trained with ``dcco.fit``, probed against the
-same encoder untrained and against its raw input (docs/results.md, "What training is worth").
+same encoder untrained and against its raw input (docs/results/learning-value.md).
 
 Each run trains one model with one recipe and one seed over Fashion-MNIST split as the
 example splits it (15,000 one-class phones of 4 photos, ``examples/own_model.py``), probes the

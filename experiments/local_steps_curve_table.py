@@ -1,4 +1,4 @@
-"""Accuracy against exchanges for E = 1, 2 and 4 local steps (docs/results.md), from the
+"""Accuracy against exchanges for E = 1, 2 and 4 local steps (docs/results/future-work.md), from the
 committed cells of experiments/local_steps_fmnist.toml's scales curve-e1, curve-lw-e2 and
 curve-lw-e4.
 

@@ -1,4 +1,4 @@
-"""The several-local-steps table for docs/results.md, from the committed cells of
+"""The several-local-steps table for docs/results/future-work.md, from the committed cells of
 experiments/local_steps_fmnist.toml (and, for E = 1 at 16 samples per client, the Table 1
 grid's identical DCCO cells).
 

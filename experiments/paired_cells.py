@@ -1,5 +1,5 @@
 """Paired-by-seed differences of two groups of finished cells, with and without the runs that
-did not train, for the figures of docs/results.md that the harness's claims table does not
+did not train, for the figures of docs/results/ that the harness's claims table does not
 print: "The claims at 5 seeds" (over the seeds that trained) and "FedSC" (FedSC against the
 claims grid's DCCO cells).
 

@@ -1,4 +1,4 @@
-"""The privacy–utility table of docs/results.md, from the committed cells.
+"""The privacy–utility table of docs/results/privacy.md, from the committed cells.
 
 For DCCO and contrastive FedAvg at non-IID 4 (the Table 1 grid's small scale), the linear
 probe's accuracy (5,000 labels; mean ± std over the seeds found) at ε = ∞ (the Table 1 grid's

@@ -1,6 +1,6 @@
 """How much the linear probe moves by itself: the 5,000-label probe of one encoder with the
 batch order of each of several probe seeds (the labelled subset and the features fixed), and
-with ten times the probe's steps (issue 42; docs/results.md, "Reruns").
+with ten times the probe's steps (issue 42; docs/results/reruns.md).
 
     python experiments/probe_noise.py RUN_DIR ... --out experiments/results/probe_noise.json
 """

@@ -1,5 +1,5 @@
 """How fast a recipe's runs part when only the floating-point order changes: a short screen
-of candidate recipes for issue 42 (docs/results.md, "Reruns").
+of candidate recipes for issue 42 (docs/results/reruns.md).
 
 Runs the first ``--rounds`` rounds of one cell of the Table 1 grid's ``small`` scale (by
 default non-IID 4 DCCO, seed 0) once per thread count, each in its own process with

@@ -53,7 +53,7 @@ network)."""
 MEASURES_A_FAILURE = {
     "appendix_c_fmnist-small": "the paper's appendix C: BYOL and SimSiam with group norm "
                                "collapse (its Figs. 3, 4)",
-    "privacy_fmnist-small-eps8": "DP at 32 clients a round leaves no learning (docs/results.md)",
+    "privacy_fmnist-small-eps8": "DP at 32 clients a round leaves no learning (docs/results/privacy.md)",
     "privacy_fmnist-small-eps4": "DP at 32 clients a round leaves no learning",
     "privacy_fmnist-small-eps1": "DP at 32 clients a round leaves no learning",
     "local_steps_fmnist-small-e2-b8": "several local steps, a negative result (issue 33)",

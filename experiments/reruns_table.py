@@ -1,4 +1,4 @@
-"""The reruns table of issue 42 (docs/results.md, "Reruns"): per recipe and method, the probe
+"""The reruns table of issue 42 (docs/results/reruns.md): per recipe and method, the probe
 of seed 0 at each thread count and their spread, against the spread over seeds.
 
 Reads the folders ``dcco reproduce experiments/reruns_fmnist.toml`` wrote, one per scale and

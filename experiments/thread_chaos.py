@@ -1,4 +1,4 @@
-"""How far one cell's training moves with the number of CPU threads alone (docs/results.md).
+"""How far one cell's training moves with the number of CPU threads alone (docs/results/reruns.md).
 
 Runs the first ``--rounds`` rounds of the local-steps grid's E = 1 cell at n = 16, seed 0
 (experiments/local_steps_fmnist.toml, scale curve-e1), once per thread count, each in its own

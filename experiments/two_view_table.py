@@ -1,4 +1,4 @@
-"""The two-tower table for docs/results.md, from the committed cells of
+"""The two-tower table for docs/results/two-towers.md, from the committed cells of
 experiments/two_view_fmnist.toml (small scale).
 
     python experiments/two_view_table.py [FOLDER]

@@ -1,4 +1,4 @@
-"""The determinism promise (docs/results.md, "Reruns"): the same config, seed, thread count,
+"""The determinism promise (docs/results/reruns.md): the same config, seed, thread count,
 machine and device give bit-identical runs, in fresh processes, for the shipped recipe's
 optimiser (LARS at the `small` rate, where training amplifies any rounding difference)."""
 

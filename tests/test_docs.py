@@ -14,9 +14,8 @@ ROOT = Path(__file__).parents[1]
 
 
 def _demo_table() -> dict[str, float]:
-    """method → test accuracy (%) from the demo table in docs/results.md."""
-    text = (ROOT / "docs" / "results.md").read_text()
-    section = text.split("## The main job: `dcco demo`")[1].split("\n## ")[0]
+    """method → test accuracy (%) from the demo table in docs/results/demo.md."""
+    section = (ROOT / "docs" / "results" / "demo.md").read_text().split("\n## ")[0]
     rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")]
     header, *body = rows
     assert header[-1].strip().startswith("test accuracy")
@@ -29,8 +28,8 @@ def test_readme__expected_demo_figures_match_docs_results():
     quoted = {name: float(value) for name, value in re.findall(r"([a-z_]+)\s+(\d+\.\d)\s%",
                                                                paragraph)}
     table = _demo_table()
-    assert set(quoted) == set(table), "README and docs/results.md list different methods"
-    assert quoted == table, "README's expected demo figures differ from docs/results.md"
+    assert set(quoted) == set(table), "README and docs/results/demo.md list different methods"
+    assert quoted == table, "README's expected demo figures differ from docs/results/demo.md"
 
 
 def test_guide__linear_evaluation_example_runs(tiny_config, tiny_fmnist, tmp_path):
@@ -164,6 +163,49 @@ def test_readme__stops_early_and_its_links_resolve():
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
 
 
+def _anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (outside code blocks)."""
+    found, fence = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        m = re.match(r"#{1,6} (.*)", line)
+        if m and not fence:
+            found.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_docs__every_link_between_the_docs_resolves_to_a_file_and_heading():
+    """Every relative link of the README and of docs/ (the results' studies included) names a
+    file that exists and, where it names a heading, a heading that file has; the results index
+    links every study, and no file still points at the single results page it replaced."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        fence = False
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.startswith("```"):
+                fence = not fence
+            for target in ([] if fence else re.findall(r"\]\(([^)\s]+)\)", line)):
+                if re.match(r"[a-z]+:", target):
+                    continue
+                path, _, anchor = target.partition("#")
+                dest = (page.parent / path).resolve() if path else page
+                if not dest.exists():
+                    broken.append(f"{page.relative_to(ROOT)}:{n}: {target} (no such file)")
+                elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                    broken.append(f"{page.relative_to(ROOT)}:{n}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+    results = ROOT / "docs" / "results"
+    index = (results / "README.md").read_text()
+    studies = sorted(p.name for p in results.glob("*.md") if p.name != "README.md")
+    assert len(studies) >= 20 and all(f"]({name})" in index for name in studies)
+    assert not (ROOT / "docs" / "results.md").exists()
+    stale = [str(p.relative_to(ROOT)) for p in [*pages, *(ROOT / "src").rglob("*.py")]
+             if "docs/results.md" in p.read_text() and p.name != "CHANGELOG.md"]
+    assert not stale, stale
+
+
 RUN_ELSEWHERE = {  # blocks that a test runs as written: (file, the block's first line)
     ("docs/guide.md", "import torch"): "test_guide__linear_evaluation_example_runs",
     ("docs/own_code.md", "import torch"): "test_docs__the_round_in_your_own_loop_runs_as_written",
@@ -176,7 +218,7 @@ def _python_blocks() -> list[tuple[str, int, str]]:
     import re
 
     out = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = path.read_text()
         for m in re.finditer(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
             out.append((str(path.relative_to(ROOT)), text[:m.start()].count("\n") + 1,

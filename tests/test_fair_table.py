@@ -1,6 +1,6 @@
 """The fair fight's verdict words (``dcco.reproduce.verdicts``) and its final table
 (experiments/fair_table.py): each word's one meaning, and the table in README and
-docs/results.md equal to what the records give."""
+docs/results/README.md equal to what the records give."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_fair_table__renders_means_seeds_collapses_and_verdicts() -> None:
 
 
 def test_fair_table__readme_and_results_show_the_table_the_records_give() -> None:
-    """The block in README.md and docs/results.md is what experiments/fair_table.py renders
+    """The block in README.md and docs/results/README.md is what experiments/fair_table.py renders
     from the committed records (rerun it with --write after adding cells)."""
     table = _table_module()
     data = table.collect()

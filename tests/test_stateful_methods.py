@@ -150,7 +150,8 @@ def test_client_states__hold_participants_only_in_their_dtype():
         15000, len({c for r in range(100) for c in sample_clients(0, r, 15000, 32).tolist()})
         + 200 * 32)  # past the limit: one new client a draw at most
     assert clients_seen(0, 50, 6, 4) == 6  # every client, early
-    last, gaps = {}, []  # docs/results.md: a returning client's model is 92 rounds old
+    # docs/results/stateful-peers.md: a returning client's model is 92 rounds old
+    last, gaps = {}, []
     for r in range(300):
         for c in sample_clients(0, r, 15000, 32).tolist():
             if c in last:

@@ -140,7 +140,7 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     """Train your encoder with ``method`` over your clients in dcco's batched simulator.
 
     fit's defaults are those for a user's own model (``dcco.config.USER``), chosen by
-    measurement on such models (docs/results.md, "What training is worth"): Adam at 1e-3
+    measurement on such models (docs/results/learning-value.md): Adam at 1e-3
     after 10 warm-up rounds, cosine over the run; λ = 5 (``loss.lambd``; the paper's 20 suits
     its 1024-wide projector); a projector of 512³; 32 clients a round; dcco's own blur and the
     k-NN monitor off. ``settings`` changes any of them.
@@ -396,7 +396,7 @@ def defaults_section(markdown: bool = True) -> str:
     intro = ("A user's own model is not the network the paper's recipe was tuned on, so "
              "`dcco.fit` and the Flower strategy `dcco.flower.DCCOStrategy` start from other "
              "defaults for the keys below (`dcco.config.USER`, chosen by measurement: "
-             "docs/results.md, \"What training is worth\"). A config file, `dcco pretrain` "
+             "docs/results/learning-value.md). A config file, `dcco pretrain` "
              "and `dcco demo` keep the defaults above; `fit(settings=...)` changes these as "
              "any other key.")
     if not markdown:

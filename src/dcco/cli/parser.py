@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the cells' run directories (default: runs/<grid>-<scale>)")
     p.add_argument("--results", type=Path, default=None,
                    help="also write the results section into this Markdown file "
-                        "(e.g. docs/results.md)")
+                        "(e.g. docs/results/table1.md)")
     p.add_argument("--cells", action="append", default=[], metavar="PATTERN",
                    help="run only the cells whose folder name matches this shell pattern "
                         "(repeatable), e.g. '*-s2' or 'non-iid-*-dcco-*'; the table still "

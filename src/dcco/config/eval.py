@@ -10,7 +10,7 @@ KNN_FEATURES: tuple[str, ...] = ("standardized", "centered", "raw")
 """How the k-NN monitor maps features before the cosine (``dcco.evaluate.knn.knn_space``).
 
 ``standardized`` is the default, chosen by measurement (``experiments/monitor_check.py`` over
-37 encoders of committed cells, docs/results.md, "The k-NN monitor"). Pretrained features
+37 encoders of committed cells, docs/results/knn-monitor.md). Pretrained features
 share one dominant direction (mean pairwise cosine 0.82–1.00, most above 0.99), so the raw
 cosine (``raw``, Wu et al.'s and this monitor's before) is decided by small differences on
 top of it: its rank correlation with the 5,000-label probe is 0.84, and it read encoders of

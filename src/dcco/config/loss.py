@@ -28,7 +28,7 @@ class LossConfig:
     eps: float = BN_EPS
     """ε added inside each variance of the CCO loss, as BatchNorm adds it: C_ij = cov_ij /
     (√(var_i + ε) √(var_j + ε)). Paper eq. 1 has none; a tiny ε (1e-12) is eq. 1 as written,
-    which collapses the CPU recipe (docs/results.md, "Collapse"). Below a variance of ε a
+    which collapses the CPU recipe (docs/results/collapse.md). Below a variance of ε a
     dimension's correlations shrink towards 0."""
     temperature: float = TEMPERATURE
     """NT-Xent temperature τ."""

@@ -30,7 +30,7 @@ class UserDefaults:
 
     A user's model is not the network a paper recipe was tuned on, so these were chosen by
     measurement on models as users bring them (``experiments/learning_value.py``;
-    docs/results.md, "What training is worth"): against the earlier defaults (a projector of
+    docs/results/learning-value.md): against the earlier defaults (a projector of
     128³ and the paper's λ = 20), a projector of 512³ and λ = 5 raised the linear probe of
     every model tried, by 0.6 to 4 points at 500 rounds, and no server optimiser beat Adam at
     1e-3."""
@@ -40,8 +40,7 @@ class UserDefaults:
     cosine over the run. Under LARS 1.5 (the Table 1 `small` recipe's, tuned for its ResNet14
     with weight standardisation) a plain CNN with group norm collapses to one direction
     within 20 rounds, and Adam 5e-3 (the paper's CIFAR rate) leaves the paper's own network on
-    a plateau for its first ~1,500 rounds; Adam 1e-3 trains both (docs/results.md,
-    "Collapse")."""
+    a plateau for its first ~1,500 rounds; Adam 1e-3 trains both (docs/results/collapse.md)."""
     lambd: float
     """λ of the CCO loss (``loss.lambd``; the paper's, 20, suits its 1024-wide projector)."""
     projector: tuple[int, ...]

@@ -1,7 +1,7 @@
 """Collapse, read from the statistics a round already merges.
 
 A CCO-family encoder can stop learning while its loss still moves a little. Three ways are
-common (docs/results.md, "Collapse", measures them):
+common (docs/results/collapse.md, measures them):
 
 - **dead dimensions**: encoding dimensions stop varying across samples (a model without
   normalisation whose outputs went constant);
@@ -18,7 +18,7 @@ loss at d for as long as it runs). A variance v shows the loss √(v / (v + ε))
 dimension's spread; a dimension counts as dead by ε when that is under one half, v < ε / 3
 (``EPS_DEAD``). A variance near ε is not: DCCO's recipe at the CPU scale trains its
 encodings to 0.3–2 × ε, where the loss reads 0.5–0.8 of their spread, and it probes best of
-every method there (``experiments/eps_regime.py``; docs/results.md, "Collapse").
+every method there (``experiments/eps_regime.py``; docs/results/collapse.md).
 
 Four figures of S_A tell them apart from training, with no message beyond the round's own
 (they are functions of S_A, which every client already receives). Each dimension is
@@ -57,7 +57,7 @@ spread is under a thousandth of the liveliest dimension's."""
 EPS_DEAD = 1 / 3
 """A dimension is dead by the loss's ε when its variance is at most this fraction of ε: the
 loss, which divides by √(Var + ε), then sees under half of its spread (√(v / (v + ε)) ≤ ½).
-Measured (``experiments/eps_regime.py``, docs/results.md "Collapse"): the median variance of
+Measured (``experiments/eps_regime.py``, docs/results/collapse.md): the median variance of
 DCCO's healthy CPU-scale run is 0.5–1.1 × ε from round 40 on (under 25 % of its dimensions
 below ε / 3), the demo's cco_fedavg, whose 4-sample clients cannot train a 128-wide loss,
 0.04–0.15 × ε (over 85 % below)."""
@@ -138,7 +138,7 @@ RANK_LIMIT = 1.5
 CORR_LIMIT = 0.15
 """The plateau: the views' mean correlation C_ii below this, at ``CORR_READINGS`` readings in a
 row (healthy runs read 0.17 to 0.5 and rising by round 20; the paper's network under Adam 5e-3
-reads 0.10 to 0.13 on its plateau: docs/results.md, "Collapse")."""
+reads 0.10 to 0.13 on its plateau: docs/results/collapse.md)."""
 CORR_READINGS = 3
 EPS_SCALE = 100.0
 """Encodings under ε: the largest variance at most this many times the loss's ε (an encoder
@@ -180,7 +180,7 @@ class CollapseWatch:
             others. Collapse with clients of fewer samples than the encodings' width is then
             blamed on the clients' size, not on the rate or the encodings' scale: n samples
             cannot estimate a d × d correlation, so each client's loss sits at its floor
-            whatever the model does (docs/results.md, "The main job").
+            whatever the model does (docs/results/demo.md).
     """
 
     def __init__(self, after: int, eps: float = 0.0, client_samples: int | None = None) -> None:

@@ -10,7 +10,7 @@ pooled batch. With several local steps and ``train.local_statistics = "own"``, e
 takes the loss at S_A + (N_k/N)(S_k − S_k⁰): the client's own statistics live with the exact
 weight α = N_k/N, the other clients' frozen, which is FedSC's local objective with that α. The
 CCO loss is scale-free there and has no bounded local minimiser; this one's quartic term
-bounds it (docs/results.md measures what that buys).
+bounds it (docs/results/future-work.md measures what that buys).
 
 ``spectral_fedavg`` is FedAvg on the spectral loss of each client's own samples (FedSC's code
 with ``share_cov: False``).
