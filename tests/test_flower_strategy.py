@@ -984,16 +984,17 @@ def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk
 
 
 def test_strategy__its_old_name_warns_on_every_path_and_names_the_caller() -> None:
-    """``DCCO`` names the method; the strategy's old alias, by either import path, is
-    ``DCCOStrategy`` with a ``DeprecationWarning`` pointing at this file."""
+    """``DCCO`` names the method; the strategy's old alias, as the docs showed it
+    (``dcco.flower.DCCO``), is ``DCCOStrategy`` with a ``DeprecationWarning`` pointing at
+    this file; the path no page showed (``dcco.flower.strategy.DCCO``) is gone."""
     import importlib
 
-    for module, path in (("dcco.flower", "dcco.flower.DCCO"),
-                         ("dcco.flower.strategy", "dcco.flower.strategy.DCCO")):
-        with pytest.warns(DeprecationWarning, match=f"{path} is now dcco.flower.DCCOStrategy"
-                          ) as caught:
-            alias = importlib.import_module(module).DCCO
-        assert alias is DCCOStrategy
-        assert caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="dcco.flower.DCCO is now dcco.flower.DCCOStrategy"
+                      ) as caught:
+        alias = importlib.import_module("dcco.flower").DCCO
+    assert alias is DCCOStrategy
+    assert caught[0].filename == __file__
+    with pytest.raises(AttributeError, match="has no attribute 'DCCO'"):
+        importlib.import_module("dcco.flower.strategy").DCCO  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'DCO'"):
         importlib.import_module("dcco.flower.strategy").DCO  # noqa: B018

@@ -287,14 +287,14 @@ def test_layers__one_run_round():
 
 def test_layers__run_rounds_is_split_by_job_and_its_old_names_warn():
     """``dcco.run.rounds`` held six jobs; each name now lives in the module of its job, and
-    the old import gives it with a ``DeprecationWarning`` naming that module."""
+    the old import of a name the docs showed gives it with a ``DeprecationWarning`` naming
+    that module."""
     import importlib
     import warnings
 
     from dcco.run import rounds
 
-    assert set(rounds.MOVED_TO.values()) == {f"dcco.run.{m}" for m in (
-        "devices", "sampling", "planning", "algorithms", "views", "privacy")}
+    assert set(rounds.MOVED_TO.values()) == {"dcco.run.planning", "dcco.run.sampling"}
     for name, module in rounds.MOVED_TO.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -408,6 +408,43 @@ def test_moved__every_old_path_imports_its_new_module_with_a_warning_naming_it()
     assert old is importlib.import_module("dcco.core.stats")
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("dcco.no_such_module")
+
+
+REMOVED_PATHS = ("dcco.config_reference", "dcco.flower.strategy_checkpoint", "dcco.image_views",
+                 "dcco.models.config", "dcco.scalars")
+"""Old module paths that only dcco itself ever imported: cut, with no shim (CHANGELOG.md)."""
+REMOVED_NAMES = {
+    "dcco.core.privacy": ("PrivacyConfig",), "dcco.data": ("TableConfig",),
+    "dcco.evaluate": ("EvalConfig",),
+    "dcco.evaluate.settings": ("EvalConfig",), "dcco.methods": ("LossConfig",),
+    "dcco.models": ("ModelConfig",), "dcco.flower.strategy": ("DCCO",),
+    "dcco.run.rounds": ("Privacy", "RoundPlan", "algorithm_of", "centralized_batch",
+                        "fedsc_alpha", "input_record", "keeps_graphs", "max_batch_of",
+                        "plan_round", "resolve_device", "user_views")}
+"""Old names that no page or docstring showed: cut, with no shim (CHANGELOG.md)."""
+
+
+def test_moved__only_what_a_user_was_shown_keeps_a_shim():
+    """The old paths and names that README, docs/ or a docstring showed keep their
+    deprecation; those only dcco's own code imported are gone, and asking for one fails as
+    for any name that never existed."""
+    import importlib
+
+    import pytest
+
+    from dcco.moved import MOVED, MOVED_NAMES
+    from dcco.run import rounds
+
+    for old in REMOVED_PATHS:
+        assert old not in MOVED
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    for module, names in REMOVED_NAMES.items():
+        for name in names:
+            assert name not in MOVED_NAMES.get(module, ()) and name not in rounds.MOVED_TO
+            with pytest.raises(AttributeError, match=f"has no attribute '{name}'"):
+                getattr(importlib.import_module(module), name)
+    assert set(rounds.MOVED_TO) == {"build_partition", "clients_seen", "sample_clients"}
 
 
 def test_version__one_constant_equal_to_pyprojects():

@@ -127,7 +127,7 @@ def test_flower_resume__clients_on_the_nodes_disk_get_their_checkpoint_state_bac
     the states in ``context.state`` only, the resumed run's returning clients start afresh
     and the model differs."""
     cfg = load_config(tiny_config(method="fedema", rounds=4, checkpoint_every=2), [
-        'train.dtype="float64"', 'train.backend="reference"', "data.num_clients=6",
+        'train.precision="float64"', 'train.backend="reference"', "data.num_clients=6",
         "train.clients_per_round=4", "train.local_steps=2", "train.local_lr=0.05",
         'optim.optimizer="sgd"', "optim.lr=1.0"])
     train, _ = load_splits(cfg)

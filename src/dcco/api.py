@@ -534,7 +534,7 @@ def server_optimizer(model: nn.Module, optimizer: str = USER.optim.optimizer,
                      **settings: Any) -> torch.optim.Optimizer:
     """dcco's server optimiser over ``model``: Adam(W) (by default, ``dcco.config.USER``'s rate),
     LARS (1-D parameters excluded from adaptation and weight decay) or SGD, as ``[optim]``
-    configures it (``dcco.core.optim.OptimConfig``'s fields as keywords). Its rate stays ``lr``:
+    configures it (``dcco.config.OptimConfig``'s fields as keywords). Its rate stays ``lr``:
     call ``dcco.core.optim.set_lr`` for a schedule and warm-up."""
     from dcco.config import OptimConfig
     from dcco.core.optim import build_optimizer

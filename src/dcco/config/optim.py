@@ -24,7 +24,7 @@ class OptimConfig:
     """After warm-up: "cosine" decay to zero over the run, or "constant"."""
     warmup_rounds: int = 0
     """Rounds of linear warm-up from lr / warmup_rounds (a centralized method's step is its
-    round). Read from its old name, ``warmup_steps``, with a ``DeprecationWarning``."""
+    round). Read from its old name, ``optim.warmup_steps``, with a ``DeprecationWarning``."""
     weight_decay: float = 0.0
     """Weight decay of the ≥2-D parameters (decoupled under Adam, as AdamW)."""
     momentum: float = 0.9

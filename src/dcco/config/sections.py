@@ -218,7 +218,8 @@ class TrainConfig:
     """The encoders' arithmetic: "float32"; "bf16", bfloat16 autocast of the backbones (weights,
     projectors and server optimiser in float32; statistics and losses in float64); "float64",
     for exactness checks; "auto", the fastest measured safe on the run's device
-    (``dcco.core.precision.AUTO``), written out concretely in the run's config.toml."""
+    (``dcco.core.precision.AUTO``), written out concretely in the run's config.toml. Read from
+    its old name, ``train.dtype``, with a ``DeprecationWarning``."""
     compile: Compile = "auto"
     """torch.compile of the encoders: "off", "on", "cudagraphs" (CUDA graphs too, for rounds
     of one shape), or "auto" (``dcco.core.precision.AUTO``)."""

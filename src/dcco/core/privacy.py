@@ -41,7 +41,6 @@ from torch import Tensor
 from dcco.core.devices import to_device
 from dcco.core.seeding import generator
 from dcco.core.stats import EncodingStats, StatsSpec
-from dcco.moved import moved_names
 
 
 def stats_sensitivity(spec: StatsSpec, max_samples: int) -> float:
@@ -201,6 +200,3 @@ def solve_noise_multiplier(target_epsilon: float, population: int, sample: int, 
 
 __all__ = ["Ledger", "RoundNoise", "clip_update", "epsilon", "solve_noise_multiplier",
            "stats_sensitivity"]
-
-
-__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -15,7 +15,6 @@ from dcco.data.partition import (
 )
 from dcco.data.samples import Samples, samples_of_clients
 from dcco.data.sources import load_split
-from dcco.moved import moved_names
 
 __all__ = [
     "PAIRED_DATASETS",
@@ -34,6 +33,3 @@ __all__ = [
     "natural_partition",
     "samples_of_clients",
 ]
-
-
-__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -45,7 +45,6 @@ from dcco.config import TableConfig
 from dcco.config.table import ham10000_table
 from dcco.data.cache import cached_arrays
 from dcco.data.datasets import DataError, ImageDataset, Split, search_dirs, shown
-from dcco.moved import moved_names
 
 TABLE_ARRAYS = ("images", "labels", "clients", "splits", "class_names", "client_names")
 """What a decoded table holds: uint8 (N, C, H, W) images; int64 labels and client indices;
@@ -431,6 +430,3 @@ def split_record(name: str, cfg: TableConfig, train: ImageDataset, test: ImageDa
 
 __all__ = ["HAM10000", "TABLE_ARRAYS", "client_split", "decode_image",
            "ham10000_table", "load_table", "split_record"]
-
-
-__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -31,7 +31,6 @@ from dcco.evaluate.knn import knn_accuracy, knn_description, knn_predict, knn_sp
 from dcco.evaluate.probe import linear_probe, linear_probe_features, train_linear_classifier
 from dcco.evaluate.retrieval import RETRIEVAL_KS, Similarity, comparable, retrieval, retrieval_ranks
 from dcco.evaluate.settings import PROTOCOL_REVISION, EvalResult, is_current
-from dcco.moved import moved_names
 
 __all__ = [
     "KNN_FEATURES",
@@ -63,6 +62,3 @@ __all__ = [
     "supervised_from_scratch",
     "train_linear_classifier",
 ]
-
-
-__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

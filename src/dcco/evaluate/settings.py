@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcco.moved import moved_names
-
 
 @dataclass(frozen=True)
 class EvalResult:
@@ -51,6 +49,3 @@ def is_current(entry: dict) -> bool:
     """Whether a recorded evaluation (a summary's ``evaluations`` entry) was made under its
     protocol's current revision."""
     return entry.get("revision", 1) == PROTOCOL_REVISION.get(entry.get("protocol", ""), 1)
-
-
-__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

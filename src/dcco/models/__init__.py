@@ -47,7 +47,6 @@ from dcco.models.layers import (
     standardised_weight,
 )
 from dcco.models.resnet import MLP, ResNet, ResNet14, ResNet50
-from dcco.moved import moved_names
 
 __all__ = [
     "MLP", "MLP_WIDTHS", "PROJECTOR_MIN_GROUP", "RESNET14_WIDTHS", "RESNET20_FIXUP_WIDTHS",
@@ -57,6 +56,3 @@ __all__ = [
     "check_inputs", "group_count", "group_norm", "has_batch_norm", "head_modules",
     "standardised_weight",
 ]
-
-
-__getattr__ = moved_names(__name__)  # old names of dcco.config's classes, warned

@@ -31,16 +31,7 @@ of the model is ``dcco.flower.server_model``'s, and the messages' layout
 """
 
 from dcco.flower.secure_round import SecAgg
-from dcco.flower.strategy.renamed import renamed_strategy
 from dcco.flower.strategy.rounds import RoundsSkipped
 from dcco.flower.strategy.strategy import DCCOStrategy
-
-
-def __getattr__(name: str):
-    """``DCCO``, the strategy's first name, warns (``DCCO`` names the method)."""
-    if name == "DCCO":
-        return renamed_strategy("dcco.flower.strategy.DCCO")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = ["DCCOStrategy", "RoundsSkipped", "SecAgg"]

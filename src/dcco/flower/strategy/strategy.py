@@ -69,7 +69,7 @@ class DCCOStrategy(Strategy):
             SimSiam's and MoCo's need ``dcco.dual_encoder(..., method=...)``'s model; FedU's,
             FedEMA's and MoCo's nodes keep their state in ``context.state``.
         optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
-            (``dcco.core.optim.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
+            (``dcco.config.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
             ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
             parameters' share. The default (``dcco.config.USER``): Adam 1e-3 after 10 rounds.
         local_lr, lambd: the clients' SGD rate (paper: 1.0); λ of the CCO loss, sent to
