@@ -65,7 +65,7 @@ from dcco.core.simulator import run_round
 from dcco.data.augment import augment_pair
 from dcco.methods import Segments, build_method
 from dcco.models import build_dual_encoder
-from dcco.run.devices import keeps_graphs, max_batch_of
+from dcco.run.device_plan import keeps_graphs, max_batch_of
 from dcco.run.rundir import code_version, cpu_name
 
 WIDTHS, PROJECTOR, SIDE = (16, 32, 64), (128, 128, 128), 28

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_one(args)
     args.out.mkdir(parents=True, exist_ok=True)
     from dcco.reproduce.pool import threads_per_job
-    from dcco.run.devices import resolve_device
+    from dcco.run.device_plan import resolve_device
 
     # every candidate's config is checked before any starts
     configs = [candidate_config(args.grid, scale, args.cell, args.rounds) for scale in args.scales]

@@ -70,7 +70,7 @@ def untrained() -> dict[str, list[dict]]:
 
     from dcco.evaluate.runs import eval_config_for, evaluate_model
     from dcco.reproduce import load_grid, plan_cells, select_cells
-    from dcco.run.devices import resolve_device
+    from dcco.run.device_plan import resolve_device
     from dcco.run.rundir import RunDir
     from dcco.run.setup import build_model
     from dcco.run.splits import load_splits

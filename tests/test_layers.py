@@ -392,8 +392,12 @@ def test_moved__every_old_path_imports_its_new_module_with_a_warning_naming_it()
     for old, new in MOVED.items():
         assert old.removeprefix("dcco.") not in modules, old
         assert new.removeprefix("dcco.") in modules, new
-    probe = ("import warnings, importlib, sys; warnings.simplefilter('error'); "
+    probe = ("import warnings, importlib, sys\n"
              "from dcco.moved import MOVED; bad = []\n"
+             "with warnings.catch_warnings():\n"  # the parents first: flwr's own warnings
+             "    warnings.simplefilter('ignore')\n"
+             "    for old in MOVED: importlib.import_module(old.rpartition('.')[0])\n"
+             "warnings.simplefilter('error')\n"
              "for old, new in MOVED.items():\n"
              "    try:\n        importlib.import_module(old)\n        bad.append(old)\n"
              "    except DeprecationWarning as w:\n"
@@ -477,3 +481,22 @@ def test_layers__the_run_loop_hands_its_jobs_to_monitors():
     source = inspect.getsource(loop)
     for job in jobs:  # the loop reaches them only through the list
         assert not re.search(rf"\b{job.__name__}\b", source), job.__name__
+
+
+def test_layers__no_two_modules_share_a_file_name():
+    """A file's name says its layer where two would otherwise clash (docs/architecture.md):
+    apart from the packages' ``__init__.py`` and ``__main__.py``, every file name in
+    ``src/dcco`` is its own; the renamed modules' old paths import with a warning."""
+    import importlib
+    import warnings
+    from collections import Counter
+
+    names = Counter(path.name for path in PACKAGE.rglob("*.py"))
+    shared = sorted(n for n, count in names.items()
+                    if count > 1 and n not in ("__init__.py", "__main__.py"))
+    assert not shared, shared
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("dcco.flower.strategy.rounds")
+    assert old is importlib.import_module("dcco.flower.strategy.round_steps")
+    assert any("moved to dcco.flower.strategy.round_steps" in str(w.message) for w in caught)

@@ -167,7 +167,7 @@ def test_client_groups_keeping_their_graphs__the_same_round_bit_for_bit_one_forw
 
 
 def test_keep_graphs__only_under_auto_on_a_cpu():
-    from dcco.run.devices import keeps_graphs
+    from dcco.run.device_plan import keeps_graphs
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert keeps_graphs("auto", cpu) and not keeps_graphs("auto", cuda)

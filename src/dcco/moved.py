@@ -20,6 +20,7 @@ MOVED = {
     "dcco.algorithm": "dcco.core.algorithm",
     "dcco.augment": "dcco.data.augment",
     "dcco.checkpoint": "dcco.run.checkpoint",
+    "dcco.cli.grid": "dcco.cli.reproduce_command",
     "dcco.client": "dcco.core.client",
     "dcco.collapse": "dcco.core.collapse",
     "dcco.data.splits": "dcco.run.splits",
@@ -37,6 +38,10 @@ MOVED = {
     "dcco.flower.nodes": "dcco.flower.app.nodes",
     "dcco.flower.run": "dcco.flower.app.run",
     "dcco.flower.server_app": "dcco.flower.app.server_app",
+    "dcco.flower.strategy.checkpoint": "dcco.flower.strategy.strategy_checkpoint",
+    "dcco.flower.strategy.evaluation": "dcco.flower.strategy.federated_evaluation",
+    "dcco.flower.strategy.rounds": "dcco.flower.strategy.round_steps",
+    "dcco.flower.strategy.sampling": "dcco.flower.strategy.node_sampling",
     "dcco.flower.worker": "dcco.flower.app.worker",
     "dcco.losses": "dcco.core.losses",
     "dcco.optim": "dcco.core.optim",
@@ -44,6 +49,9 @@ MOVED = {
     "dcco.privacy": "dcco.core.privacy",
     "dcco.progress": "dcco.run.progress",
     "dcco.report": "dcco.run.report",
+    "dcco.reproduce.tables": "dcco.reproduce.result_tables",
+    "dcco.run.devices": "dcco.run.device_plan",
+    "dcco.run.privacy": "dcco.run.privacy_plan",
     "dcco.rundir": "dcco.run.rundir",
     "dcco.seeding": "dcco.core.seeding",
     "dcco.server": "dcco.core.server",
@@ -51,7 +59,8 @@ MOVED = {
     "dcco.statistics_cache": "dcco.core.statistics_cache",
     "dcco.stats": "dcco.core.stats",
 }
-"""Each old module path and its new one (the layout of 2026-11, by layer): those that README,
+"""Each old module path and its new one (the layout of 2026-11, by layer, and the names of
+2026-12 that say a file's layer where two shared one): those that README,
 docs/ or a docstring showed a user at some commit. The paths that were only ever imported
 inside dcco went without a shim (CHANGELOG.md, "Removed")."""
 

@@ -21,8 +21,8 @@ from dcco.cli.commands import (
     cmd_pretrain,
     cmd_supervised,
 )
-from dcco.cli.grid import cmd_reproduce
 from dcco.cli.parser import build_parser
+from dcco.cli.reproduce_command import cmd_reproduce
 from dcco.cli.signals import INTERRUPTED, Interrupts, _interruptible
 from dcco.errors import UserError
 

@@ -76,7 +76,7 @@ def _pretrain_distributed(args: argparse.Namespace) -> int:
 def _device_type_of(args: argparse.Namespace) -> str:
     """The device type a pretraining would use (for the process group's backend)."""
     from dcco.config import load_config
-    from dcco.run.devices import resolve_device
+    from dcco.run.device_plan import resolve_device
     from dcco.run.rundir import RunDir
 
     try:

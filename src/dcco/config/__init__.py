@@ -13,12 +13,12 @@ run's (``dcco.run.setup.validate``).
 
 from __future__ import annotations
 
-from dcco.config.augment import AugmentConfig
-from dcco.config.eval import EvalConfig
-from dcco.config.loss import LossConfig
-from dcco.config.model import ModelConfig
-from dcco.config.optim import OptimConfig
-from dcco.config.privacy import PrivacyConfig
+from dcco.config.augment_config import AugmentConfig
+from dcco.config.eval_config import EvalConfig
+from dcco.config.loss_config import LossConfig
+from dcco.config.model_config import ModelConfig
+from dcco.config.optim_config import OptimConfig
+from dcco.config.privacy_config import PrivacyConfig
 from dcco.config.recipes import USER, UserDefaults
 from dcco.config.runconfig import RunConfig
 from dcco.config.sections import (
@@ -32,7 +32,7 @@ from dcco.config.sections import (
     TrainConfig,
     tensorboard_available,
 )
-from dcco.config.table import TableConfig
+from dcco.config.table_config import TableConfig
 from dcco.config.toml import from_dict, load_config, read_toml, to_toml, to_toml_value
 
 __all__ = [

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcco.config.augment import AugmentConfig
-from dcco.config.eval import EvalConfig
-from dcco.config.model import ModelConfig
-from dcco.config.optim import OptimConfig
+from dcco.config.augment_config import AugmentConfig
+from dcco.config.eval_config import EvalConfig
+from dcco.config.model_config import ModelConfig
+from dcco.config.optim_config import OptimConfig
 from dcco.config.runconfig import RunConfig
 from dcco.config.sections import DataConfig, TrainConfig
 

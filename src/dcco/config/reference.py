@@ -22,8 +22,9 @@ hand: `tests/test_docs.py` fails when this file and the code disagree). A config
 TOML with these sections; `--set section.key=value` overrides one key with a TOML value, and
 `dcco.fit(settings={"section.key": value})` takes the same keys. Optional keys (a type with
 `None`) take `"none"` in TOML. Each key's full doc is in the code, one module a section
-(`src/dcco/config/`: `sections.py` for `[data]` and `[train]`, then `model.py`, `augment.py`,
-`loss.py`, `optim.py`, `eval.py`, `privacy.py`, `table.py`)."""
+(`src/dcco/config/`: `sections.py` for `[data]` and `[train]`, then `model_config.py`,
+`augment_config.py`, `loss_config.py`, `optim_config.py`, `eval_config.py`,
+`privacy_config.py`, `table_config.py`)."""
 
 
 def field_docs(cls: type) -> dict[str, str]:

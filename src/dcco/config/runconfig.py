@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dcco.config.augment import AugmentConfig
-from dcco.config.eval import EvalConfig
-from dcco.config.loss import LossConfig
-from dcco.config.model import ModelConfig
-from dcco.config.optim import OptimConfig
-from dcco.config.privacy import PrivacyConfig
+from dcco.config.augment_config import AugmentConfig
+from dcco.config.eval_config import EvalConfig
+from dcco.config.loss_config import LossConfig
+from dcco.config.model_config import ModelConfig
+from dcco.config.optim_config import OptimConfig
+from dcco.config.privacy_config import PrivacyConfig
 from dcco.config.sections import PAIRED_DATASETS, DataConfig, TrainConfig
-from dcco.config.table import TableConfig, ham10000_table
+from dcco.config.table_config import TableConfig, ham10000_table
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dcco.config.loss import BN_EPS, LAMBDA, MOCO_TEMPERATURE, TEMPERATURE, VICREG_COEFFS
+from dcco.config.loss_config import BN_EPS, LAMBDA, MOCO_TEMPERATURE, TEMPERATURE, VICREG_COEFFS
 from dcco.core.stats import STATS_DTYPE, Moments
 
 VICREG_EPS = 1e-4

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from dcco.config import TableConfig
-from dcco.config.table import ham10000_table
+from dcco.config.table_config import ham10000_table
 from dcco.data.cache import cached_arrays
 from dcco.data.datasets import DataError, ImageDataset, Split, search_dirs, shown
 

@@ -17,7 +17,7 @@ test split. Nothing here prints or touches the disk; results are ``EvalResult`` 
 the caller records. Settings and results live in ``settings``, shared pieces in ``features``.
 """
 
-from dcco.config.eval import KNN_FEATURES, KnnFeatures
+from dcco.config.eval_config import KNN_FEATURES, KnnFeatures
 from dcco.evaluate.cases import (
     case_features,
     case_labels,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcco.config import EvalConfig
-from dcco.config.eval import KNN_FEATURES, KnnFeatures
+from dcco.config.eval_config import KNN_FEATURES, KnnFeatures
 from dcco.core.seeding import generator
 from dcco.data.paired import Dataset
 from dcco.evaluate.features import extract_features

@@ -31,7 +31,7 @@ from dcco.evaluate import (
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.run.checkpoint import load_checkpoint
-from dcco.run.devices import resolve_device
+from dcco.run.device_plan import resolve_device
 from dcco.run.rundir import RunDir, RunDirError
 from dcco.run.setup import build_model
 from dcco.run.splits import load_splits

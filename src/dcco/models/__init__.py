@@ -17,7 +17,7 @@ projector), ``resnet`` (the paper's backbones), ``fixup`` (Fixup ResNet-20), ``d
 encoder) and ``build`` (checks and seeded initialisation).
 """
 
-from dcco.config.model import (
+from dcco.config.model_config import (
     MLP_WIDTHS,
     PROJECTOR_MIN_GROUP,
     RESNET14_WIDTHS,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.config.model import RESNET20_FIXUP_WIDTHS
+from dcco.config.model_config import RESNET20_FIXUP_WIDTHS
 
 FIXUP_BLOCKS = (3, 3, 3)
 """Basic blocks per stage: ResNet-20 (6n + 2 layers, n = 3)."""

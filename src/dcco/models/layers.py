@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.config.model import PROJECTOR_MIN_GROUP, WS_EPS, Norm
+from dcco.config.model_config import PROJECTOR_MIN_GROUP, WS_EPS, Norm
 
 
 def standardised_weight(weight: Tensor, eps: float = WS_EPS) -> Tensor:

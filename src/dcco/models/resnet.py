@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcco.config.model import RESNET14_WIDTHS, RESNET50_WIDTHS, WS_EPS, Norm
+from dcco.config.model_config import RESNET14_WIDTHS, RESNET50_WIDTHS, WS_EPS, Norm
 from dcco.models.layers import _conv, _hidden_linear, _norm2d
 
 

@@ -24,6 +24,7 @@ from dcco.reproduce.claims import PAPER_TABLE1, claim_checks, claims_table, pape
 from dcco.reproduce.grid import PROTOCOLS, SUPERVISED, Grid, Setting, load_grid
 from dcco.reproduce.plan import Cell, plan_cells, select_cells
 from dcco.reproduce.plots import plot_trend
+from dcco.reproduce.result_tables import Estimate, measured, results_table
 from dcco.reproduce.section import (
     code_commits,
     results_markdown,
@@ -31,7 +32,6 @@ from dcco.reproduce.section import (
     run_versions,
     write_section,
 )
-from dcco.reproduce.tables import Estimate, measured, results_table
 
 __all__ = [
     "PAPER_TABLE1",

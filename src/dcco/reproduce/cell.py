@@ -55,7 +55,7 @@ def _run_cell(cell: Cell, run: RunDir, existed: bool, evaluations: tuple[str, ..
               splits: tuple[Dataset, Dataset], pretrain: Callable[..., dict],
               say: Callable[[str], None], progress: StepCallback | None, stop: Stop) -> str:
     from dcco.evaluate import labelled_subset, supervised_from_scratch
-    from dcco.run.devices import resolve_device
+    from dcco.run.device_plan import resolve_device
     from dcco.run.pretraining import Diverged
 
     train, test = splits

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from dcco.reproduce.cell import cell_accuracy
 from dcco.reproduce.grid import Grid, Setting
 from dcco.reproduce.plan import Cell
-from dcco.reproduce.tables import (
+from dcco.reproduce.result_tables import (
     FAILED,
     Difference,
     Entry,

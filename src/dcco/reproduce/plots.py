@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dcco.reproduce.grid import Grid
 from dcco.reproduce.plan import Cell
-from dcco.reproduce.tables import Estimate, measured
+from dcco.reproduce.result_tables import Estimate, measured
 
 
 def accuracy_series(grid: Grid, cells: list[Cell], evaluation: str, method: str,

@@ -11,7 +11,7 @@ from dcco.reproduce.cell import cell_accuracy
 from dcco.reproduce.claims import CLAIMS_INTRO, claim_checks, claims_table, paper_table
 from dcco.reproduce.grid import Grid
 from dcco.reproduce.plan import Cell
-from dcco.reproduce.tables import results_table
+from dcco.reproduce.result_tables import results_table
 
 
 def run_versions(cells: list[Cell]) -> list[dict[str, Any]]:

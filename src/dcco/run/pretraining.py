@@ -60,9 +60,9 @@ from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 from dcco.models.dual import buffers_kept
 from dcco.run.algorithms import algorithm_of
-from dcco.run.devices import keeps_graphs, max_batch_of, resolve_device
+from dcco.run.device_plan import keeps_graphs, max_batch_of, resolve_device
 from dcco.run.planning import RoundPlan, input_record, plan_round
-from dcco.run.privacy import Privacy
+from dcco.run.privacy_plan import Privacy
 from dcco.run.setup import CheckedRun, check_run, speed_of
 from dcco.run.views import user_views
 

@@ -29,9 +29,9 @@ from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder, Head, InputShape, build_dual_encoder, check_inputs
 from dcco.run.algorithms import algorithm_of
-from dcco.run.devices import resolve_device
+from dcco.run.device_plan import resolve_device
 from dcco.run.planning import build_partition
-from dcco.run.privacy import Privacy
+from dcco.run.privacy_plan import Privacy
 from dcco.run.stores import STATES_FOLDER, check_stores
 
 

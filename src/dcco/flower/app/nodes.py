@@ -38,7 +38,7 @@ from dcco.methods.predictive import target_decay
 from dcco.models import DualEncoder
 from dcco.run import setup
 from dcco.run.algorithms import algorithm_of
-from dcco.run.devices import resolve_device
+from dcco.run.device_plan import resolve_device
 from dcco.run.planning import build_partition
 from dcco.run.splits import training_split
 

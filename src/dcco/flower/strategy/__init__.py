@@ -31,7 +31,7 @@ of the model is ``dcco.flower.server_model``'s, and the messages' layout
 """
 
 from dcco.flower.secure_round import SecAgg
-from dcco.flower.strategy.rounds import RoundsSkipped
+from dcco.flower.strategy.round_steps import RoundsSkipped
 from dcco.flower.strategy.strategy import DCCOStrategy
 
 __all__ = ["DCCOStrategy", "RoundsSkipped", "SecAgg"]

@@ -20,10 +20,10 @@ from dcco.flower.roundlog import metrics_line, round_line, run_summary
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
 from dcco.flower.strategy import arguments
-from dcco.flower.strategy.checkpoint import resume_strategy, save_strategy
-from dcco.flower.strategy.evaluation import FederatedEvaluation
-from dcco.flower.strategy.rounds import RoundsSkipped, StrategyRounds, skipped_round
-from dcco.flower.strategy.sampling import NodeSampler
+from dcco.flower.strategy.federated_evaluation import FederatedEvaluation
+from dcco.flower.strategy.node_sampling import NodeSampler
+from dcco.flower.strategy.round_steps import RoundsSkipped, StrategyRounds, skipped_round
+from dcco.flower.strategy.strategy_checkpoint import resume_strategy, save_strategy
 from dcco.flower.userwire import NodeSettings
 
 LOG = logging.getLogger("flwr.dcco")

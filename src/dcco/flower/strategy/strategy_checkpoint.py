@@ -15,7 +15,7 @@ from flwr.serverapp.strategy import Result
 from dcco.core.collapse import CollapseWatch
 from dcco.core.statistics_cache import StatisticsCache
 from dcco.flower.server_model import ServerModel
-from dcco.flower.strategy.sampling import NodeSampler
+from dcco.flower.strategy.node_sampling import NodeSampler
 from dcco.run.checkpoint import atomic_write_bytes
 
 METRIC_HISTORIES = ("train_metrics_clientapp", "evaluate_metrics_clientapp",

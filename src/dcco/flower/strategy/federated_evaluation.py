@@ -12,7 +12,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from dcco.flower.strategy.sampling import NodeSampler
+from dcco.flower.strategy.node_sampling import NodeSampler
 from dcco.flower.userwire import LAMBDA
 
 LOG = logging.getLogger("flwr.dcco")

@@ -153,7 +153,7 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
 def _auto_jobs(grid, todo: list) -> int:
     """--jobs auto, said."""
     from dcco.reproduce.pool import auto_jobs, peak_memory
-    from dcco.run.devices import resolve_device
+    from dcco.run.device_plan import resolve_device
 
     device = resolve_device(grid.base.train.device).type
     jobs = auto_jobs((lambda: peak_memory(todo[0].cfg)) if todo else None, device)
@@ -165,7 +165,7 @@ def _reproduce_pool(args: argparse.Namespace, grid, cells: list, todo: list, out
                     jobs: int) -> None:
     """The cells as up to ``jobs`` processes side by side, each this command for one cell."""
     from dcco.reproduce.pool import run_pool, threads_per_job
-    from dcco.run.devices import resolve_device
+    from dcco.run.device_plan import resolve_device
 
     budget = _budget(args)
     device = resolve_device(grid.base.train.device).type
