@@ -158,3 +158,45 @@ def test_strategy_log__a_line_a_round_its_evaluation_and_the_run(caplog):
     summary = [x for x in lines if x.startswith("DCCO: 2 of 2 rounds trained in ")]
     assert len(summary) == 1 and "(round 1) → " in summary[0], lines
     assert "federated evaluation at round 2: cco-loss" in summary[0]
+
+
+def test_evaluate_encoder__refuses_bad_samples_by_node_and_split_with_a_data_error():
+    """NaN, channels-last images, images the model cannot read and training samples of
+    another shape are each refused before any metric, with a ``DataError`` (a ``UserError``)
+    that names the node, the split and what to change; good images are scored."""
+    from flwr.app import ConfigRecord
+
+    from dcco.data.datasets import DataError
+
+    def cnn() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                             nn.Linear(16, 8))
+
+    InProcessGrid(ClientApp(), [{}], {})  # sets Flower's task identity for a new Message
+    msg = Message(RecordDict({"arrays": ArrayRecord(cnn().state_dict()),
+                              "config": ConfigRecord({})}), dst_node_id=1,
+                  message_type="evaluate")
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    images = torch.rand(6, 3, 16, 16)
+    labels = torch.arange(6) % 2
+    good = evaluate_encoder(msg, context, cnn(), TensorDataset(images, labels),
+                            TensorDataset(images, labels))
+    assert {"cco-loss", "knn-acc"} <= set(good.content["metrics"])
+    nan = images.clone()
+    nan[2, 0, 5, 5] = float("nan")
+    bad = {
+        "node 1's test samples.*sample 2": (nan, None),
+        "channels-last, \\(6, 16, 16, 3\\).*permute\\(0, 3, 1, 2\\)":
+            (images.permute(0, 2, 3, 1), None),
+        "the model cannot read node 1's test samples, \\(6, 1, 16, 16\\)":
+            (images[:, :1], None),
+        "node 1's training samples.*sample 2": (images, nan),
+        "training samples are \\(3, 8, 8\\) each and its test samples \\(3, 16, 16\\)":
+            (images, images[:, :, :8, :8]),
+    }
+    for pattern, (test, train) in bad.items():
+        with pytest.raises(DataError, match=pattern) as refused:
+            evaluate_encoder(msg, context, cnn(), TensorDataset(test, labels),
+                             None if train is None else TensorDataset(train, labels))
+        assert isinstance(refused.value, dcco.UserError)

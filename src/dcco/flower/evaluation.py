@@ -31,6 +31,9 @@ from dcco.core.collapse import encoding_figures
 from dcco.core.losses import cco_loss
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import encoding_stats
+from dcco.data.datasets import DataError
+from dcco.data.image_views import looks_like_images
+from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec
 from dcco.flower.userapp import LABEL_KEYS, default_augment, load_weights, samples_and_labels
 from dcco.flower.userwire import LAMBDA
@@ -41,6 +44,29 @@ KNN_K, KNN_TEMPERATURE = 20, EvalConfig().knn_temperature
 20 neighbours where the monitor takes 200 of a bank of 10,000: a node holds hundreds."""
 
 Samples = Tensor | DataLoader | TorchDataset
+
+
+def check_samples(x: Tensor, what: str, images: bool) -> None:
+    """Refuse samples ``evaluate_encoder`` cannot score, naming them (``what``): NaN or an
+    infinity, and, where the default views are made (``images``), samples that are not
+    images (N, C, H, W) with 1 or 3 channels, channels-last ones named as such.
+
+    Raises:
+        DataError: naming ``what`` and what to change.
+    """
+    if not (x.is_floating_point() or x.dtype == torch.uint8):
+        raise DataError(f"{what} are {x.dtype}; the encoder takes floating-point or uint8 "
+                        f"samples")
+    refuse_non_finite(x, what)
+    if not images or looks_like_images(x):
+        return
+    shape = tuple(x.shape)
+    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        raise DataError(f"{what} are channels-last, {shape} (N, H, W, C); the default views "
+                        f"take (N, C, H, W): pass x.permute(0, 3, 1, 2)")
+    raise DataError(f"{what} have shape {shape}; the default views take images (N, C, H, W) "
+                    f"with 1 or 3 channels of at least 8 × 8 pixels: pass "
+                    f"augment=your_function (one view of a batch of samples)")
 
 
 def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Samples,
@@ -67,7 +93,12 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         ``num-examples`` and, with labelled ``train`` and ``test``, ``knn-acc``.
 
     Raises:
-        ValueError: a message without the model's arrays, or test samples fewer than 2.
+        ValueError: a message without the model's arrays.
+        DataError: samples the encoder cannot be scored on, named by node and split: fewer
+            than 2 test samples, a sample holding NaN or an infinity, samples that are not
+            images (N, C, H, W) with 1 or 3 channels when ``augment`` is None (channels-last
+            images are named as such), training samples of another shape than the test
+            samples, or samples the model cannot read (its error follows).
     """
     config = msg.content.config_records.get("config")
     arrays = next(iter(msg.content.array_records.values()), None)
@@ -75,10 +106,20 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         raise ValueError("an evaluate message without the model's arrays: evaluate_encoder "
                          "answers dcco.flower.DCCOStrategy's configure_evaluate")
     load_weights(model, codec.tensors_of(arrays))
+    node = f"node {context.node_id}"
     x, test_y = samples_and_labels(test)
     if x.shape[0] < 2:
-        raise ValueError(f"this node holds {x.shape[0]} test sample(s); the loss and the "
-                         f"collapse figures need at least 2")
+        raise DataError(f"{node} holds {x.shape[0]} test sample(s); the loss and the collapse "
+                        f"figures need at least 2")
+    check_samples(x, f"{node}'s test samples", augment is None)
+    train_x = train_y = None
+    if train is not None and test_y is not None:
+        train_x, train_y = samples_and_labels(train)
+        check_samples(train_x, f"{node}'s training samples", augment is None)
+        if train_x.shape[1:] != x.shape[1:]:
+            raise DataError(f"{node}'s training samples are {tuple(train_x.shape[1:])} each "
+                            f"and its test samples {tuple(x.shape[1:])}: the k-NN compares "
+                            f"samples of one shape")
     lambd = float(config[LAMBDA]) if config is not None and LAMBDA in config else USER.lambd
     key = context.node_id if views_key is None else int(views_key)
     views = augment if augment is not None else default_augment(x)
@@ -89,7 +130,12 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
     model.eval()
     encode = model.encode if isinstance(model, DualEncoder) else model  # not its predictor's
     with torch.no_grad():
-        f, g = encode(x1), encode(x2)
+        try:
+            f, g = encode(x1), encode(x2)
+        except (RuntimeError, ValueError) as e:  # torch's own: a layer that cannot read them
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(f"the model cannot read {node}'s test samples, "
+                            f"{tuple(x1.shape)} {x1.dtype} as views: {first}") from e
         metrics: dict[str, float] = {
             "cco-loss": float(cco_loss(encoding_stats(f, g).moments(), lambd)),
             "num-examples": int(x.shape[0]),
@@ -97,10 +143,8 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         figures = encoding_figures(f, g)
         metrics |= {"eff-rank": float(figures["eff_rank"]),
                     "dead-dims": float(figures["dead_dims"])}
-        if train is not None and test_y is not None:
-            train_x, train_y = samples_and_labels(train)
-            if train_y is not None:
-                metrics["knn-acc"] = _knn_accuracy(encode, train_x, x, train_y, test_y, dtype)
+        if train_x is not None and train_y is not None:
+            metrics["knn-acc"] = _knn_accuracy(encode, train_x, x, train_y, test_y, dtype)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 

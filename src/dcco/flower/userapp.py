@@ -447,6 +447,10 @@ def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
 
     if looks_like_images(samples):
         return ImageViews()
+    if samples.ndim == 4 and samples.shape[-1] in (1, 3) and samples.shape[1] not in (1, 3):
+        raise ValueError(f"answer(augment=None) with channels-last images "
+                         f"{tuple(samples.shape)} (N, H, W, C); dcco's views take (N, C, H, W): "
+                         f"pass x.permute(0, 3, 1, 2)")
     raise ValueError(f"answer(augment=None) with samples of shape {tuple(samples.shape)} "
                      f"({samples.dtype}): the two views would be identical, and identical "
                      f"views teach the encoder nothing; pass augment=your_function (one view "
