@@ -815,8 +815,8 @@ def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognise
         DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=3, fraction_evaluate=0.0).start(
             grid=grid, initial_arrays=initial, num_rounds=2)
     text = caplog.text
-    for node in (1, 2, 3):
-        assert f"DCCO round 1, stats: node {node} failed:" in text
+    assert "DCCO round 1, stats: 3 nodes failed alike (1, 2, 3): RuntimeError: Error(s) in " \
+           "loading state_dict for UserCNN" in text
     assert "skipped, the model unchanged: stats: 0 valid replies" in text
     assert "does not answer with dcco.flower.answer" in text
     with pytest.raises(ValueError, match="num_rounds must be an integer >= 1, got 0"):
@@ -828,10 +828,9 @@ def test_strategy__failed_nodes_are_named_and_an_app_without_answer_is_recognise
 
 def test_strategy__nodes_failing_alike_stop_the_run_after_two_rounds_with_their_error(caplog):
     """Every node raises the same error (a fault in the nodes' code or data): the skipped
-    rounds' message names it once with its count of nodes, each node's warning is the
-    traceback's last line, and the run stops after round 2 of 6 with RoundsSkipped."""
-    from dcco.flower.exchanges import error_line
-
+    rounds' message names it once with its count of nodes, the nodes failing alike are one
+    warning a round with their count, and the run stops after round 2 of 6 with
+    RoundsSkipped."""
     app = ClientApp()
 
     @app.train()
@@ -842,18 +841,151 @@ def test_strategy__nodes_failing_alike_stop_the_run_after_two_rounds_with_their_
     _, initial = _initial()
     with caplog.at_level("WARNING", logger="flwr.dcco"), \
             pytest.raises(RoundsSkipped, match="rounds 1 and 2 failed on every node with the "
-                                               "same error") as e:
+                                               "same error, which each of the 4 rounds left "
+                                               "would meet too") as e:
         DCCOStrategy(min_available_nodes=3, fraction_evaluate=0.0).start(
             grid=InProcessGrid(app, [{}] * 3, {}), initial_arrays=initial, num_rounds=6)
     assert sorted(e.value.result.train_metrics_clientapp) == [1, 2]
-    assert "the nodes' errors: " in str(e.value) and "(3 nodes)" in str(e.value)
-    warnings = [r.getMessage() for r in caplog.records if "failed:" in r.getMessage()]
-    assert len(warnings) == 6 and all("\n" not in w for w in warnings), warnings
+    assert "the nodes' errors: ValueError: node " in str(e.value)
+    assert "look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2)" in str(e.value)
+    assert "(3 nodes)" in str(e.value)
+    warnings = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()
+                and "skipped" not in r.getMessage()]
+    assert len(warnings) == 2 and all("3 nodes failed alike (1, 2, 3): ValueError: node 1's "
+                                      "model cannot read its views" in w and "\n" not in w
+                                      for w in warnings), warnings
+
+
+@pytest.mark.slow
+def test_strategy_in_flowers_simulation__a_nodes_fault_is_named_in_one_line(caplog):
+    """Four faults of a user's ClientApp in Flower's own simulation engine (Ray, whose
+    error replies carry the node's traceback wrapped twice, in colour): the node's code
+    raising, FedAvg's handler loading DCCO's arrays as a state_dict, samples holding NaN
+    and channels-last samples. Each run stops with RoundsSkipped naming the real cause
+    with its count of nodes (and, for FedAvg's handler, what to change), and every warning
+    is one line. The ClientApp is defined here, so that Ray carries it to its actors."""
+    import logging
+
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    class Own(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.head = nn.Linear(4, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.tanh(self.conv(x)).mean((2, 3)))
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        kind = msg.content.config_records["config"]["kind"]
+        x = torch.rand(3, 1, 6, 6, dtype=torch.float64)
+        if kind == "raise":
+            raise FileNotFoundError(f"/data/photos-{context.node_id}.npz")
+        if kind == "fedavg":  # FedAvg's handler, not answer()
+            model = Own().double()
+            model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+            return Message(RecordDict({"arrays": ArrayRecord(model.state_dict())}),
+                           reply_to=msg)
+        if kind == "nan":
+            x[0, 0, 0, 0] = float("nan")
+        if kind == "last":
+            x = x.permute(0, 2, 3, 1)
+        return answer(msg, context, Own().double(), x,
+                      augment=lambda v: v + 0.1 * torch.randn(v.shape, dtype=v.dtype))
+
+    initial = ArrayRecord(Own().double().state_dict())
+    kinds = ("raise", "fedavg", "nan", "last")
+    out: dict[str, str] = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        for kind in kinds:
+            try:
+                DCCOStrategy(min_available_nodes=2, fraction_evaluate=0.0).start(
+                    grid=grid, initial_arrays=initial, num_rounds=4,
+                    train_config=ConfigRecord({"kind": kind}))
+            except RoundsSkipped as e:
+                out[kind] = str(e)
+
+    logs: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logs.append(record.getMessage())
+    logging.getLogger("flwr.dcco").addHandler(handler)
+    try:
+        run_simulation(server_app=server, client_app=client, num_supernodes=2,
+                       backend_config={"client_resources": {"num_cpus": 1}})
+    finally:
+        logging.getLogger("flwr.dcco").removeHandler(handler)
+    assert sorted(out) == sorted(kinds), out
+    causes = {"raise": "FileNotFoundError: /data/photos-",
+              "fedavg": "RuntimeError: Error(s) in loading state_dict for Own",
+              "nan": "NaN",
+              "last": "look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2)"}
+    for kind, cause in causes.items():
+        assert "rounds 1 and 2 failed on every node with the same error" in out[kind], out[kind]
+        assert cause in out[kind] and "(2 nodes)" in out[kind], (kind, out[kind])
+        assert "ray::" not in out[kind] and "\x1b[" not in out[kind], out[kind]
+    assert "does not answer with dcco.flower.answer" in out["fedavg"]
+    dcco_logs = [line for line in logs if line.startswith("DCCO round")]
+    assert dcco_logs and all("\n" not in line for line in dcco_logs), dcco_logs
+    assert any("2 nodes failed alike" in line for line in dcco_logs), dcco_logs
+
+
+RAY_REASON = (  # an error reply's reason under Flower 1.42's simulation engine (Ray), cut
+    "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor"
+    ".run()\x1b[39m (pid=31067, ip=192.0.2.2, actor_id=44d4, repr=<flwr.simulation.ray_"
+    "transport.ray_actor.ClientAppActor object at 0x7f16>)\n  File \"/f/client_app.py\", "
+    "line 161, in __call__\n    return self._registered_funcs[full_name](message, context)"
+    "\n  File \"/t/sim.py\", line 26, in train\n    net.load_state_dict(arrays)\n"
+    "RuntimeError: Error(s) in loading state_dict for Own:\n\tMissing key(s) in state_dict: "
+    "\"conv.weight\". \n\tUnexpected key(s) in state_dict: \"layout\", \"packed.<f4\".\n\n"
+    "The above exception was the direct cause of the following exception:\n\n\x1b[36mray::"
+    "ClientAppActor.run()\x1b[39m (pid=31067)\n           ^^^^^^^^^\n  File \"/f/ray_actor.py"
+    "\", line 65, in run\n    raise ClientAppException(str(ex)) from ex\nflwr.clientapp."
+    "client_app.ClientAppException: \nException ClientAppException occurred. Message: Error(s)"
+    " in loading state_dict for Own:\n\tMissing key(s) in state_dict: \"conv.weight\". \n\t"
+    "Unexpected key(s) in state_dict: \"layout\", \"packed.<f4\".'>")
+
+
+def test_error_line__the_cause_out_of_rays_and_a_deployments_wrapping():
+    """A node's error reply in one line, as its code raised it: out of Ray's chained
+    tracebacks (the handler's exception, its message's lines joined, not Flower's wrapper's
+    empty line), out of a deployment's ``<class ...>:<'...'>``, a plain traceback's last
+    exception, a one-line report as it is, and a long message cut."""
+    from dcco.flower.error_reports import MAX_CHARS, error_line
+
+    assert error_line(RAY_REASON) == (
+        "RuntimeError: Error(s) in loading state_dict for Own: Missing key(s) in state_dict: "
+        "\"conv.weight\". Unexpected key(s) in state_dict: \"layout\", \"packed.<f4\". "
+        "(from a report of 17 lines, logged whole at DEBUG)")
+    assert error_line("<class 'ValueError'>:<'images are channels-last'>") == \
+        "ValueError: images are channels-last"
+    assert error_line("<class 'torch.OutOfMemoryError'>:<''>") == "torch.OutOfMemoryError"
+    wrapped_only = RAY_REASON.split("The above exception")[1]  # no handler's traceback left
+    assert error_line("<class 'x.RayTaskError(ClientAppException)'>:<'" + wrapped_only) \
+        .startswith("Error(s) in loading state_dict for Own: Missing key(s)")
     report = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
               "    f()\nValueError: channels last\n")
-    assert error_line(report) == "ValueError: channels last (the last line of 4; logged " \
-        "whole at DEBUG)"
+    assert error_line(report) == "ValueError: channels last (from a report of 4 lines, " \
+        "logged whole at DEBUG)"
     assert error_line("one line") == "one line"
+    assert len(error_line("<class 'ValueError'>:<'" + "x" * 1000 + "'>")) == MAX_CHARS
+
+
+def test_problem_lines__nodes_failing_alike_are_one_line_with_their_count():
+    from dcco.flower.failures import problem_lines
+
+    problems = [f"node {n} failed: ValueError: node {n}'s samples holds NaN" for n in range(5)]
+    problems[2:2] = ["node 9: no reply within the timeout", "node 7 failed: OSError: disk"]
+    assert problem_lines(problems) == [
+        "5 nodes failed alike (0, 1, 2, ...): ValueError: node 0's samples holds NaN",
+        "node 9: no reply within the timeout", "node 7 failed: OSError: disk"]
 
 
 def test_answer__takes_a_dataloader_or_a_dataset_and_refuses_identical_views():

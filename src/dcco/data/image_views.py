@@ -27,6 +27,12 @@ def looks_like_images(x: Tensor) -> bool:
             and (x.dtype == torch.uint8 or x.is_floating_point()))
 
 
+def looks_channels_last(x: Tensor) -> bool:
+    """Whether ``x`` looks like a batch of channels-last images (N, H, W, C), 1 or 3
+    channels last and not first."""
+    return x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3)
+
+
 class ImageViews(nn.Module):
     """One augmented view of each image of a batch: a random resized crop (area fraction in
     ``crop_scale``) back to the image's size, a horizontal flip, colour jitter with

@@ -32,7 +32,7 @@ from dcco.core.losses import cco_loss
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import encoding_stats
 from dcco.data.datasets import DataError
-from dcco.data.image_views import looks_like_images
+from dcco.data.image_views import looks_channels_last, looks_like_images
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec
 from dcco.flower.userapp import LABEL_KEYS, default_augment, load_weights, samples_and_labels
@@ -61,7 +61,7 @@ def check_samples(x: Tensor, what: str, images: bool) -> None:
     if not images or looks_like_images(x):
         return
     shape = tuple(x.shape)
-    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+    if looks_channels_last(x):
         raise DataError(f"{what} are channels-last, {shape} (N, H, W, C); the default views "
                         f"take (N, C, H, W): pass x.permute(0, 3, 1, 2)")
     raise DataError(f"{what} have shape {shape}; the default views take images (N, C, H, W) "

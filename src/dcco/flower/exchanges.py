@@ -22,7 +22,6 @@ answers with ``dcco.flower.answer``, one client a node (``dcco.flower.userwire.U
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -40,6 +39,7 @@ from dcco.core.stats import EncodingStats, Moments, StatsSpec, merge
 from dcco.flower import secagg, timing
 from dcco.flower.appconfig import FlowerConfig
 from dcco.flower.codec import Instruction
+from dcco.flower.error_reports import error_line
 
 LOG = logging.getLogger("flwr.dcco")
 
@@ -87,20 +87,6 @@ class Wire(Protocol):
     def params(self) -> dict[str, Tensor]:
         """The trained parameters by name, in order: the update's names, shapes, dtypes."""
         ...
-
-
-def error_line(reason: str) -> str:
-    """A node's error report in one line: a traceback's last line (the exception and its
-    message), with how many lines the whole report had; a one-line report as it is. (Under
-    Flower's simulation a node's error is a Ray traceback of up to 36 lines.)"""
-    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return lines[0] if lines else reason
-    last = next((line for line in reversed(lines) if _EXCEPTION.match(line)), lines[-1])
-    return f"{last} (the last line of {len(lines)}; logged whole at DEBUG)"
-
-
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
 
 
 def replies_by_node(replies: Iterable[Message], asked: set[int],
@@ -344,5 +330,5 @@ class SecureExchanges(PlainExchanges):
                        sum(len(self.targets[k]) for k in res.counts), int(n), fresh)
 
 
-__all__ = ["PlainExchanges", "SecureExchanges", "Send", "Wire", "error_line", "exchange",
+__all__ = ["PlainExchanges", "SecureExchanges", "Send", "Wire", "exchange",
            "replies_by_node"]

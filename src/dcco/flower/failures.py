@@ -1,5 +1,6 @@
 """What a skipped round's message says about its nodes' failures: their errors grouped by
-kind (``causes``), whether every node failed alike (``every_node_failed``, which stops a run
+kind (``causes``), the log's lines of a phase's problems, node failures alike in one
+(``problem_lines``), whether every node failed alike (``every_node_failed``, which stops a run
 early in ``DCCOStrategy.start``), and a hint when the replies look like a ClientApp that does not
 answer with ``dcco.flower.answer`` (``hint``)."""
 
@@ -26,6 +27,9 @@ def hint(exchanges: PlainExchanges) -> str:
     return ""
 
 
+_NODE_FAILED = re.compile(r"node (\d+) failed: (.*)")  # a node's id, its error line
+
+
 def _errors(exchanges: PlainExchanges) -> dict[str, tuple[str, int]]:
     """The nodes' error lines of a round (``exchanges.error_line``'s) grouped as alike when
     they differ only in numbers (each node's own shapes and sizes): for each group, its
@@ -33,14 +37,11 @@ def _errors(exchanges: PlainExchanges) -> dict[str, tuple[str, int]]:
     groups: dict[str, tuple[str, int]] = {}
     for tally in exchanges.replies.values():
         for problem in tally.problems:
-            if (m := _FAILED.match(problem)) is not None:
-                key = re.sub(r"\d+", "#", m.group(1))
-                first, n = groups.get(key, (m.group(1), 0))
+            if (m := _NODE_FAILED.match(problem)) is not None:
+                key = re.sub(r"\d+", "#", m.group(2))
+                first, n = groups.get(key, (m.group(2), 0))
                 groups[key] = (first, n + 1)
     return groups
-
-
-_FAILED = re.compile(r"node \d+ failed: (.*)")
 
 
 def causes(exchanges: PlainExchanges) -> str:
@@ -52,6 +53,34 @@ def causes(exchanges: PlainExchanges) -> str:
     return f"; the nodes' errors: {'; '.join(listed)}{more}" if listed else ""
 
 
+def problem_lines(problems: list[str]) -> list[str]:
+    """A phase's problems (its ``ReplyTally.problems``) for the log, one line a kind: the
+    nodes that failed with errors alike (differing only in numbers) in one line, with their
+    count and the first of their ids; every other problem as it is."""
+    groups: dict[str, list[tuple[str, str]]] = {}  # masked error: its nodes and lines
+    order: list[tuple[str, str]] = []  # ("group", masked error) or ("as is", problem)
+    for problem in problems:
+        if (m := _NODE_FAILED.match(problem)) is None:
+            order.append(("as is", problem))
+            continue
+        key = re.sub(r"\d+", "#", m.group(2))
+        if key not in groups:
+            groups[key] = []
+            order.append(("group", key))
+        groups[key].append((m.group(1), m.group(2)))
+    out = []
+    for kind, text in order:
+        nodes = groups.get(text, []) if kind == "group" else []
+        if len(nodes) > 1:
+            shown = ", ".join(n for n, _ in nodes[:3]) + (", ..." if len(nodes) > 3 else "")
+            out.append(f"{len(nodes)} nodes failed alike ({shown}): {nodes[0][1]}")
+        elif nodes:
+            out.append(f"node {nodes[0][0]} failed: {nodes[0][1]}")
+        else:
+            out.append(text)
+    return out
+
+
 def every_node_failed(exchanges: PlainExchanges) -> frozenset[str]:
     """The round's errors when every node asked in its first exchange replied with one (a
     fault of the nodes' code or data, which the next round meets again), else empty."""
@@ -61,4 +90,4 @@ def every_node_failed(exchanges: PlainExchanges) -> frozenset[str]:
     return frozenset(_errors(exchanges))  # the kinds, numbers masked
 
 
-__all__ = ["NOT_ANSWERED", "causes", "every_node_failed", "hint"]
+__all__ = ["NOT_ANSWERED", "causes", "every_node_failed", "hint", "problem_lines"]

@@ -17,7 +17,8 @@ method's ``update`` message brings the model itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from dcco.core.client_state import kept_by_clients, restored, stored, with_kept
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
 from dcco.data.datasets import DataError
+from dcco.data.image_views import looks_channels_last
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
 from dcco.flower.node_states import FolderStates
@@ -186,17 +188,18 @@ def answer(msg: Message, context: Context, model: nn.Module,
     if phase == "stats":
         context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
-        if reuse_forward:
-            stats, kept = statistics_kept(model, x1, x2, method)
-            key = _forward_key(context, r, seed)
-            for old in [k for k in _forwards if k[0] == key[0]]:  # a node's earlier rounds
-                del _forwards[old]
-            if kept.saved_bytes <= KEPT_BYTES:
-                _forwards[key] = (kept, x1, x2)
-            while sum(k[0].saved_bytes for k in _forwards.values()) > KEPT_BYTES:
-                del _forwards[next(iter(_forwards))]
-        else:
-            stats = statistics(model, x1, x2, method)
+        with _model_reads(x1, context.node_id):
+            if reuse_forward:
+                stats, kept = statistics_kept(model, x1, x2, method)
+                key = _forward_key(context, r, seed)
+                for old in [k for k in _forwards if k[0] == key[0]]:  # a node's earlier rounds
+                    del _forwards[old]
+                if kept.saved_bytes <= KEPT_BYTES:
+                    _forwards[key] = (kept, x1, x2)
+                while sum(k[0].saved_bytes for k in _forwards.values()) > KEPT_BYTES:
+                    del _forwards[next(iter(_forwards))]
+            else:
+                stats = statistics(model, x1, x2, method)
         if params is not None:
             return Message(secagg.secure_stats_reply(stats, params, method.stats),
                            reply_to=msg)
@@ -205,12 +208,13 @@ def answer(msg: Message, context: Context, model: nn.Module,
                                    "metrics": MetricRecord({"num-examples": int(stats.count)})}),
                        reply_to=msg)
     kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2)
-    if method.stateful:
-        update = _stateful_update(model, x1, x2, context, ask, state_dir)
-    elif kept is not None:
-        update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
-    else:
-        update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr)
+    with _model_reads(x1, context.node_id):
+        if method.stateful:
+            update = _stateful_update(model, x1, x2, context, ask, state_dir)
+        elif kept is not None:
+            update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
+        else:
+            update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr)
     for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
@@ -447,7 +451,7 @@ def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
 
     if looks_like_images(samples):
         return ImageViews()
-    if samples.ndim == 4 and samples.shape[-1] in (1, 3) and samples.shape[1] not in (1, 3):
+    if looks_channels_last(samples):
         raise ValueError(f"answer(augment=None) with channels-last images "
                          f"{tuple(samples.shape)} (N, H, W, C); dcco's views take (N, C, H, W): "
                          f"pass x.permute(0, 3, 1, 2)")
@@ -455,6 +459,22 @@ def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
                      f"({samples.dtype}): the two views would be identical, and identical "
                      f"views teach the encoder nothing; pass augment=your_function (one view "
                      f"of a batch of samples)")
+
+
+@contextmanager
+def _model_reads(views: Tensor, node: int) -> Iterator[None]:
+    """Where the model encodes the views: an error of the model's own (torch's ``RuntimeError``)
+    on views that look channels-last (N, H, W, C) says so, with the fix, and the model's
+    error; any other error is left as it is."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not looks_channels_last(views):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"node {node}'s model cannot read its views {tuple(views.shape)}, "
+                         f"which look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2) "
+                         f"as samples (the model's error: {first})") from e
 
 
 def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:

@@ -26,7 +26,7 @@ from dcco.core.statistics_cache import StatisticsCache
 from dcco.core.stats import Moments
 from dcco.flower import polling, secure_round
 from dcco.flower.exchanges import PlainExchanges, SecureExchanges, replies_by_node
-from dcco.flower.failures import causes, every_node_failed, hint
+from dcco.flower.failures import causes, every_node_failed, hint, problem_lines
 from dcco.flower.roundlog import tally_metrics
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
@@ -164,7 +164,7 @@ class StrategyRounds:
     @staticmethod
     def _log_problems(r: int, exchanges: PlainExchanges) -> None:
         for phase, tally in exchanges.replies.items():
-            for problem in tally.problems:
+            for problem in problem_lines(tally.problems):
                 LOG.warning("DCCO round %d, %s: %s", r, phase, problem)
 
 
@@ -182,7 +182,6 @@ class RoundsSkipped(RuntimeError):
         self.result = result
 
 
-
 def skipped_round(r: int, num_rounds: int, outcome: Outcome, skipped: list[str],
                   failing: list[frozenset[str]], result: Result) -> None:
     """Log a skipped round; stop the run once, before any round trained, two rounds in a
@@ -195,9 +194,8 @@ def skipped_round(r: int, num_rounds: int, outcome: Outcome, skipped: list[str],
             and all(m["skipped"] for m in result.train_metrics_clientapp.values())):
         raise RoundsSkipped(
             f"no round has trained, and rounds {r - 1} and {r} failed on every node with "
-            f"the same error, which the other {num_rounds - r} would meet too; stopped "
-            f"after round {r}: " + "; ".join(skipped[-2:]), result)
-
+            f"the same error, which each of the {num_rounds - r} rounds left would meet too; "
+            f"stopped after round {r}: {outcome.reason}", result)
 
 
 __all__ = ["Outcome", "RoundsSkipped", "StrategyRounds", "skipped_round"]

@@ -107,7 +107,8 @@ class InProcessGrid(Grid):
         try:
             reply = self.app(msg, self.contexts[node])
         except Exception as e:  # noqa: BLE001 (a SuperNode turns any ClientApp exception into an error reply)
-            reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, repr(e)), reply_to=msg)
+            reason = f"{type(e)}:<'{e}'>"  # as Flower 1.42's SuperNode and simulation write it
+            reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason), reply_to=msg)
         return reply if self.tamper is None else self.tamper(node, msg, reply)
 
 
