@@ -71,11 +71,12 @@ def measure_in_process(args: argparse.Namespace, photos: int, poll: float) -> di
     os.environ["PYTHONPATH"] = os.pathsep.join(  # Ray's actors import the example's modules
         p for p in (str(PROJECT), os.environ.get("PYTHONPATH")) if p)
     from dcco_flower_example import client_app, server_app
+    from flwr.common.config import flatten_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
-        config = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"][
-            "app"]["config"] | {"num-server-rounds": args.rounds, "blocks": args.blocks,
+        config = flatten_dict(tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"][
+            "flwr"]["app"]["config"]) | {"num-server-rounds": args.rounds, "blocks": args.blocks,
                                 "fraction-train": args.fraction, "compare-fedavg": True,
                                 "photos-per-node": photos, "out": str(out)}
         server, client = ServerApp(), ClientApp()

@@ -51,7 +51,9 @@ GOALS = {"dcco/fedavg": 1.8, "dcco/contrastive": 1.1}
 
 def _app_config(images: int) -> dict:
     table = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    return table["config"] | {"images": images}
+    from flwr.common.config import flatten_dict  # dotted keys, as Flower's run config has them
+
+    return flatten_dict(table["config"]) | {"images": images}
 
 
 def in_process(args: argparse.Namespace) -> dict:

@@ -54,8 +54,10 @@ def _app():
 
 def config(out: Path) -> dict:
     """The app's run config with the test's overrides."""
+    from flwr.common.config import flatten_dict  # dotted keys, as Flower's run config has them
+
     app = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    return app["config"] | {"num-server-rounds": ROUNDS, "fraction-train": 1.0,
+    return flatten_dict(app["config"]) | {"num-server-rounds": ROUNDS, "fraction-train": 1.0,
                             "out": str(out)}
 
 

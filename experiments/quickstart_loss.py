@@ -56,8 +56,10 @@ def run(rounds: int, images: int, out: Path | None = None, seed: int = 0) -> dic
     finally:
         sys.path.remove(str(PROJECT))
     out = out if out is not None else Path(tempfile.mkdtemp(prefix="quickstart-loss-"))
-    config = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
-        "config"] | {"num-server-rounds": rounds, "fraction-train": 1.0,
+    from flwr.common.config import flatten_dict  # dotted keys, as Flower's run config has them
+
+    config = flatten_dict(tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"][
+        "flwr"]["app"]["config"]) | {"num-server-rounds": rounds, "fraction-train": 1.0,
                      "fraction-evaluate": 1.0, "images": images, "out": str(out),
                      "seed": seed}
     nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]

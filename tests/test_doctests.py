@@ -13,7 +13,8 @@ import dcco.flower
 ENTRIES = {"dcco.fit": dcco.fit, "dcco.dual_encoder": dcco.dual_encoder,
            "dcco.linear_probe": dcco.linear_probe, "dcco.load_encoder": dcco.load_encoder,
            "dcco.flower.answer": dcco.flower.answer,
-           "dcco.flower.DCCOStrategy": dcco.flower.DCCOStrategy}
+           "dcco.flower.DCCOStrategy": dcco.flower.DCCOStrategy,
+           "dcco.flower.knn_evaluation": dcco.flower.knn_evaluation}
 
 
 @pytest.mark.parametrize("name", list(ENTRIES))

@@ -154,7 +154,13 @@ def test_strategy_log__a_line_a_round_its_evaluation_and_the_run(caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("DCCO")]
     assert any(x.startswith("DCCO round 2/2: loss ") and "replies stats 2/2, update 2/2" in x
                and "S_A effective rank" in x for x in lines), lines
-    assert any(x.startswith("DCCO round 2/2, federated evaluation: cco-loss ") for x in lines)
+    assert any(x.startswith("DCCO round 0/2 (the initial model), federated evaluation on 2 "
+                            "nodes (") and "cco-loss " in x for x in lines), lines
+    assert any(x.startswith("DCCO round 2/2, federated evaluation on 2 nodes (")
+               and "cco-loss " in x for x in lines), lines
+    by_round = lines.index("DCCO federated evaluation by round:")
+    assert [x.split(":")[0] for x in lines[by_round + 1:by_round + 4]] == [
+        f"DCCO   round {r}" for r in range(3)]
     summary = [x for x in lines if x.startswith("DCCO: 2 of 2 rounds trained in ")]
     assert len(summary) == 1 and "(round 1) → " in summary[0], lines
     assert "federated evaluation at round 2: cco-loss" in summary[0]

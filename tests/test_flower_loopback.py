@@ -141,13 +141,16 @@ def test_flwr_run_local_simulation__dccos_app_and_the_example_app_train_and_leav
       two threads, and this very `flwr run` at seeds 0-2
       (experiments/results/collapse/flower_app_loss-*.json: 0.73-0.83), plus 0.05 for
       another CPU. (Before views were keyed by partition, LARS 0.5 at λ = 20 scattered from
-      0.27 to 1.13 over draws of node ids: CI once measured 0.94.)"""
+      0.27 to 1.13 over draws of node ids: CI once measured 0.94.)
+    - examples/flower-app again, one round, with ``dcco.lr``, ``dcco.warmup-rounds`` and
+      ``dcco.metrics-file`` given as ``flwr run --run-config`` gives them: the metrics
+      file's round 1 ran at that rate."""
     from dcco.flower.testing.loopback import LocalSimulation
 
     experiment = _experiment("flower_app_loss")
     worst, runs = experiment.worst_ratio()
     assert runs >= 60 and worst < 0.9, (worst, runs)  # the records themselves show learning
-    run_dir, out = tmp_path / "run", tmp_path / "out"
+    run_dir, out, metrics = tmp_path / "run", tmp_path / "out", tmp_path / "metrics.jsonl"
     run_config = {
         "data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
         "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
@@ -161,6 +164,10 @@ def test_flwr_run_local_simulation__dccos_app_and_the_example_app_train_and_leav
         example = sim.submit({"num-server-rounds": experiment.ROUNDS, "fraction-train": 1.0,
                               "out": str(out), "seed": 0}, project=experiment.PROJECT)
         assert sim.wait(example, timeout=900) == "finished:completed", sim.details
+        rated = sim.submit({"num-server-rounds": 1, "fraction-train": 1.0, "dcco.lr": 0.0625,
+                            "dcco.warmup-rounds": 0, "dcco.metrics-file": str(metrics)},
+                           project=experiment.PROJECT)
+        assert sim.wait(rated, timeout=900) == "finished:completed", sim.details
         assert sim.alive()  # flwr run left its SuperLink running, as documented
     assert sim.alive() == []
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
@@ -177,6 +184,10 @@ def test_flwr_run_local_simulation__dccos_app_and_the_example_app_train_and_leav
     assert after < (worst + 0.05) * before, (before, after, worst)
     recorded = [r["ratio"] for r in experiment.recorded_runs() if r["seed"] == 0]
     assert max(abs(after / before - r) for r in recorded) < 0.02, (after / before, recorded)
+    # the third run: its rate and metrics file from `flwr run --run-config`
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["round"] for x in lines] == [0, 1] and lines[1]["server-lr"] == 0.0625
+    assert lines[1]["train"]["update-accepted"] == 4
 
 
 def _experiment(name: str):

@@ -745,14 +745,15 @@ def test_strategy_in_flowers_simulation__equals_the_reference_rounds_plain_and_s
 def test_strategy__federated_evaluation_runs_the_users_evaluate_and_fills_the_result():
     """DCCO takes FedAvg's evaluation arguments: after each round the sampled nodes'
     ``@app.evaluate`` gets the new model and the config, and its metrics, weighted by
-    ``num-examples``, reach ``Result.evaluate_metrics_clientapp``."""
+    ``num-examples``, reach ``Result.evaluate_metrics_clientapp``; before round 1 the
+    initial model is evaluated so (round 0, the baseline)."""
     _, initial = _initial()
     strategy = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.5,
                             min_evaluate_nodes=2)
     result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2,
                             evaluate_config=ConfigRecord({"batch": 4}))
-    assert sorted(result.evaluate_metrics_clientapp) == [1, 2]
-    for r in (1, 2):
+    assert sorted(result.evaluate_metrics_clientapp) == [0, 1, 2]
+    for r in (0, 1, 2):
         assert result.evaluate_metrics_clientapp[r]["round"] == r
         assert math.isfinite(result.evaluate_metrics_clientapp[r]["mean"])
     none = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4, fraction_evaluate=0.0)
@@ -1077,7 +1078,7 @@ def test_strategy__a_resumed_fedema_run_gets_each_nodes_state_back_from_its_disk
     nodes' contexts (a new Flower run) ends where one run of five does, its nodes' states of
     round 4 from before the stop left unread; with the state in ``context.state`` the
     resumed nodes start afresh and it does not."""
-    from dcco.flower.strategy import strategy as strategy_module
+    from dcco.flower.strategy import strategy_run as strategy_module
     kw = {"method": "fedema", "optimizer": "lars", "lr": 0.5, "min_available_nodes": 4,
           "fraction_train": 0.5, "fraction_evaluate": 0.0, "loss": {"target_decay": 0.9}}
     initial = ArrayRecord(_headed("fedema").state_dict())

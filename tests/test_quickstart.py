@@ -26,7 +26,8 @@ def test_quickstart_net__trains_under_dcco_defaults_and_evaluates_every_round(tm
     six rounds of `DCCOStrategy()` with its defaults, every node a round: the collapse figures of a
     live encoder (no dead dimension, C's effective rank above 2; the watch itself starts at
     round 20, after twice the warm-up), the app's evaluation each round (the encoder's CCO
-    loss, collapse figures and k-NN accuracy on each node's held-out images), and the final
+    loss, collapse figures and k-NN accuracy on each node's held-out images; round 0's of
+    the untrained encoder), and the final
     model's CCO loss on the nodes' seeded test views below the untrained model's. The margin
     is the committed records' worst ratio over seeds 0-2 and one or two threads
     (experiments/results/collapse/quickstart_loss-*.json, 0.72-0.83 here) plus 0.05 for
@@ -38,7 +39,8 @@ def test_quickstart_net__trains_under_dcco_defaults_and_evaluates_every_round(tm
         run = quickstart_loss.run(6, 800, tmp_path)
     assert "collapse" not in caplog.text
     rounds = run["record"]
-    assert sorted(rounds["evaluate"], key=int) == [str(r) for r in range(1, 7)]
+    # round 0: the untrained encoder's evaluation, the baseline of the others
+    assert sorted(rounds["evaluate"], key=int) == [str(r) for r in range(7)]
     evaluation = rounds["evaluate"]["6"]
     assert {"cco-loss", "eff-rank", "dead-dims", "knn-acc"} <= set(evaluation)
     assert evaluation["knn-acc"] > 2 / 10  # 10 classes: an encoder's features, not chance

@@ -26,9 +26,9 @@ def main(grid: Grid, context: Context) -> None:
     secagg = (SecAgg(model=SmallCNN(), samples=server_photos(), augment=augment,
                      max_samples=int(cfg["secagg-max-photos"])) if cfg["secagg"] else None)
     # fraction_evaluate=0: the ClientApp has no @app.evaluate
-    strategy = DCCOStrategy(fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0,
-                            min_train_nodes=2, min_available_nodes=2, lr=float(cfg["lr"]),
-                            seed=int(cfg["seed"]), secagg=secagg)
+    strategy = DCCOStrategy.from_run_config(  # dcco.lr, dcco.warmup-rounds, ... over these
+        cfg, fraction_train=float(cfg["fraction-train"]), fraction_evaluate=0.0,
+        min_train_nodes=2, min_available_nodes=2, seed=int(cfg["seed"]), secagg=secagg)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=int(cfg["num-server-rounds"]))
     if cfg["compare-fedavg"]:
@@ -57,7 +57,7 @@ def compare_with_fedavg(grid: Grid, cfg) -> None:
             else:
                 strategy = DCCOStrategy(fraction_train=float(cfg["fraction-train"]),
                                         fraction_evaluate=0.0, min_train_nodes=2,
-                                        min_available_nodes=2, lr=float(cfg["lr"]))
+                                        min_available_nodes=2, lr=float(cfg["dcco.lr"]))
             strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
                            evaluate_fn=lambda r, arrays, s=stamps: s.append(time.perf_counter()))
             seconds[name] += [b - a for a, b in itertools.pairwise(stamps)]

@@ -27,8 +27,8 @@ def main(grid: Grid, context: Context) -> None:
     initial = ArrayRecord(Net().state_dict())
     fractions = {"fraction_train": float(cfg["fraction-train"]),
                  "fraction_evaluate": float(cfg["fraction-evaluate"])}
-    if cfg["strategy"] == "dcco":  # its nodes step at its local rate, its server at its own
-        strategy, train_config = DCCOStrategy(**fractions, seed=seed), None
+    if cfg["strategy"] == "dcco":  # its nodes step at its local rate, its server at dcco.lr
+        strategy, train_config = DCCOStrategy.from_run_config(cfg, **fractions, seed=seed), None
     else:
         strategy, train_config = FedAvg(**fractions), ConfigRecord({"lr": float(cfg["lr"])})
     stamps = {0: time.perf_counter()}  # the server's evaluation after each round ends it

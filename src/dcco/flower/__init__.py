@@ -8,7 +8,8 @@ imports Flower; the rest of dcco never does. See ``docs/flower.md``. By role:
   ServerApp starts as it would start Flower's ``FedAvg`` (``strategy``, a package by phase,
   with ``server_model``); ``dcco.flower.answer``, what your ClientApp's ``train`` handler
   returns (``userapp``); ``dcco.flower.evaluate_encoder``, what its ``evaluate`` handler
-  returns for an encoder (``evaluation``); ``ImageViews``, a ready image augmentation; and
+  returns for an encoder, and ``knn_evaluation``, a server-side ``evaluate_fn`` on a labelled
+  set (``evaluation``); ``ImageViews``, a ready image augmentation; and
   ``SecAgg`` and ``secure_aggregation_mod`` for SecAgg+ (``secure_round``, ``mods``). They
   are imported on first use, so that a ClientApp's module stays free of torch.
 - Shared by both: ``exchanges`` (a round's two exchanges, written once over a ``Wire``),
@@ -53,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from dcco.flower.evaluation import evaluate_encoder
 
         return evaluate_encoder
+    if name == "knn_evaluation":
+        from dcco.flower.evaluation import knn_evaluation
+
+        return knn_evaluation
     if name == "RoundsSkipped":
         from dcco.flower.strategy import RoundsSkipped
 
@@ -65,7 +70,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["DCCOStrategy", "ImageViews", "RoundsSkipped", "SecAgg", "answer", "evaluate_encoder",
-           "secure_aggregation_mod"]
+           "knn_evaluation", "secure_aggregation_mod"]
 
 
 def __dir__() -> list[str]:

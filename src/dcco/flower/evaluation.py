@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
@@ -154,7 +154,7 @@ def _knn_accuracy(encode: Callable[[Tensor], Tensor], train_x: Tensor, test_x: T
     encodings (dcco's k-NN monitor's space and settings) gives their label."""
     from dcco.evaluate.knn import knn_predict
 
-    bank, queries = encode(train_x.to(dtype)), encode(test_x.to(dtype))
+    bank, queries = encode(_as_views(train_x, dtype)), encode(_as_views(test_x, dtype))
     if bank.shape[0] != train_y.shape[0] or queries.shape[0] != test_y.shape[0]:
         raise ValueError(f"labels do not match the samples: {train_y.shape[0]} labels for "
                          f"{bank.shape[0]} training samples, {test_y.shape[0]} for "
@@ -165,4 +165,71 @@ def _knn_accuracy(encode: Callable[[Tensor], Tensor], train_x: Tensor, test_x: T
     return float((predicted == test_y).double().mean())
 
 
-__all__ = ["KNN_K", "KNN_TEMPERATURE", "LABEL_KEYS", "evaluate_encoder", "samples_and_labels"]
+def _as_views(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Samples in the range the encoder trained on: uint8 images as ``ImageViews`` makes
+    their views, (x/255 − 0.5)/0.5; other samples as they are."""
+    if x.dtype == torch.uint8:
+        return (x.to(dtype) / 255.0 - 0.5) / 0.5
+    return x.to(dtype)
+
+
+def knn_evaluation(model: nn.Module, train: Samples, test: Samples
+                   ) -> Callable[[int, ArrayRecord], MetricRecord]:
+    """A server-side ``evaluate_fn`` for ``DCCOStrategy.start``, where the server holds a
+    labelled set (a classifier's ``evaluate_fn`` scores classes an encoder has not got):
+    ``knn-acc``, the k-NN accuracy of ``test``'s encodings against ``train``'s, by label,
+    as ``evaluate_encoder`` measures it on a node, and ``num-examples``, for each round's
+    model (round 0: the initial one, the baseline).
+
+    >>> import torch
+    >>> from flwr.app import ArrayRecord
+    >>> _ = torch.manual_seed(0)
+    >>> x, y = torch.randn(40, 6), torch.arange(40) % 2
+    >>> x[:, 0] += 4 * y  # two clusters, told apart by their first coordinate
+    >>> evaluate = knn_evaluation(torch.nn.Linear(6, 8), (x[:30], y[:30]), (x[30:], y[30:]))
+    >>> dict(evaluate(0, ArrayRecord(torch.nn.Linear(6, 8).state_dict())))
+    {'knn-acc': 1.0, 'num-examples': 10}
+
+    Args:
+        model: a fresh instance of the model the server trains (its weights come from each
+            round's arrays); a ``dcco.dual_encoder`` is scored on its projections.
+        train, test: labelled samples: a ``(samples, labels)`` pair, or a ``DataLoader`` or
+            ``Dataset`` of them (as ``evaluate_encoder`` takes them).
+
+    Raises:
+        DataError: samples without labels, NaN or an infinity, fewer than 2 test samples, or
+            training and test samples of different shapes.
+    """
+    if isinstance(train, tuple):
+        train_x, train_y = train
+    else:
+        train_x, train_y = samples_and_labels(train)
+    if isinstance(test, tuple):
+        test_x, test_y = test
+    else:
+        test_x, test_y = samples_and_labels(test)
+    if train_y is None or test_y is None:
+        raise DataError("knn_evaluation needs labelled samples, train and test: (samples, "
+                        "labels) pairs, or loaders whose items carry a label")
+    for x, what in ((train_x, "the server's training samples"),
+                    (test_x, "the server's test samples")):
+        check_samples(x, what, images=False)
+    if test_x.shape[0] < 2 or train_x.shape[1:] != test_x.shape[1:]:
+        raise DataError(f"knn_evaluation needs at least 2 test samples of the training "
+                        f"samples' shape: got {tuple(test_x.shape)} test and "
+                        f"{tuple(train_x.shape)} training samples")
+    encode = model.encode if isinstance(model, DualEncoder) else model
+    dtype = next(model.parameters()).dtype
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        load_weights(model, codec.tensors_of(arrays))
+        model.eval()
+        with torch.no_grad():
+            accuracy = _knn_accuracy(encode, train_x, test_x, train_y, test_y, dtype)
+        return MetricRecord({"knn-acc": accuracy, "num-examples": int(test_x.shape[0])})
+
+    return evaluate
+
+
+__all__ = ["KNN_K", "KNN_TEMPERATURE", "LABEL_KEYS", "evaluate_encoder", "knn_evaluation",
+           "samples_and_labels"]

@@ -52,6 +52,19 @@ def run_summary(result: Result, num_rounds: int, seconds: float) -> str:
     return "; ".join(parts)
 
 
+def evaluation_by_round(result: Result) -> list[str]:
+    """The evaluations round by round, as FedAvg's closing "Final results" lists them: a
+    heading and a line a round for each history that holds any (round 0: the initial
+    model)."""
+    lines = []
+    for name, records in (("federated evaluation", result.evaluate_metrics_clientapp),
+                          ("server evaluation", result.evaluate_metrics_serverapp)):
+        if records:
+            lines.append(f"{name} by round:")
+            lines += [f"  round {r}: {metrics_line(records[r])}" for r in sorted(records)]
+    return lines
+
+
 def tally_metrics(phase: str, tally: ReplyTally) -> dict:
     """An exchange's reply counters as metrics named ``<phase>-<counter>``."""
     out = {f"{phase}-{k}": float(v) for k, v in tally.as_dict().items() if k != "rejected"}
@@ -59,4 +72,4 @@ def tally_metrics(phase: str, tally: ReplyTally) -> dict:
     return out
 
 
-__all__ = ["metrics_line", "round_line", "run_summary", "tally_metrics"]
+__all__ = ["evaluation_by_round", "metrics_line", "round_line", "run_summary", "tally_metrics"]

@@ -87,12 +87,16 @@ class ServerModel:
             self._optimizer = build_optimizer(list(self._params.items()), self.optim)
         return self._params
 
+    def lr_of(self, r: int) -> float:
+        """The server's scheduled rate in round ``r`` (from 1) of the run."""
+        return scheduled_lr(r - 1, self.rounds, self.optim.lr, self.optim.warmup_rounds,
+                            self.optim.schedule)
+
     def step(self, pseudo: dict[str, Tensor], r: int) -> None:
         """The server's step of round ``r`` (from 0) with the round's pseudo-gradient (the
         negated average update), at the scheduled rate."""
         params = self.params()
-        set_lr(self._optimizer, scheduled_lr(r, self.rounds, self.optim.lr,
-                                             self.optim.warmup_rounds, self.optim.schedule))
+        set_lr(self._optimizer, self.lr_of(r + 1))
         apply_pseudo_gradient(self._optimizer, list(params.values()),
                               [pseudo[k] for k in params])
         for k, p in params.items():

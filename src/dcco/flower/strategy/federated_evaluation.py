@@ -1,4 +1,5 @@
-"""Federated evaluation in the public strategy, as Flower's ``FedAvg`` does it: after each
+"""Federated evaluation in the public strategy, as Flower's ``FedAvg`` does it, and before
+the first round too (the untrained model's score, the baseline of the later ones): after each
 round the model and ``evaluate_config`` go to a sample of the nodes' ``@app.evaluate``, and
 their metrics are combined (by default, their average weighted by ``num-examples``)."""
 
@@ -12,6 +13,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
+from dcco.flower.roundlog import metrics_line
 from dcco.flower.strategy.node_sampling import NodeSampler
 from dcco.flower.userwire import LAMBDA
 
@@ -88,14 +90,41 @@ class FederatedEvaluation:
             return None
 
     def run(self, grid: Grid, r: int, result: Result, config: ConfigRecord | None,
-            timeout: float) -> None:
-        """Round ``r``'s evaluation into ``result.evaluate_metrics_clientapp``."""
+            timeout: float) -> list[int]:
+        """Round ``r``'s evaluation into ``result.evaluate_metrics_clientapp``; the nodes
+        asked."""
         messages = list(self.messages(r, result.arrays, config or ConfigRecord(), grid))
         if not messages:
-            return
+            return []
         replies = grid.send_and_receive(messages, timeout=timeout)
         if (metrics := self.combine(r, replies)) is not None:
             result.evaluate_metrics_clientapp[r] = metrics
+        return [m.metadata.dst_node_id for m in messages]
 
 
-__all__ = ["NO_EVALUATE", "FederatedEvaluation"]
+ServerEvaluation = Callable[[int, ArrayRecord], MetricRecord | None]
+"""Flower's ``evaluate_fn``: the round (0: the initial model) and the model's arrays."""
+
+
+def evaluate_round(evaluation: FederatedEvaluation, grid: Grid, r: int, num_rounds: int,
+                   result: Result, config: ConfigRecord | None, timeout: float,
+                   evaluate_fn: ServerEvaluation | None) -> None:
+    """Round ``r``'s federated evaluation (``r = 0``: the initial model's, on the nodes of
+    evaluation's own sample, as each later round's) and the server's ``evaluate_fn``, into
+    ``result`` and each in a line of the log, the federated one with the nodes it asked."""
+    nodes = evaluation.run(grid, r, result, config, timeout)
+    which = f"round {r}/{num_rounds}" + (" (the initial model)" if r == 0 else "")
+    if (metrics := result.evaluate_metrics_clientapp.get(r)) is not None:
+        LOG.info("DCCO %s, federated evaluation on %s: %s", which, _nodes(nodes),
+                 metrics_line(metrics))
+    if evaluate_fn is not None and (metrics := evaluate_fn(r, result.arrays)) is not None:
+        result.evaluate_metrics_serverapp[r] = metrics
+        LOG.info("DCCO %s, server evaluation: %s", which, metrics_line(metrics))
+
+
+def _nodes(nodes: list[int]) -> str:
+    shown = ", ".join(map(str, nodes[:8])) + (", ..." if len(nodes) > 8 else "")
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} ({shown})"
+
+
+__all__ = ["NO_EVALUATE", "FederatedEvaluation", "ServerEvaluation", "evaluate_round"]

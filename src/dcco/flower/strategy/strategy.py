@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,14 @@ from dcco.config import USER, OptimConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.collapse import CollapseWatch, watch_start
 from dcco.core.statistics_cache import StatisticsCache
-from dcco.flower.roundlog import metrics_line, round_line, run_summary
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
 from dcco.flower.strategy import arguments
-from dcco.flower.strategy.federated_evaluation import FederatedEvaluation
+from dcco.flower.strategy.federated_evaluation import FederatedEvaluation, ServerEvaluation
 from dcco.flower.strategy.node_sampling import NodeSampler
-from dcco.flower.strategy.round_steps import RoundsSkipped, StrategyRounds, skipped_round
-from dcco.flower.strategy.strategy_checkpoint import resume_strategy, save_strategy
+from dcco.flower.strategy.round_steps import RoundsSkipped, StrategyRounds
+from dcco.flower.strategy.run_config import strategy_arguments
+from dcco.flower.strategy.strategy_run import run_rounds
 from dcco.flower.userwire import NodeSettings
 
 LOG = logging.getLogger("flwr.dcco")
@@ -98,6 +97,9 @@ class DCCOStrategy(Strategy):
         loss: the method's loss settings besides λ (``dcco.config.LossConfig``'s keys:
             ``target_decay``, ``moco_queue``, ``fedu_threshold``, ``temperature``, ...),
             sent to the nodes; None: their defaults.
+        metrics_file: a file of JSON lines, one a round from round 0 (the initial model's
+            evaluation): its train metrics, the server's rate and both evaluations
+            (``dcco.flower.strategy.metrics_file``); None: none.
     """
 
     def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -114,7 +116,8 @@ class DCCOStrategy(Strategy):
                  min_survivors: int = 1, seed: int = 0,
                  trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
                  absent_statistics: str = "drop", checkpoint: str | Path | None = None,
-                 loss: Mapping[str, Any] | None = None) -> None:
+                 loss: Mapping[str, Any] | None = None,
+                 metrics_file: str | Path | None = None) -> None:
         arguments.refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
         if min_survivors < 1:
             raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
@@ -134,9 +137,28 @@ class DCCOStrategy(Strategy):
         self.absent_statistics, self.secagg = absent_statistics, secagg
         self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.metrics_file = Path(metrics_file) if metrics_file is not None else None
         self.rounds = StrategyRounds(self.algorithm, self.model, self.nodes, min_survivors,
                                      secagg, self._watch())
-        self._asked_nodes: set[int] | None = None
+        self.asked_nodes: set[int] | None = None
+        """The nodes asked in the round running (``aggregate_train`` counts their replies)."""
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], **defaults: Any) -> DCCOStrategy:
+        """The strategy of ``defaults`` (its arguments) with every ``dcco.*`` key of
+        ``run_config`` (your ServerApp's ``context.run_config``) over them: ``dcco.lr``,
+        ``dcco.warmup-rounds``, each argument's name with ``-`` for ``_``, and
+        ``dcco.loss.<key>`` (``dcco.flower.strategy.run_config``). Declare the keys in your
+        app's ``pyproject.toml`` so that ``flwr run --run-config`` can change them.
+
+        Raises:
+            ConfigError: a ``dcco.*`` key that names no setting, or a value of the wrong
+                type, named by its key.
+        """
+        given = strategy_arguments(run_config)
+        if "loss" in given and defaults.get("loss"):
+            given["loss"] = dict(defaults["loss"]) | given["loss"]
+        return cls(**(defaults | given))
 
     @property
     def cache(self) -> StatisticsCache | None:
@@ -160,7 +182,7 @@ class DCCOStrategy(Strategy):
         methods) or ``"update"`` (FedAvg methods) to each sampled node."""
         wire = self.rounds.wire(server_round, dict(config), arrays)
         nodes = self.sampler.train(grid)
-        self._asked_nodes = set(nodes)
+        self.asked_nodes = set(nodes)
         return [Message(wire.stats_message([n]) if self.method.stats is not None
                         else wire.update_message([n], True, None, False), dst_node_id=n,
                         message_type=MessageType.TRAIN, group_id=str(server_round))
@@ -177,7 +199,7 @@ class DCCOStrategy(Strategy):
             raise RuntimeError("under SecAgg+ a round runs in DCCOStrategy.start: the server "
                                "never sees one node's reply to aggregate")
         replies = list(replies)
-        asked = self._asked_nodes or {m.metadata.src_node_id for m in replies}
+        asked = self.asked_nodes or {m.metadata.src_node_id for m in replies}
         outcome = self.rounds.aggregate(server_round, replies, asked)
         if outcome.skipped:
             LOG.warning("DCCO round %d: skipped, the model unchanged: %s", server_round,
@@ -201,15 +223,17 @@ class DCCOStrategy(Strategy):
 
     def summary(self) -> None:
         LOG.info("DCCO strategy: method %s, %s of the nodes a round (at least %d), server %s "
-                 "at lr %g", self.method.name, self.sampler.fraction_train,
-                 self.sampler.min_train_nodes, self.optim.optimizer, self.optim.lr)
+                 "at lr %g after %d warm-up rounds, λ %g", self.method.name,
+                 self.sampler.fraction_train, self.sampler.min_train_nodes,
+                 self.optim.optimizer, self.optim.lr, self.optim.warmup_rounds,
+                 self.evaluation.lambd)
 
     # ------------------------------------------------------------------ the run
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              evaluate_fn: ServerEvaluation | None = None
               ) -> Result:
         """Run ``num_rounds`` rounds; Flower's ``Strategy.start`` arguments and ``Result``.
 
@@ -239,49 +263,8 @@ class DCCOStrategy(Strategy):
             raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
         config = arguments.train_config_checked(train_config, self.local_lr, self.optim.lr)
         self.summary()
-        began = time.perf_counter()
-        result = Result(arrays=initial_arrays)
-        self.begin(initial_arrays, num_rounds)
-        first, skipped = 1, []
-        failing: list[frozenset[str]] = []  # the errors of consecutive rounds every node failed
-        if self.checkpoint is not None and self.checkpoint.is_file():
-            first, skipped, cache = resume_strategy(self.checkpoint, result, num_rounds,
-                                                    self.model, self.sampler, self.rounds.watch)
-            self.rounds.cache = cache if cache is not None else self.rounds.cache
-            LOG.info("DCCO: resuming from %s after round %d of %d (initial_arrays ignored)",
-                     self.checkpoint, first - 1, num_rounds)
-        elif evaluate_fn is not None and (res := evaluate_fn(0, initial_arrays)) is not None:
-            result.evaluate_metrics_serverapp[0] = res
-        for r in range(first, num_rounds + 1):
-            started = time.perf_counter()
-            self._asked_nodes = set(nodes := self.sampler.train(grid))
-            outcome = self.rounds.run(grid, r, nodes, config, timeout)
-            record = outcome.metrics | {"skipped": float(outcome.skipped),
-                                        "round-seconds": time.perf_counter() - started}
-            result.train_metrics_clientapp[r] = MetricRecord(record)
-            if not outcome.skipped:
-                result.arrays = outcome.arrays
-                LOG.info("DCCO round %d/%d: %s", r, num_rounds, round_line(record))
-            else:
-                skipped_round(r, num_rounds, outcome, skipped, failing, result)
-            self.evaluation.run(grid, r, result, evaluate_config, timeout)
-            if (res := result.evaluate_metrics_clientapp.get(r)) is not None:
-                LOG.info("DCCO round %d/%d, federated evaluation: %s", r, num_rounds,
-                         metrics_line(res))
-            if evaluate_fn is not None and (res := evaluate_fn(r, result.arrays)) is not None:
-                result.evaluate_metrics_serverapp[r] = res
-                LOG.info("DCCO round %d/%d, server evaluation: %s", r, num_rounds,
-                         metrics_line(res))
-            if self.checkpoint is not None:
-                save_strategy(self.checkpoint, r, num_rounds, result, skipped, self.model,
-                              self.sampler, self.cache, self.rounds.watch)
-        LOG.info("DCCO: %s", run_summary(result, num_rounds, time.perf_counter() - began))
-        if len(skipped) == num_rounds:
-            raise RoundsSkipped(
-                f"every one of the {num_rounds} rounds was skipped, so the model was never "
-                f"trained: " + "; ".join(skipped[:3])
-                + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""), result)
-        return result
+        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, config,
+                          evaluate_config, evaluate_fn)
 
     def begin(self, initial_arrays: ArrayRecord, num_rounds: int) -> None:
         """A run's start: the weights of ``initial_arrays``, a fresh server optimiser, node
