@@ -67,6 +67,13 @@ def _cause(body: str, kind: str | None) -> str:
     return _one_line(nonblank[-1] if nonblank else body)
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's first line of message (torch's errors run to several), else its
+    class's name."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _is_wrapper(line: str) -> bool:
     """Whether an exception line (or class name) is one of Flower's or Ray's wrappers."""
     name = line.split(":", 1)[0].strip()
@@ -78,4 +85,4 @@ def _one_line(text: str) -> str:
     return flat if len(flat) <= MAX_CHARS else flat[:MAX_CHARS - 1] + "…"
 
 
-__all__ = ["MAX_CHARS", "error_line"]
+__all__ = ["MAX_CHARS", "error_line", "first_line"]

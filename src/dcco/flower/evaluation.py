@@ -35,6 +35,7 @@ from dcco.data.datasets import DataError
 from dcco.data.image_views import looks_channels_last, looks_like_images
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec
+from dcco.flower.error_reports import first_line
 from dcco.flower.userapp import LABEL_KEYS, default_augment, load_weights, samples_and_labels
 from dcco.flower.userwire import LAMBDA
 from dcco.models import DualEncoder
@@ -133,9 +134,8 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         try:
             f, g = encode(x1), encode(x2)
         except (RuntimeError, ValueError) as e:  # torch's own: a layer that cannot read them
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DataError(f"the model cannot read {node}'s test samples, "
-                            f"{tuple(x1.shape)} {x1.dtype} as views: {first}") from e
+                            f"{tuple(x1.shape)} {x1.dtype} as views: {first_line(e)}") from e
         metrics: dict[str, float] = {
             "cco-loss": float(cco_loss(encoding_stats(f, g).moments(), lambd)),
             "num-examples": int(x.shape[0]),
@@ -173,7 +173,8 @@ def _as_views(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype)
 
 
-def knn_evaluation(model: nn.Module, train: Samples, test: Samples
+def knn_evaluation(model: nn.Module, train: Samples | tuple[Tensor, Tensor],
+                   test: Samples | tuple[Tensor, Tensor]
                    ) -> Callable[[int, ArrayRecord], MetricRecord]:
     """A server-side ``evaluate_fn`` for ``DCCOStrategy.start``, where the server holds a
     labelled set (a classifier's ``evaluate_fn`` scores classes an encoder has not got):
@@ -200,14 +201,8 @@ def knn_evaluation(model: nn.Module, train: Samples, test: Samples
         DataError: samples without labels, NaN or an infinity, fewer than 2 test samples, or
             training and test samples of different shapes.
     """
-    if isinstance(train, tuple):
-        train_x, train_y = train
-    else:
-        train_x, train_y = samples_and_labels(train)
-    if isinstance(test, tuple):
-        test_x, test_y = test
-    else:
-        test_x, test_y = samples_and_labels(test)
+    (train_x, train_y), (test_x, test_y) = (
+        pair if isinstance(pair, tuple) else samples_and_labels(pair) for pair in (train, test))
     if train_y is None or test_y is None:
         raise DataError("knn_evaluation needs labelled samples, train and test: (samples, "
                         "labels) pairs, or loaders whose items carry a label")

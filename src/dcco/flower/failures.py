@@ -38,7 +38,7 @@ def _errors(exchanges: PlainExchanges) -> dict[str, tuple[str, int]]:
     for tally in exchanges.replies.values():
         for problem in tally.problems:
             if (m := _NODE_FAILED.match(problem)) is not None:
-                key = re.sub(r"\d+", "#", m.group(2))
+                key = _alike(m.group(2))
                 first, n = groups.get(key, (m.group(2), 0))
                 groups[key] = (first, n + 1)
     return groups
@@ -57,28 +57,28 @@ def problem_lines(problems: list[str]) -> list[str]:
     """A phase's problems (its ``ReplyTally.problems``) for the log, one line a kind: the
     nodes that failed with errors alike (differing only in numbers) in one line, with their
     count and the first of their ids; every other problem as it is."""
-    groups: dict[str, list[tuple[str, str]]] = {}  # masked error: its nodes and lines
-    order: list[tuple[str, str]] = []  # ("group", masked error) or ("as is", problem)
+    groups: dict[str, list[tuple[str, str]]] = {}  # masked error: its nodes' ids and errors
+    items: list[str | list[tuple[str, str]]] = []  # in the order met: a problem, or a group
     for problem in problems:
         if (m := _NODE_FAILED.match(problem)) is None:
-            order.append(("as is", problem))
+            items.append(problem)
             continue
-        key = re.sub(r"\d+", "#", m.group(2))
-        if key not in groups:
-            groups[key] = []
-            order.append(("group", key))
+        if (key := _alike(m.group(2))) not in groups:
+            items.append(groups.setdefault(key, []))
         groups[key].append((m.group(1), m.group(2)))
-    out = []
-    for kind, text in order:
-        nodes = groups.get(text, []) if kind == "group" else []
-        if len(nodes) > 1:
-            shown = ", ".join(n for n, _ in nodes[:3]) + (", ..." if len(nodes) > 3 else "")
-            out.append(f"{len(nodes)} nodes failed alike ({shown}): {nodes[0][1]}")
-        elif nodes:
-            out.append(f"node {nodes[0][0]} failed: {nodes[0][1]}")
-        else:
-            out.append(text)
-    return out
+    return [item if isinstance(item, str) else _group_line(item) for item in items]
+
+
+def _group_line(nodes: list[tuple[str, str]]) -> str:
+    if len(nodes) == 1:
+        return f"node {nodes[0][0]} failed: {nodes[0][1]}"
+    shown = ", ".join(n for n, _ in nodes[:3]) + (", ..." if len(nodes) > 3 else "")
+    return f"{len(nodes)} nodes failed alike ({shown}): {nodes[0][1]}"
+
+
+def _alike(error: str) -> str:
+    """An error line with its numbers masked: the errors of nodes that failed alike."""
+    return re.sub(r"\d+", "#", error)
 
 
 def every_node_failed(exchanges: PlainExchanges) -> frozenset[str]:

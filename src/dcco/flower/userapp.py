@@ -47,6 +47,7 @@ from dcco.data.datasets import DataError
 from dcco.data.image_views import looks_channels_last
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
+from dcco.flower.error_reports import first_line
 from dcco.flower.node_states import FolderStates
 from dcco.flower.userwire import (
     LAMBDA,
@@ -471,10 +472,9 @@ def _model_reads(views: Tensor, node: int) -> Iterator[None]:
     except RuntimeError as e:
         if not looks_channels_last(views):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"node {node}'s model cannot read its views {tuple(views.shape)}, "
                          f"which look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2) "
-                         f"as samples (the model's error: {first})") from e
+                         f"as samples (the model's error: {first_line(e)})") from e
 
 
 def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
