@@ -8,16 +8,19 @@ as each item is read), the app's dict-batch loaders.
 
 Three measurements, each of the three strategies:
 
-1. **Compute alone** (the goals: DCCO ≤ 1.8 × FedAvg and ≤ 1.1 × contrastive FedAvg, in CPU
-   seconds): the app's ClientApp on 4 nodes of dcco's in-process grid (messages deep-copied
-   both ways as a network would; no Flower engine), half of them a round, no evaluation.
-   Blocks of ``--rounds`` rounds alternate, ``--blocks`` of each; a round is timed from the
-   server (``evaluate_fn`` after each), in CPU seconds of this process and in wall seconds,
-   and the ratios are of the medians of the rounds after each block's first.
+1. **Compute alone** (the goals: DCCO ≤ 1.8 × FedAvg and ≤ 1.0 × contrastive FedAvg, in CPU
+   seconds, best of the blocks): the app's ClientApp on 4 nodes of dcco's in-process grid
+   (messages deep-copied both ways as a network would; no Flower engine), half of them a
+   round, no evaluation. Blocks of ``--rounds`` rounds alternate, ``--blocks`` of each; a
+   round is timed from the server (``evaluate_fn`` after each), in CPU seconds of this
+   process and in wall seconds. A block's time is the median of its rounds after its first;
+   the ratios are of each strategy's best block (``best_of_blocks``), and of the medians of
+   all those rounds (``median``).
 2. **One node's parts** (CPU seconds, partition 0, its 80 % training split): reading its
    loader, the two views, the statistics' forward (kept for the update), the update's
-   backward, the update without the kept forward (a second forward), FedAvg's epoch and the
-   contrastive epoch; and the activations the kept forward holds between the phases.
+   backward, the update without the kept forward (a second forward), each in ``answer``'s
+   chunks of ``CHUNK`` samples and in one batch, FedAvg's epoch and the contrastive epoch;
+   and the activations the kept forward holds between the phases.
 3. **Wall time on Flower's simulation engine** (``--simulation``): ``flwr run`` of the app
    on a local SuperLink with 4 virtual nodes (``dcco.flower.testing.loopback
    .LocalSimulation``), ``--sim-rounds`` rounds of each strategy; the app writes each round's
@@ -46,7 +49,7 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ROOT / "examples" / "flower-quickstart"
 STRATEGIES = ("fedavg", "contrastive", "dcco")
-GOALS = {"dcco/fedavg": 1.8, "dcco/contrastive": 1.1}
+GOALS = {"dcco/fedavg": 1.8, "dcco/contrastive": 1.0}
 
 
 def _app_config(images: int) -> dict:
@@ -70,6 +73,7 @@ def in_process(args: argparse.Namespace) -> dict:
     nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]
     cpu: dict[str, list[float]] = {k: [] for k in STRATEGIES}
     wall: dict[str, list[float]] = {k: [] for k in STRATEGIES}
+    blocks: dict[str, list[float]] = {k: [] for k in STRATEGIES}  # CPU s, a block's median
     for _ in range(args.blocks):
         for name in STRATEGIES:
             config = base | {"strategy": name}
@@ -89,12 +93,16 @@ def in_process(args: argparse.Namespace) -> dict:
             rounds_wall = [b[1] - a[1] for a, b in pairs]
             cpu[name] += rounds_cpu[1:]  # the block's first round warms caches up
             wall[name] += rounds_wall[1:]
+            blocks[name].append(statistics.median(rounds_cpu[1:]))
             print(f"{name}: CPU {', '.join(f'{x:.2f}' for x in rounds_cpu)} s; wall "
                   f"{', '.join(f'{x:.2f}' for x in rounds_wall)} s", flush=True)
     medians = {"cpu": {k: statistics.median(v) for k, v in cpu.items()},
                "wall": {k: statistics.median(v) for k, v in wall.items()}}
+    best = {k: min(v) for k, v in blocks.items()}
     return {"cpu_seconds": cpu, "wall_seconds": wall, "median": medians,
-            "ratios_cpu": _ratios(medians["cpu"]), "ratios_wall": _ratios(medians["wall"])}
+            "ratios_cpu": _ratios(medians["cpu"]), "ratios_wall": _ratios(medians["wall"]),
+            "cpu_block_medians": blocks, "best_of_blocks": best,
+            "ratios_cpu_best_of_blocks": _ratios(best)}
 
 
 def _ratios(medians: dict[str, float]) -> dict[str, float]:
@@ -114,6 +122,7 @@ def node_parts(args: argparse.Namespace, repeats: int = 3) -> dict:
     from dcco.api import method as dcco_method
     from dcco.flower import ImageViews
     from dcco.flower.userapp import node_samples
+    from dcco.models.dual_views import CHUNK
 
     cfg = _app_config(args.images)
     trainloader, _ = task.load_data(0, 4, int(cfg["batch-size"]), args.images)
@@ -132,25 +141,30 @@ def node_parts(args: argparse.Namespace, repeats: int = 3) -> dict:
     read, x = cpu(lambda: node_samples(trainloader))
     view, (x1, x2) = cpu(lambda: (views(x), views(x)))
     net = task.Net()
-    forward, (stats, kept) = cpu(lambda: statistics_kept(net, x1, x2, method))
-    shared = merge_statistics([stats], int(stats.as_dict()["sum_f"].shape[-1]),
-                              method).aggregate
+    parts = {}
+    for label, chunk in (("", CHUNK), ("_one_batch", None)):  # answer's, and one batch
+        forward, (stats, kept) = cpu(lambda c=chunk: statistics_kept(net, x1, x2, method, c))
+        shared = merge_statistics([stats], int(stats.as_dict()["sum_f"].shape[-1]),
+                                  method).aggregate
 
-    def backward():
-        _, fresh = statistics_kept(net, x1, x2, method)
-        start = time.process_time()
-        update_from_kept(fresh, shared, method)
-        return time.process_time() - start
+        def backward(c=chunk, s=shared):
+            _, fresh = statistics_kept(net, x1, x2, method, c)
+            start = time.process_time()
+            update_from_kept(fresh, s, method)
+            return time.process_time() - start
 
-    backward_s = statistics.median(backward() for _ in range(repeats))
-    recomputed, _ = cpu(lambda: local_update(net, x1, x2, shared, method))
+        parts |= {
+            f"statistics_forward_kept{label}": forward,
+            f"update_backward_from_kept{label}": statistics.median(
+                backward() for _ in range(repeats)),
+            f"update_with_a_second_forward{label}": cpu(
+                lambda c=chunk, s=shared: local_update(net, x1, x2, s, method, chunk=c))[0]}
     fedavg, _ = cpu(lambda: task.train_supervised(task.Net(), trainloader, 1, float(cfg["lr"])))
     contrastive, _ = cpu(lambda: task.train_contrastive(task.Net(), trainloader, views, 1,
                                                         float(cfg["lr"])))
-    parts = {"samples": len(x), "read_loader": read, "two_views": view,
-             "statistics_forward_kept": forward, "update_backward_from_kept": backward_s,
-             "update_with_a_second_forward": recomputed, "fedavg_epoch": fedavg,
-             "contrastive_epoch": contrastive, "kept_forward_mib": kept.saved_bytes / 2**20}
+    parts = {"samples": len(x), "chunk": CHUNK, "read_loader": read, "two_views": view,
+             **parts, "fedavg_epoch": fedavg, "contrastive_epoch": contrastive,
+             "kept_forward_mib": kept.saved_bytes / 2**20}
     print("one node (CPU s): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()),
           flush=True)
     return parts
@@ -200,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
               "in_process": in_process(args)}
     if args.simulation:
         record["simulation"] = on_simulation(args)
-    ratios = record["in_process"]["ratios_cpu"]
+    ratios = record["in_process"]["ratios_cpu_best_of_blocks"]
     record["goals"] = {k: {"goal": g, "measured": ratios[k], "met": ratios[k] <= g}
                        for k, g in GOALS.items()}
     for key, value in ratios.items():
         goal = f" (goal ≤ {GOALS[key]})" if key in GOALS else ""
-        print(f"CPU seconds a round, {key}: {value:.2f} ×{goal}")
+        print(f"CPU seconds a round, best of {args.blocks} blocks, {key}: {value:.2f} ×{goal}")
     record["machine"] = {"cpu": cpu_name(), "python": platform.python_version(),
                          **{k: v for k, v in code_version().items()
                             if k in ("torch", "threads", "git_commit")}}

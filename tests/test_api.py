@@ -529,6 +529,45 @@ def test_kept_forward__gives_the_statistics_and_the_update_of_two_forwards_to_th
         update_from_kept(statistics_kept(model, x1, x2)[1], None)
 
 
+@pytest.mark.parametrize("method", ["dcco", "clip_fedavg"])
+def test_a_forward_in_chunks__gives_one_batchs_statistics_and_update(method):
+    """``chunk``: the samples forwarded in chunks (``answer``'s default): the statistics and
+    the delta of one batch to float64 rounding, kept or encoded again alike to the bit; a
+    model holding batch norm goes in one batch whatever ``chunk`` says; a chunk below 1 is
+    refused."""
+    from dcco.api import statistics_kept, update_from_kept
+
+    torch.manual_seed(3)
+    model = UserCNN(out=16).double()
+    x1, x2 = _views([11], seed=4)
+    whole = dcco.statistics(model, x1, x2)
+    stats, kept = statistics_kept(model, x1, x2, chunk=3)  # chunks of 3, 3, 3 and 2
+    assert all(torch.allclose(torch.as_tensor(a), torch.as_tensor(b), rtol=1e-12, atol=1e-12)
+               for (_, a), (_, b) in zip(stats.items(), whole.items(), strict=True))
+    seen = []
+    hook = model.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    dcco.statistics(model, x1, x2, chunk=3)
+    hook.remove()
+    assert seen == [3, 3, 3, 3, 3, 3, 2, 2]  # each chunk's two views, in the samples' order
+    shared = dcco.merge_statistics([whole, dcco.statistics(model, *_views([3], seed=5))],
+                                   16).aggregate
+    m = dcco.method(method)
+    want = dcco.local_update(model, x1, x2, shared, m, lr=0.7)
+    again = dcco.local_update(model, x1, x2, shared, m, lr=0.7, chunk=3)
+    got = update_from_kept(kept, shared, m, lr=0.7)
+    assert got.delta.keys() == want.delta.keys() == again.delta.keys()
+    assert all(torch.equal(got.delta[k], again.delta[k]) for k in want.delta)
+    for k in want.delta:
+        assert torch.allclose(got.delta[k], want.delta[k], rtol=1e-10, atol=1e-13), k
+    assert abs(got.loss - want.loss) < 1e-10 * abs(want.loss)
+    bn = BNNet().double()
+    one, chunked = dcco.statistics(bn, x1, x2), dcco.statistics(bn, x1, x2, chunk=3)
+    assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+               for (_, a), (_, b) in zip(one.items(), chunked.items(), strict=True))
+    with pytest.raises(ValueError, match="chunk must be a positive number"):
+        dcco.statistics(model, x1, x2, chunk=0)
+
+
 def test_merge_statistics__replies_that_are_not_mappings_and_plain_lists():
     model = UserCNN(out=16).double()
     x1, x2 = _views([3])

@@ -30,6 +30,7 @@ from dcco.flower import DCCOStrategy, RoundsSkipped, SecAgg, answer, codec, secu
 from dcco.flower.testing.inprocess import InProcessGrid
 from dcco.flower.userapp import _views
 from dcco.methods import Segments, build_method
+from dcco.models.dual_views import CHUNK
 
 ROOT = Path(__file__).parents[1]
 SIZES = [1, 3, 2, 5]
@@ -57,13 +58,14 @@ def _augment(x: torch.Tensor) -> torch.Tensor:
 
 
 def _client_app(model=lambda: UserCNN().double(), samples=_samples,
-                state_dir: Path | None = None) -> ClientApp:
+                state_dir: Path | None = None, chunk: int | None = CHUNK) -> ClientApp:
     app = ClientApp()
 
     @app.train(mods=[secure_aggregation_mod])
     def train(msg: Message, context: Context) -> Message:
         return answer(msg, context, model(), samples(context.node_id), augment=_augment,
-                      state_dir=None if state_dir is None else state_dir / str(context.node_id))
+                      state_dir=None if state_dir is None else state_dir / str(context.node_id),
+                      chunk=chunk)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:  # the encodings' mean, a metric
@@ -292,22 +294,30 @@ def test_answer__the_kept_forward_and_a_second_forward_give_the_same_run_to_the_
     """``answer`` keeps phase 1's forward for phase 2 (in one process, as here): two rounds
     with it, and with none kept (``KEPT_BYTES = 0``, as when phase 2 reaches another process
     or the activations are over the bound), end in the same weights, bit for bit, and leave
-    nothing kept behind."""
+    nothing kept behind; in chunks of 2 samples alike, and (under SGD, as Adam's first steps
+    are the signs of the gradient, a head bias's 0 by rounding among them) as one batch's run
+    to float64 rounding."""
     from dcco.flower import userapp
 
     _, initial = _initial()
 
-    def run() -> dict:
-        strategy = DCCOStrategy(optimizer="adam", lr=1e-3, min_available_nodes=4,
+    def run(chunk: int | None = None, optimizer: str = "adam") -> dict:
+        strategy = DCCOStrategy(optimizer=optimizer, lr=1e-3, min_available_nodes=4,
                                 fraction_evaluate=0.0)
-        result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=2)
+        result = strategy.start(grid=_grid(chunk=chunk), initial_arrays=initial,
+                                num_rounds=2)
         return result.arrays.to_torch_state_dict()
 
-    kept = run()
+    kept, kept_chunks = run(), run(chunk=2)
     assert not any(k[0] in (1, 2, 3, 4) and k[2] == 2 for k in userapp._forwards)
     monkeypatch.setattr(userapp, "KEPT_BYTES", 0)
-    again = run()
+    again, again_chunks = run(), run(chunk=2)
     assert all(torch.equal(kept[k], again[k]) for k in kept)
+    assert all(torch.equal(kept_chunks[k], again_chunks[k]) for k in kept)
+    one, chunks = run(optimizer="sgd"), run(chunk=2, optimizer="sgd")
+    start = initial.to_torch_state_dict()
+    assert all(not torch.equal(one[k], start[k]) for k in one)
+    assert all(torch.allclose(chunks[k], one[k], rtol=0, atol=1e-14) for k in one)
 
 
 def test_strategy__a_fedavg_method_takes_one_exchange_and_trains():

@@ -65,6 +65,7 @@ from dcco.methods.base import Method
 from dcco.methods.predictive import head_mismatch
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
+from dcco.models.dual_views import CHUNK
 
 KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
 KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"
@@ -86,7 +87,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
            samples: Tensor | DataLoader | TorchDataset,
            augment: Callable[[Tensor], Tensor] | None = None,
            views_key: int | None = None, reuse_forward: bool = True,
-           state_dir: str | Path | None = None) -> Message:
+           state_dir: str | Path | None = None, chunk: int | None = CHUNK) -> Message:
     """The node's reply to one of the strategy's ``train`` messages: your ClientApp's train
     handler returns it (``InProcessGrid`` runs the nodes in this process here, as ``flwr run``
     would on SuperNodes; ``DCCOStrategy``'s example runs a longer one):
@@ -126,7 +127,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
             simulated run repeat (at the same CPU and thread count).
         reuse_forward: keep phase ``stats``' forward, with its graph, in this process's
             memory until phase ``update``, which is then a backward pass alone (the same
-            update to the bit); it holds both views' activations between the phases (456
+            update to the bit); it holds both views' activations between the phases (303
             MiB for the quickstart's 1,600 images of 32 × 32: ``benchmarks/quickstart_speed.py``
             measures them; at most ``KEPT_BYTES``, 1 GiB, in a process). False, phase
             ``update`` answered by another process, or a forward over that bound: the views
@@ -140,6 +141,14 @@ def answer(msg: Message, context: Context, model: nn.Module,
             ``context.node_config["partition-id"]``, not its Flower node id, which Flower's
             simulation draws anew in every run. None: in ``context.state``, which lasts one
             Flower run. Other methods keep no state.
+        chunk: the model forwards and backpropagates the node's samples in chunks of this
+            many (default ``CHUNK``, 256), faster on a CPU than one batch (each chunk's
+            activations stay cache-sized) and the same update to float rounding, since the
+            loss's gradient in each sample's encodings depends only on the round's S_A.
+            A model holding batch norm goes in one batch whatever ``chunk`` says (its
+            statistics are of the whole batch). None: one batch, for a model with another
+            layer that mixes the samples of a batch. FedU's, FedEMA's and MoCo's steps go
+            in one batch.
 
     Under SecAgg+ (``DCCOStrategy(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
@@ -191,7 +200,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
         context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
         with _model_reads(x1, context.node_id):
             if reuse_forward:
-                stats, kept = statistics_kept(model, x1, x2, method)
+                stats, kept = statistics_kept(model, x1, x2, method, chunk)
                 key = _forward_key(context, r, seed)
                 for old in [k for k in _forwards if k[0] == key[0]]:  # a node's earlier rounds
                     del _forwards[old]
@@ -200,7 +209,7 @@ def answer(msg: Message, context: Context, model: nn.Module,
                 while sum(k[0].saved_bytes for k in _forwards.values()) > KEPT_BYTES:
                     del _forwards[next(iter(_forwards))]
             else:
-                stats = statistics(model, x1, x2, method)
+                stats = statistics(model, x1, x2, method, chunk)
         if params is not None:
             return Message(secagg.secure_stats_reply(stats, params, method.stats),
                            reply_to=msg)
@@ -208,14 +217,15 @@ def answer(msg: Message, context: Context, model: nn.Module,
         return Message(RecordDict({"statistics": codec.array_record(sums),
                                    "metrics": MetricRecord({"num-examples": int(stats.count)})}),
                        reply_to=msg)
-    kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2)
+    kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2,
+                         chunk)
     with _model_reads(x1, context.node_id):
         if method.stateful:
             update = _stateful_update(model, x1, x2, context, ask, state_dir)
         elif kept is not None:
             update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
         else:
-            update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr)
+            update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr, chunk=chunk)
     for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
@@ -241,7 +251,7 @@ def _forward_key(context: Context, r: int, seed: int) -> tuple[int, int, int, in
 
 
 def _kept_forward(entry: tuple[KeptForward, Tensor, Tensor] | None, model: nn.Module,
-                  x1: Tensor, x2: Tensor) -> KeptForward | None:
+                  x1: Tensor, x2: Tensor, chunk: int | None) -> KeptForward | None:
     """Phase 1's kept forward if it was made from this model's weights and these views
     (another run in the same process may have left one under the same key), else None."""
     if entry is None:
@@ -251,7 +261,7 @@ def _kept_forward(entry: tuple[KeptForward, Tensor, Tensor] | None, model: nn.Mo
     same = (k1.shape == x1.shape and k2.shape == x2.shape and torch.equal(k1, x1)
             and torch.equal(k2, x2) and all(
                 name in weights and torch.equal(weights[name], p)
-                for name, p in dual_view(model)[0].named_parameters()))
+                for name, p in dual_view(model, chunk)[0].named_parameters()))
     return kept if same else None
 
 
