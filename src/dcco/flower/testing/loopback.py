@@ -1,7 +1,12 @@
 """A real Flower deployment on 127.0.0.1: one SuperLink, N SuperNodes, the dcco app.
 
-Starts ``flower-superlink --insecure`` and N ``flower-supernode --insecure`` processes, each
-node with its own ``--node-config "partition-id=i num-partitions=N"`` and runtime port, in a
+Secure by default: it makes a throwaway certificate authority, the SuperLink's certificate
+and one key pair per SuperNode (``dcco.flower.credentials``, in ``<out>/credentials``, made
+anew for each deployment), starts ``flower-superlink`` with TLS and
+``--enable-supernode-auth``, registers each node's public key (``flwr supernode register``)
+and starts N ``flower-supernode`` processes that verify the SuperLink against the CA and sign
+in with their own key. ``--insecure`` (``Loopback(secure=False)``) runs all of it in
+plaintext and admits any node, for local tests only. Each node gets its own ``--node-config "partition-id=i num-partitions=N"`` and runtime port, in a
 private ``FLWR_HOME`` (nothing in the user's home is touched) with
 ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``; submits the app with ``flwr run``; waits
 until Flower reports the run finished; and stops every process it started (each in its own
@@ -29,6 +34,7 @@ import difflib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +46,7 @@ from pathlib import Path
 from dcco.config import ConfigError
 from dcco.flower import timing
 from dcco.flower.appconfig import FlowerValue, parse_run_config
+from dcco.flower.credentials import Credentials, make_credentials
 
 try:
     import tomllib
@@ -115,15 +122,23 @@ class Loopback:
         nodes: number of SuperNodes (``num-partitions``).
         out: folder for ``flwr-home``, the SuperLink's database and ``logs``.
         project: the Flower project to run (its ``pyproject.toml``).
+        secure: TLS and SuperNode authentication (the default); False: plaintext, any node
+            admitted.
     """
 
     connection = CONNECTION
     """The ``flwr`` connection (``$FLWR_HOME/config.toml``) that runs are submitted to."""
 
-    def __init__(self, nodes: int, out: Path, project: Path = PROJECT) -> None:
+    def __init__(self, nodes: int, out: Path, project: Path = PROJECT, secure: bool = True
+                 ) -> None:
         if nodes < 1:
             raise ValueError(f"a deployment needs at least one SuperNode, got {nodes}")
         self.nodes, self.out, self.project = nodes, out.resolve(), project
+        self.secure = secure
+        self.credentials: Credentials | None = None
+        """The deployment's CA, SuperLink certificate and node keys (``secure`` only)."""
+        self.node_ids: dict[int, int] = {}
+        """Flower's node id of each registered SuperNode, by index."""
         self.logs = self.out / "logs"
         self.home = self.out / "flwr-home"
         self.port = free_port()
@@ -156,12 +171,27 @@ class Loopback:
             f'[superlink.{self.connection}]\n{connection}')
 
     def __enter__(self) -> Loopback:  # noqa: PYI034
-        self._prepare(f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        address = f'address = "127.0.0.1:{self.port}"\n'
+        if self.secure:
+            folder = self.out / "credentials"
+            if folder.exists():  # the last deployment's throwaway set: made anew
+                shutil.rmtree(folder)
+            self.credentials = creds = make_credentials(folder, self.nodes)
+            self._prepare(address + f'root-certificates = "{creds.ca_certificate}"\n')
+            transport = ["--ssl-certfile", str(creds.superlink_certificate),
+                         "--ssl-keyfile", str(creds.superlink_key),
+                         "--ssl-ca-certfile", str(creds.ca_certificate),
+                         "--enable-supernode-auth"]
+        else:
+            self._prepare(address + "insecure = true\n")
+            transport = ["--insecure"]
         try:
-            self._start("superlink", ["flower-superlink", "--insecure", "--port", str(self.port),
+            self._start("superlink", ["flower-superlink", *transport, "--port", str(self.port),
                                       "--database", str(self.out / "superlink.db")])
             self._wait_listening(self.port, "superlink", 60.0)
             for i in range(self.nodes):
+                if self.secure:
+                    self.register_node(i)
                 self.start_node(i)
         except BaseException:
             self.stop()
@@ -171,20 +201,60 @@ class Loopback:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start_node(self, index: int) -> None:
+    def register_node(self, index: int, public_key: Path | None = None) -> int:
+        """Register SuperNode ``index``'s public key (``flwr supernode register``; by default
+        the deployment's ``node-<index>.pub``) with the SuperLink; returns its node id."""
+        if self.credentials is None:
+            raise ValueError("an insecure deployment admits any node: nothing to register")
+        key = public_key or self.credentials.node_public_keys[index]
+        text = self.flwr("supernode", "register", str(key), self.connection,
+                         "--format", "json")
+        found = re.search(r'"node-id":\s*(\d+)', text)
+        if not found:
+            raise DeploymentError(f"flwr supernode register printed no node id:\n{text}")
+        self.node_ids[index] = int(found.group(1))
+        return self.node_ids[index]
+
+    def unregister_node(self, index: int) -> None:
+        """Remove SuperNode ``index``'s key (``flwr supernode unregister``): the SuperLink
+        refuses the node from then on."""
+        self.flwr("supernode", "unregister", str(self.node_ids.pop(index)), self.connection)
+
+    def start_node(self, index: int, *, name: str | None = None, key: Path | None = None,
+                   root_certificates: Path | None = None, tls: bool | None = None) -> Path:
         """Start SuperNode ``index`` (``partition-id``), or start it again after
-        ``kill_node``: a new Flower node that takes the partition over."""
-        if f"supernode-{index}" in self.procs:
-            raise ValueError(f"SuperNode {index} is running; kill_node({index}) first")
-        self._start(f"supernode-{index}", [
-            "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+        ``kill_node``: a new Flower process that takes the partition over. Returns its log.
+
+        ``name`` (default ``supernode-<index>``), ``key`` (its private key; default the
+        deployment's ``node-<index>.key``), ``root_certificates`` (default the deployment's
+        CA) and ``tls`` (default ``secure``) start a node that is not the deployment's own:
+        one with an unregistered key, another CA or no TLS, which the SuperLink must
+        refuse."""
+        name = name or f"supernode-{index}"
+        if name in self.procs:
+            raise ValueError(f"{name} is running; kill_node({index}) first")
+        tls = self.secure if tls is None else tls
+        transport = ["--insecure"]
+        if tls:
+            creds = self.credentials
+            root = root_certificates or (creds.ca_certificate if creds else None)
+            key = key or (creds.node_keys[index] if creds else None)
+            if root is None:
+                raise ValueError("a TLS node needs root certificates")
+            transport = ["--root-certificates", str(root)]
+            if key is not None:
+                transport += ["--auth-supernode-private-key", str(key)]
+        self._start(name, [
+            "flower-supernode", *transport, "--superlink", f"127.0.0.1:{self.port}",
             "--port", str(free_port()),
             "--node-config", f"partition-id={index} num-partitions={self.nodes}"])
+        return self.logs / f"{name}.log"
 
-    def kill_node(self, index: int) -> None:
-        """SIGKILL SuperNode ``index`` and its process group, as a lost machine would end; the
-        SuperLink learns of it only by its missed heartbeats."""
-        p = self.procs.pop(f"supernode-{index}")
+    def kill_node(self, index: int, name: str | None = None) -> None:
+        """SIGKILL SuperNode ``index`` (or the node started as ``name``) and its process
+        group, as a lost machine would end; the SuperLink learns of it only by its missed
+        heartbeats."""
+        p = self.procs.pop(name or f"supernode-{index}")
         self._killed.append(p.pid)  # its leftovers are stopped with the rest
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
@@ -356,8 +426,10 @@ class LocalSimulation(Loopback):
 
 
 def run_loopback(nodes: int, out: Path, run_config: Mapping[str, FlowerValue],
-                 timeout: float = 900.0, project: Path = PROJECT) -> tuple[Path, str]:
-    """Deploy on loopback, run the app to the end, stop everything.
+                 timeout: float = 900.0, project: Path = PROJECT, secure: bool = True
+                 ) -> tuple[Path, str]:
+    """Deploy on loopback (with TLS and SuperNode authentication unless ``secure`` is
+    False), run the app to the end, stop everything.
 
     ``flower.run_dir`` defaults to ``<out>/run`` and ``flower.min_nodes`` to ``nodes``.
 
@@ -367,7 +439,7 @@ def run_loopback(nodes: int, out: Path, run_config: Mapping[str, FlowerValue],
     out = out.resolve()
     cfg = {"flower.run_dir": str(out / "run"), "flower.min_nodes": nodes, **run_config}
     check_run_config(cfg, project)
-    with Loopback(nodes, out, project) as deployment:
+    with Loopback(nodes, out, project, secure) as deployment:
         run_id = deployment.submit(cfg)
         status = deployment.wait(run_id, timeout)
         if status != "finished:completed":
@@ -438,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     metavar="KEY=VALUE", help="a run-config override, e.g. train.rounds=5")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
+    ap.add_argument("--insecure", action="store_true",
+                    help="plaintext, and any process may join as a SuperNode: for local tests "
+                         "only (default: TLS under a throwaway CA and registered SuperNodes)")
     ap.add_argument("--verbose", action="store_true",
                     help="on failure, print the tails of the processes' logs too")
     ap.add_argument("--timing", action="store_true",
@@ -456,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[timing.ENV] = str(stamp)  # every process of the deployment inherits it
     try:
         run_dir, status = run_loopback(args.nodes, args.out, _parse_set(args.overrides),
-                                       args.timeout)
+                                       args.timeout, secure=not args.insecure)
     except ConfigError as e:
         print(f"dcco loopback: {e}", file=sys.stderr)
         return 2
@@ -476,7 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + e.signum
     per_round = seconds_per_round(run_dir)
     print(f"run {status}: {run_dir} ({time.perf_counter() - started:.0f} s in all, "
-          f"{args.nodes} SuperNodes)")
+          f"{args.nodes} SuperNodes, "
+          + ("plaintext, any node admitted)" if args.insecure else
+             "TLS, registered SuperNodes only)"))
     print("seconds per round, by metrics window: "
           + ", ".join(f"{s:.2f}" for s in per_round))
     if args.timing:
