@@ -50,3 +50,15 @@ def test_credentials__refuses_a_folder_that_holds_some_and_bad_counts(tmp_path, 
     assert "already holds credentials" in capsys.readouterr().err
     assert main(["--out", str(tmp_path / "cli"), "--nodes", "2"]) == 0
     assert (tmp_path / "cli" / "node-1.pub").is_file()
+
+
+def test_loopback_start_node__a_node_past_the_deployments_keys_is_told_to_bring_one(tmp_path):
+    """An extra SuperNode (an intruder in the tests) has no key of the deployment's set: the
+    error says so and names ``key=``, before any process starts."""
+    from dcco.flower.testing.loopback import Loopback
+
+    deployment = Loopback(2, tmp_path / "deploy")
+    with pytest.raises(ValueError, match=r"SuperNode 2 has no key of this deployment "
+                                         r"\(it made node-0 to node-1\); give key="):
+        deployment.start_node(2)
+    assert deployment.procs == {}

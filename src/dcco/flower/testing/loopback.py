@@ -143,6 +143,8 @@ class Loopback:
         self.home = self.out / "flwr-home"
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        self._retired: list[subprocess.Popen] = []
+        """SuperNodes whose key was unregistered (they end themselves)."""
         self._killed: list[int] = []
         """Process groups of SuperNodes ended by ``kill_node`` (their leftovers stop with the
         rest)."""
@@ -217,8 +219,13 @@ class Loopback:
 
     def unregister_node(self, index: int) -> None:
         """Remove SuperNode ``index``'s key (``flwr supernode unregister``): the SuperLink
-        refuses the node from then on."""
+        refuses the node from then on, and the SuperNode, refused, ends itself (Flower 1.42:
+        exit code 0); its process is no longer watched, and is stopped with the rest."""
         self.flwr("supernode", "unregister", str(self.node_ids.pop(index)), self.connection)
+        p = self.procs.pop(f"supernode-{index}", None)
+        if p is not None:
+            self._retired.append(p)
+            self._killed.append(p.pid)
 
     def start_node(self, index: int, *, name: str | None = None, key: Path | None = None,
                    root_certificates: Path | None = None, tls: bool | None = None) -> Path:
@@ -234,6 +241,9 @@ class Loopback:
         if name in self.procs:
             raise ValueError(f"{name} is running; kill_node({index}) first")
         tls = self.secure if tls is None else tls
+        if tls and key is None and not 0 <= index < self.nodes:
+            raise ValueError(f"SuperNode {index} has no key of this deployment (it made "
+                             f"node-0 to node-{self.nodes - 1}); give key= for another node")
         transport = ["--insecure"]
         if tls:
             creds = self.credentials
@@ -296,6 +306,9 @@ class Loopback:
         for pgid in self._killed:  # children that outlived a killed node
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        for p in self._retired:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
         for p in self.procs.values():  # the group: children that outlived their parent too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
@@ -406,6 +419,10 @@ class LocalSimulation(Loopback):
     started."""
 
     connection = "local"
+
+    def __init__(self, nodes: int, out: Path, project: Path = PROJECT) -> None:
+        # one machine, no network between its virtual SuperNodes: nothing to encrypt
+        super().__init__(nodes, out, project, secure=False)
 
     def __enter__(self) -> LocalSimulation:  # noqa: PYI034
         self._prepare(f'address = ":local:"\noptions.num-supernodes = {self.nodes}\n')
