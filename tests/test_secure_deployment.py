@@ -191,7 +191,7 @@ def test_secure_deployment__admits_only_registered_tls_nodes_trains_as_in_proces
         assert "Failed to activate SuperNode" in intruders["stranger"].read_text()
         assert "CERTIFICATE_VERIFY_FAILED" in intruders["foreign-ca"].read_text()
         assert "SuperNode ID" not in intruders["plaintext"].read_text()
-        for name in intruders:  # the plaintext one would retry for ever
+        for name in intruders:  # the plaintext one keeps retrying
             deployment.kill_node(0, name=name)
         listed = json.loads(deployment.flwr("supernode", "list", deployment.connection,
                                             "--format", "json"))
