@@ -10,18 +10,16 @@ when one is free, beside ``tests/test_flower_loopback.py``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.deployments import import_seconds, lines_written, round_records
 
 from dcco.config import load_config
 from dcco.core.client import trainable_parameters
@@ -32,16 +30,6 @@ from dcco.run.checkpoint import load_checkpoint, read_checkpoint
 from dcco.run.setup import projector
 
 NODES = 3
-
-
-def _import_seconds() -> float:
-    """How long the ClientApp's imports take on this machine now (Flower starts a process that
-    imports it for every message): the unit the fault tests scale their waits by."""
-    code = "import time; t = time.perf_counter(); import dcco.flower.app.client_app; " \
-           "print(time.perf_counter() - t)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, check=True)
-    return float(done.stdout)
 
 
 @pytest.mark.slow
@@ -75,7 +63,7 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
         deployment.env["DCCO_WORKER_DIR"] = str(workers)  # (a Unix socket's is at most 107
         return deployment  # bytes)
 
-    reply_timeout = max(25.0, 12 * _import_seconds())
+    reply_timeout = max(25.0, 12 * import_seconds())
     patience = 12 * reply_timeout  # for any one awaited event: 300 s on an idle machine
     config = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
               "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
@@ -83,18 +71,11 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
               "train.checkpoint_every": 1, "train.knn_every": 0, "flower.min_nodes": NODES,
               "flower.timeout": reply_timeout, "flower.run_dir": str(run)}
 
-    def parsed(path: Path) -> list[dict]:
-        out = []
-        for line in _lines(path):
-            with contextlib.suppress(json.JSONDecodeError):  # a line being written
-                out.append(json.loads(line))
-        return out
-
     def records() -> list[dict]:
-        return [r for r in parsed(run / "metrics.jsonl") if "loss" in r]
+        return round_records(run)
 
     def exchanges() -> list[dict]:
-        return [e for e in parsed(stamps) if e["kind"] == "exchange"]
+        return [e for e in lines_written(stamps) if e["kind"] == "exchange"]
 
     def wait_for(condition, what: str, deployment: Loopback) -> None:
         deadline = time.monotonic() + patience
@@ -139,7 +120,7 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
     assert len(list(workers.glob("*.log"))) >= NODES
     shutil.rmtree(workers, ignore_errors=True)
 
-    last = parsed(run / "metrics.jsonl")[-1]
+    last = lines_written(run / "metrics.jsonl")[-1]
     assert last["round"] > killed_at >= between and "STOP" in last["stopped"]
     rounds = [r["round"] for r in records()]
     assert rounds == list(range(1, last["round"] + 1))  # each round logged once
@@ -180,11 +161,3 @@ def _checkpoint_round(run: Path) -> int:
     path = run / "checkpoint.safetensors"
     return int(read_checkpoint(path)[1]["rounds_done"]) if path.is_file() else 0
 
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.is_file() else []
-
-
-def _net(run_dir: Path):
-    cfg = load_config(run_dir / "config.toml")
-    return build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed)

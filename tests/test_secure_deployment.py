@@ -12,14 +12,13 @@ import json
 import math
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.deployments import import_seconds, round_records
 
 from dcco.config import load_config
 from dcco.flower.credentials import Credentials, make_credentials
@@ -31,61 +30,41 @@ from dcco.run.setup import projector
 NODES = 3
 
 
-def _import_seconds() -> float:
-    """How long the ClientApp's imports take on this machine now: the unit of the waits."""
-    code = "import time; t = time.perf_counter(); import dcco.flower.app.client_app; " \
-           "print(time.perf_counter() - t)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, check=True)
-    return float(done.stdout)
+def _parsed(run_config: dict):
+    """(cfg, fcfg) of a run config as the ServerApp reads it: the app's declared defaults,
+    overridden."""
+    from dcco.flower.appconfig import parse_run_config
+
+    return parse_run_config({**declared_keys(), **run_config})
 
 
-def _records(run: Path) -> list[dict]:
-    """The round records of a run's metrics file written so far."""
-    path = run / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line being written
-            continue
-        if "loss" in record:
-            out.append(record)
-    return out
+def _weights(cfg, checkpoint: Path | None = None) -> dict[str, torch.Tensor]:
+    """The model of ``cfg`` in float64: its initial weights, or a checkpoint's."""
+    net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed).double()
+    if checkpoint is not None:
+        load_checkpoint(checkpoint, net, None)
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
 def _trained(run: Path) -> dict[str, torch.Tensor]:
     """The model of a run's checkpoint."""
-    cfg = load_config(run / "config.toml")
-    net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed).double()
-    load_checkpoint(run / "checkpoint.safetensors", net, None)
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return _weights(load_config(run / "config.toml"), run / "checkpoint.safetensors")
 
 
-def _initial(run_config: dict) -> dict[str, torch.Tensor]:
-    """The run's initial model (its config and seed)."""
-    from dcco.flower.appconfig import parse_run_config
-
-    cfg, _ = parse_run_config({**declared_keys(), **run_config})
-    net = build_dual_encoder(cfg.model, 1, projector(cfg), seed=cfg.train.seed).double()
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
-
-
-def _hosted_by(run_config: dict, partition: int):
+def _hosted_by(cfg, partition: int):
     """round → how many of the clients sampled in it node ``partition`` hosts (the server's
     draw, ``sample_clients``, and placement, client k on node k mod N)."""
-    from dcco.flower.appconfig import parse_run_config
+    from dcco.flower.placement import partition_of
     from dcco.run.pretraining import Pretraining
     from dcco.run.sampling import sample_clients
     from dcco.run.splits import load_splits
 
-    cfg, _ = parse_run_config({**declared_keys(), **run_config})
     num_clients = Pretraining.of(cfg, load_splits(cfg)[0]).partition.num_clients
 
     def hosted(round_number: int) -> int:
         drawn = sample_clients(cfg.train.seed, round_number - 1, num_clients,
                                cfg.train.clients_per_round)
-        return sum(int(k) % NODES == partition for k in drawn)
+        return sum(partition_of(int(k), NODES) == partition for k in drawn)
 
     return hosted
 
@@ -94,12 +73,11 @@ def _in_process(run_config: dict) -> None:
     """The same run with in-process nodes (``InProcessGrid``), as the ServerApp runs it."""
     from dcco.flower.app.client_app import app as client_app
     from dcco.flower.app.run import run_federated
-    from dcco.flower.appconfig import parse_run_config
     from dcco.flower.testing.inprocess import InProcessGrid
     from dcco.run.splits import load_splits
 
     entries = {**declared_keys(), **run_config}
-    cfg, fcfg = parse_run_config(entries)
+    cfg, fcfg = _parsed(run_config)
     grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": NODES}
                                       for i in range(NODES)], entries)
     run_federated(grid, cfg, fcfg, load_splits(cfg)[0])
@@ -143,16 +121,17 @@ def test_secure_deployment__admits_only_registered_tls_nodes_trains_as_in_proces
       registered nodes are online, and the runs go on with them;
     - a run of 2 rounds over TLS ends with the model of the same run on in-process nodes
       (float64, to rounding: the nodes' workers are other processes);
-    - SecAgg+ runs on the statistics over TLS; a node unregistered after its first round is
-      sampled no more: its clients count as unreachable, and every later round completes with
-      the other two nodes (the round under way when it went, if any, loses it as a dropout);
+    - a round of SecAgg+ on the statistics over TLS completes, every reply accepted;
+    - in a third run, a node unregistered after its first round is sampled no more: its
+      clients count as unreachable, and every later round completes with the other two nodes
+      (the round under way when it went, if any, loses it as a dropout);
     - no private key (PEM body, its DER, or any PEM private key) is found in any file of the
       logs, run directories, FLWR_HOME, the SuperLink's database or the node workers'
       folder."""
     other = make_credentials(tmp_path / "other-ca", 1)  # another CA, and a key not registered
     out, workers = tmp_path / "deploy", Path(tempfile.mkdtemp(prefix="dccos-"))
-    patience = max(300.0, 60 * _import_seconds())
-    reply_timeout = max(25.0, 12 * _import_seconds())
+    unit = import_seconds()
+    patience, reply_timeout = max(300.0, 60 * unit), max(25.0, 12 * unit)
     base = {"data.data_dir": str(tiny_fmnist), "data.samples_per_client": 2,
             "model.widths": "[4, 8, 8]", "model.projector": "[16, 16, 16]",
             "train.clients_per_round": 9, "train.knn_every": 0, "train.log_every": 1,
@@ -205,43 +184,46 @@ def test_secure_deployment__admits_only_registered_tls_nodes_trains_as_in_proces
         assert deployment.wait(run_id, patience) == "finished:completed", deployment.details
 
         run_id = deployment.submit(leaving)
-        wait_for(lambda: len(_records(tmp_path / "leaving")) >= 1, "round 1")
+        wait_for(lambda: len(round_records(tmp_path / "leaving")) >= 1, "round 1")
         deployment.unregister_node(2)
-        gone = len(_records(tmp_path / "leaving"))
-        wait_for(lambda: any(r["round"] > gone + 1 for r in _records(tmp_path / "leaving")),
+        gone = len(round_records(tmp_path / "leaving"))
+        wait_for(lambda: any(r["round"] > gone + 1
+                             for r in round_records(tmp_path / "leaving")),
                  "two rounds after the unregistration")
         (tmp_path / "leaving" / "STOP").touch()
         assert deployment.wait(run_id, patience) == "finished:completed", deployment.details
     assert deployment.alive() == []
 
     # only the registered nodes took part: every reply of the plain run's rounds accepted
-    records = _records(tmp_path / "tls")
+    records = round_records(tmp_path / "tls")
     assert [r["round"] for r in records] == [1, 2]
     assert all(t["accepted"] == t["sent"] == NODES and not t["rejected"]
                for r in records for t in r["replies"].values())
     # the model equals the in-process run's
     _in_process(plain | {"flower.run_dir": str(tmp_path / "in-process")})
     over_tls, in_process = _trained(tmp_path / "tls"), _trained(tmp_path / "in-process")
-    assert not all(torch.equal(v, w) for v, w in zip(in_process.values(), _initial(plain).values()))
+    initial = _weights(_parsed(plain)[0])
+    assert not all(torch.equal(in_process[k], initial[k]) for k in initial)  # it trained
     scale = max(float(v.abs().max()) for v in in_process.values())
     assert max(float((over_tls[k] - in_process[k]).abs().max()) for k in in_process) \
         < 1e-9 * scale
 
     # SecAgg+ over TLS: its round through SecAgg+, every node's replies accepted
-    (record,) = _records(tmp_path / "secagg")
+    (record,) = round_records(tmp_path / "secagg")
     assert "secagg_clipped" in record and math.isfinite(record["loss"])
     assert all(t["accepted"] == NODES for t in record["replies"].values())
-    assert all("secagg_clipped" not in r for r in _records(tmp_path / "tls"))
+    assert all("secagg_clipped" not in r for r in round_records(tmp_path / "tls"))
 
     # the unregistered node: sampled no more, and a round under way lost it as a dropout
-    records = _records(tmp_path / "leaving")
+    records = round_records(tmp_path / "leaving")
     assert all(math.isfinite(r["loss"]) and r["rounds_skipped"] == 0 for r in records)
     assert records[0]["unreachable"] == 0
     assert all(t["accepted"] == NODES for t in records[0]["replies"].values())
     after = [r for r in records if r["round"] > gone + 1]
-    hosted = _hosted_by(leaving, 2)
+    hosted = _hosted_by(_parsed(leaving)[0], 2)
     assert after and [r["unreachable"] for r in after] == [hosted(r["round"]) for r in after]
-    assert all(r["clients"] + r["unreachable"] == 9 for r in after)
+    assert all(r["clients"] + r["unreachable"] == leaving["train.clients_per_round"]
+               for r in after)
     assert all(t["accepted"] == t["sent"] == NODES - 1
                for r in after for t in r["replies"].values())
     for r in records[1:gone + 1]:  # under way at the unregistration: a dropout at worst
@@ -250,8 +232,7 @@ def test_secure_deployment__admits_only_registered_tls_nodes_trains_as_in_proces
     # no secret anywhere outside the credentials folders
     secrets = _secret_texts(deployment.credentials) | _secret_texts(other)
     leaks = _leaks([out, tmp_path / "tls", tmp_path / "secagg", tmp_path / "leaving", workers],
-                   secrets,
-                   skip={out / "credentials"})
+                   secrets, skip={out / "credentials"})
     shutil.rmtree(workers, ignore_errors=True)
     assert leaks == []
     # the search finds a key that was logged, as it is or with its newlines escaped

@@ -6,8 +6,9 @@ anew for each deployment), starts ``flower-superlink`` with TLS and
 ``--enable-supernode-auth``, registers each node's public key (``flwr supernode register``)
 and starts N ``flower-supernode`` processes that verify the SuperLink against the CA and sign
 in with their own key. ``--insecure`` (``Loopback(secure=False)``) runs all of it in
-plaintext and admits any node, for local tests only. Each node gets its own ``--node-config "partition-id=i num-partitions=N"`` and runtime port, in a
-private ``FLWR_HOME`` (nothing in the user's home is touched) with
+plaintext and admits any node, for local tests only. Each node gets its own
+``--node-config "partition-id=i num-partitions=N"`` and runtime port, in a private
+``FLWR_HOME`` (nothing in the user's home is touched) with
 ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``; submits the app with ``flwr run``; waits
 until Flower reports the run finished; and stops every process it started (each in its own
 process group, so the SuperExec, ServerApp and ClientApp processes they spawn go with them),
