@@ -646,7 +646,7 @@ def test_fit__float_vectors_through_an_mlp_with_your_augment(tmp_path):
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     assert done.collapse is not None and set(done.collapse) == {"round", "dead_dims",
                                                                 "corr_diag", "eff_rank",
-                                                                "max_var"}
+                                                                "max_var", "median_var"}
 
 
 def test_fit__a_refused_fit_leaves_no_trace_and_the_corrected_call_then_runs(tmp_path):

@@ -109,6 +109,8 @@ def test_collapse_figures__dimensions_under_the_losss_eps_are_dead() -> None:
     assert plain["dead_dims"] == 0.0 and at_scale["dead_dims"] == 0.0
     assert with_eps["dead_dims"] == 1.0 and with_eps["corr_diag"] == 0.0
     assert plain["max_var"] == pytest.approx(float(top), rel=1e-10) and plain["max_var"] < 1e-5
+    every = torch.cat([small_f.var(0, unbiased=False), small_g.var(0, unbiased=False)]).sort()
+    assert plain["median_var"] == pytest.approx(float(every.values[7]), rel=1e-10)  # 16: lower
     assert plain["corr_diag"] == pytest.approx(at_scale["corr_diag"], rel=1e-8)
     assert plain["eff_rank"] == pytest.approx(at_scale["eff_rank"], rel=1e-8)
 
@@ -237,7 +239,7 @@ def test_collapse_watch__a_constant_model_is_warned_and_recorded(tmp_path):
                         clients_per_round=6, projector=(8, 8), run_dir=tmp_path / "r",
                         progress=False)
     assert done.collapse == {"round": 20, "dead_dims": 1.0, "corr_diag": 0.0, "eff_rank": 0.0,
-                             "max_var": 0.0}
+                             "max_var": 0.0, "median_var": 0.0}
     assert done.collapse_warning.startswith("collapse at round 20:")
     records = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text()
                .splitlines()]
@@ -277,7 +279,8 @@ def test_collapse_figures__of_a_method_without_statistics_come_from_a_probe_batc
 
     done = run(2, "a")
     assert done.collapse["round"] == 4 and set(done.collapse) == {"round", "dead_dims", "max_var",
-                                                                  "corr_diag", "eff_rank"}
+                                                                  "corr_diag", "eff_rank",
+                                                                  "median_var"}
     records = [__import__("json").loads(line)
                for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records if "eff_rank" in r] == [2, 4]  # the monitor's rounds

@@ -27,6 +27,7 @@ from dcco.evaluate.runs import (
     with_method,
 )
 from dcco.run.checkpoint import atomic_write_text
+from dcco.run.collapse_response import pretraining_ended
 from dcco.run.report import (
     family,
     knn_cell,
@@ -104,7 +105,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         cfg = with_method(base, method)
         run, existed = RunDir.open_or_create(out / method, cfg)
         summary = run.summary()
-        if summary.get("rounds") != cfg.train.rounds:
+        if not pretraining_ended(summary, cfg.train.rounds):
             say(f"\n[{method}] pretraining" + (" (resuming)" if existed else ""))
             summary = pretrain(cfg, run, train, test, existed, checked[method])
         recorded = summary.get("evaluations", {})

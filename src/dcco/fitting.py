@@ -108,8 +108,8 @@ class FitResult:
         history: the run's records by round, as logged every ``train.log_every`` rounds:
             ``round``, ``loss`` (the mean over the rounds since the last record), ``lr``, and
             for a method that shares statistics the collapse figures of the round's pooled
-            statistics (``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var``); a run that
-            was continued holds its earlier rounds' records too.
+            statistics (``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var``,
+            ``median_var``); a run that was continued holds its earlier rounds' records too.
         collapse, collapse_warning: see the properties.
     """
 
@@ -120,8 +120,9 @@ class FitResult:
 
     @property
     def collapse(self) -> dict[str, float] | None:
-        """The last collapse figures (``dead_dims``, ``corr_diag``, ``eff_rank`` and their
-        ``round``; ``dcco.core.collapse``), or None if none were read."""
+        """The last collapse figures (``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var``,
+        ``median_var`` and their ``round``; ``dcco.core.collapse``), or None if none were
+        read."""
         return self.summary.get("collapse")
 
     @property

@@ -237,6 +237,15 @@ class TrainConfig:
     in metrics.jsonl: accuracy against rounds (and exchanges) by the ground truth that the
     k-NN monitor stands for, which reads differently below it from method to method. The
     probes draw no training randomness, so a run trains the same with them. 0: none."""
+    on_collapse: Literal["warn", "stop", "rewind"] = "warn"
+    """What the run does at its collapse warning (``dcco.core.collapse.CollapseWatch``):
+    "warn", say it once and train on; "stop", end the run there, its result the last
+    checkpoint from before the warning (the summary, the model and every evaluation are
+    that round's); "rewind", go back to that checkpoint, halve the server's rate and train
+    on, at most 3 times (a fourth collapse stops the run as "stop" does). Each event is one
+    line in the run's output, in metrics.jsonl and in the summary's ``collapse_events``.
+    With "stop" or "rewind" a run also checkpoints its start, to come back to
+    (``dcco.run.collapse_response``)."""
     tensorboard: bool = False
     """Also write the metrics and evaluations as TensorBoard scalars (RUN_DIR/tensorboard);
     needs ``pip install 'dcco[tensorboard]'``."""

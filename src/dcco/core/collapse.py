@@ -33,7 +33,10 @@ only the count of dead dimensions knows the loss's ε:
 - ``eff_rank``: C's effective rank (Roy & Vetterli 2007), exp of the entropy of its
   normalised singular values: from 1 (one direction) to d (all alike); 0 when C is 0;
 - ``max_var``: the largest variance of any dimension, which says whether dead dimensions
-  are dead by the floor (a few dimensions still vary) or by ε (none varies on ε's scale).
+  are dead by the floor (a few dimensions still vary) or by ε (none varies on ε's scale);
+- ``median_var``: the median variance of the dimensions (F's and G's together), which says
+  whether the loss is eq. 1 in effect (a median of 10 ε or more: every typical dimension's
+  spread reads within 5 % of itself, √(v / (v + ε)) ≥ 0.95) or leans on ε (a median near ε).
 
 For statistics with ⟨F Fᵀ⟩ instead of ⟨F Gᵀ⟩ (``stats.VICREG_STATS``, ``SPECTRAL_STATS``),
 C's diagonal comes from ⟨F_i G_i⟩ and the rank is that of F's correlation matrix; without
@@ -49,7 +52,7 @@ from torch import Tensor
 
 from dcco.core.stats import STATS_DTYPE, Moments, encoding_stats
 
-FIGURES = ("dead_dims", "corr_diag", "eff_rank", "max_var")
+FIGURES = ("dead_dims", "corr_diag", "eff_rank", "max_var", "median_var")
 """The collapse figures, in the order records and progress lines show them."""
 DEAD_FLOOR = 1e-6
 """A dimension is dead when its variance is at most this fraction of the largest: its
@@ -83,8 +86,8 @@ def effective_rank(matrix: Tensor) -> Tensor:
 
 def collapse_figures(m: Moments, floor: float = DEAD_FLOOR, eps: float = 0.0
                      ) -> dict[str, Tensor]:
-    """``dead_dims``, ``corr_diag``, ``eff_rank`` and ``max_var`` (module docstring) of batch
-    averages.
+    """``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var`` and ``median_var`` (module
+    docstring) of batch averages.
 
     Args:
         m: the averages of a statistics method (``stats.CCO_STATS``, ``VICREG_STATS`` or
@@ -121,7 +124,8 @@ def collapse_figures(m: Moments, floor: float = DEAD_FLOOR, eps: float = 0.0
         cov = m.mean_fft - (torch.outer(mean_f, mean_f) if mean_f is not None else 0)
         c = cov * torch.outer(inv_f, inv_f)
     return {"dead_dims": dead, "corr_diag": corr_diag, "eff_rank": effective_rank(c),
-            "max_var": largest.to(STATS_DTYPE)}
+            "max_var": largest.to(STATS_DTYPE),
+            "median_var": torch.cat([var_f, var_g]).to(STATS_DTYPE).median()}
 
 
 def encoding_figures(f: Tensor, g: Tensor, floor: float = DEAD_FLOOR, eps: float = 0.0
@@ -181,14 +185,44 @@ class CollapseWatch:
             blamed on the clients' size, not on the rate or the encodings' scale: n samples
             cannot estimate a d × d correlation, so each client's loss sits at its floor
             whatever the model does (docs/results/demo.md).
+        server: the run's server optimiser and peak rate (``optim.optimizer``,
+            ``optim.lr``), so that the advice names the setting and its value; None: a
+            run whose optimiser is not known here.
+        has_projector: whether the model ends in dcco's projector (whose group norm sets
+            the encodings' scale), so that the advice does not offer it to a run that has it.
     """
 
-    def __init__(self, after: int, eps: float = 0.0, client_samples: int | None = None) -> None:
+    def __init__(self, after: int, eps: float = 0.0, client_samples: int | None = None,
+                 server: tuple[str, float] | None = None, has_projector: bool = False) -> None:
         self.after = after
         self.eps = eps
         self.client_samples = client_samples
+        self.server = server
+        self.has_projector = has_projector
         self.message: str | None = None
         self._low_corr = 0
+
+    def _rate_advice(self) -> str:
+        """What to try against server steps that are too large, naming this run's setting."""
+        if self.server is None:
+            lower = ("Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCOStrategy "
+                     "default to Adam 1e-3)")
+        else:
+            name, lr = self.server
+            lower = f"Try a lower server rate: optim.lr = {lr / 2:g} (now {lr:g} under {name})"
+        return (f"{lower}, a longer warm-up (optim.warmup_rounds), or train.on_collapse = "
+                f"\"rewind\", which halves the rate from the last checkpoint before a collapse")
+
+    def _steps_cause(self) -> str:
+        """Why the server's steps hurt, in this run's optimiser's terms."""
+        name = self.server[0] if self.server is not None else None
+        if name == "adam":
+            return ("server steps too large for this network (Adam moves every weight by "
+                    "about its rate, however small the weight; wide layers suffer most)")
+        if name == "lars":
+            return ("server steps too large for this network (LARS moves each layer by a "
+                    "share of its own norm, so a high rate turns every layer at once)")
+        return "server steps too large for this network"
 
     def check(self, round_done: int, figures: dict[str, float], d: int) -> str | None:
         """The warning for this reading of encodings of width ``d``, once; None
@@ -198,22 +232,29 @@ class CollapseWatch:
         dead, corr, rank = (figures[k] for k in ("dead_dims", "corr_diag", "eff_rank"))
         largest = figures.get("max_var")
         self._low_corr = self._low_corr + 1 if corr < CORR_LIMIT else 0
-        rate = ("Try a lower server rate (optim.lr; dcco.fit and dcco.flower.DCCOStrategy "
-                "default to Adam 1e-3), a longer warm-up (optim.warmup_rounds), and "
-                "normalisation layers in the model")
+        rate = self._rate_advice() + ("" if self.has_projector
+                                      else ", and normalisation layers in the model")
         if dead >= DEAD_LIMIT and self.eps > 0 and largest is not None \
                 and DEAD_FLOOR * self.eps < largest <= EPS_SCALE * self.eps:
             what = (f"{dead:.0%} of the encodings' dimensions vary less than a third of the "
                     f"loss's ε = {self.eps:g} (the largest variance is {largest:.2g}): the "
                     f"loss sees under half of their spread, or reads them as constants")
-            cause = "encodings too small for ε: an output scaled down, or initialised tiny"
-            fix = ("Scale the encoder's outputs up, give it dcco's projector (its group norm "
-                   "sets the scale), or lower loss.eps below the variances")
+            if self.has_projector:
+                cause = ("encodings shrunk onto ε's scale: the loss, which divides by √(Var + "
+                         "ε), gains by shrinking them once their correlations are mostly "
+                         "redundancy (docs/results/collapse.md)")
+                fix = (f"{self._rate_advice()}; or lower loss.eps below the variances (now "
+                       f"{self.eps:g})")
+            else:
+                cause = "encodings too small for ε: an output scaled down, or initialised tiny"
+                fix = ("Scale the encoder's outputs up, give it dcco's projector (its group "
+                       "norm sets the scale), or lower loss.eps below the variances")
         elif dead >= DEAD_LIMIT:
             what = (f"{dead:.0%} of the encodings' dimensions no longer vary over a round's "
                     f"samples")
-            cause = ("dead units: a model without normalisation, or server steps too large "
-                     "for it")
+            cause = ("dead units: server steps too large for the model" if self.has_projector
+                     else "dead units: a model without normalisation, or server steps too "
+                          "large for it")
             fix = rate
         elif d >= 4 and rank < RANK_LIMIT:
             what = f"the encodings lie on about one line (C's effective rank {rank:.2f})"
@@ -222,8 +263,7 @@ class CollapseWatch:
         elif self._low_corr >= CORR_READINGS:
             what = (f"the two views' encodings stay unrelated (mean C_ii {corr:.2f} at "
                     f"{CORR_READINGS} readings in a row; the loss sits near d = {d})")
-            cause = ("server steps too large for this network (Adam moves every weight by "
-                     "about its rate, however small the weight; wide layers suffer most)")
+            cause = self._steps_cause()
             fix = rate
         else:
             return None

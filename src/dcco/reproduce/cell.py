@@ -12,6 +12,7 @@ from dcco.evaluate import StepCallback
 from dcco.evaluate.runs import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.reproduce.grid import SUPERVISED, Grid
 from dcco.reproduce.plan import Cell
+from dcco.run.collapse_response import pretraining_ended
 from dcco.run.rundir import RunDir, record_split
 
 Stop = Callable[[], "str | None"]
@@ -121,8 +122,9 @@ def divergence(run: RunDir) -> dict | None:
 
 
 def pretrained(cell: Cell) -> bool:
-    """Whether the cell's pretraining has finished (its summary records every round)."""
-    return RunDir(cell.path).summary().get("rounds") == cell.cfg.train.rounds
+    """Whether the cell's pretraining has finished: its summary records every round, or a
+    stop at its collapse (``train.on_collapse``)."""
+    return pretraining_ended(RunDir(cell.path).summary(), cell.cfg.train.rounds)
 
 
 def _stale_note(run: RunDir, key: str) -> str:

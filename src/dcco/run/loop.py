@@ -17,7 +17,8 @@ from dcco.core.collapse import FIGURES
 from dcco.data.paired import Dataset
 from dcco.models import DualEncoder
 from dcco.run.checkpoint import checkpoint_state, load_checkpoint
-from dcco.run.monitors import message_bytes, run_summary, standard_monitors
+from dcco.run.collapse_response import CollapseResponse, stopped_at_collapse
+from dcco.run.monitors import Monitor, message_bytes, run_summary, standard_monitors
 from dcco.run.pretraining import Pretraining, RoundMetrics, read_numbers
 from dcco.run.rundir import RunDir
 from dcco.run.setup import CheckedRun, check_run
@@ -95,6 +96,9 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     every ``train.log_every`` rounds, and the monitors of ``dcco.run.monitors`` (the collapse
     watch, privacy, k-NN and probe on ``train_set``/``test_set``, checkpoints with ``meta``).
 
+    At a collapse warning the run does what ``train.on_collapse`` says
+    (``dcco.run.collapse_response``); a run it stopped is over, and returns its summary.
+
     A run told to stop (``stop`` returns a reason) goes on to the end of its logging window,
     checkpoints there, notes ``{"round", "stopped"}`` and returns without a summary; resuming
     it continues as if it had never stopped. ``on_round(metrics, latest)`` is called every
@@ -105,8 +109,12 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     Returns:
         The summary written to ``summary.json``; for a stopped run ``{"rounds", "stopped"}``.
     """
+    if stopped_at_collapse(run.summary()):  # a run train.on_collapse ended: nothing to do
+        return run.summary()
     latest: dict[str, Any] = {}
     monitors = standard_monitors(pt, run, train_set, test_set, latest, meta, on_warning)
+    response = CollapseResponse.of(pt, run, monitors, on_warning)
+    response.start()
     w, started, writes, stopped = window(), time.perf_counter(), pt.rank == 0, None
     bytes_per_client = message_bytes(pt)
     while not pt.finished and stopped is None:
@@ -116,18 +124,13 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
         if m.skipped is not None and writes:
             run.append_metrics({"round": m.round, "skipped": m.skipped})
         if m.round % pt.cfg.train.log_every == 0 or last:
-            pt.check_finite()
-            record = w.record(m.round, m.lr) | {"bytes_per_client": bytes_per_client}
-            for monitor in monitors:
-                monitor.record(m, record, last)
-            if writes:
-                run.append_metrics(record)
-            latest |= {k: record[k] for k in ("loss", "rounds_per_sec", *FIGURES) if k in record}
-            for monitor in monitors:
-                monitor.logged(m, record)
-            if on_log is not None:
-                on_log(record)
-            w = window()
+            log_window(pt, run, m, w, monitors, latest, last, on_log,
+                       {"bytes_per_client": bytes_per_client})
+            w, turn = window(), response.after_log(m.round)
+            if turn is not None:  # "rewind": back at an earlier round, whose hooks ran
+                if turn == "stop":
+                    break
+                continue
             stopped = stop() if stop is not None and not last else None
         for monitor in monitors:
             monitor.round_done(m, last, stopped is not None)
@@ -140,6 +143,25 @@ def pretraining_loop(pt: Pretraining, run: RunDir, step: Callable[[], RoundMetri
     if not writes:
         return {"rounds": pt.rounds_done, "rank": pt.rank}
     return run_summary(pt, run, monitors, time.perf_counter() - started)
+
+
+def log_window(pt: Pretraining, run: RunDir, m: RoundMetrics, w: MetricsWindow,
+               monitors: list[Monitor], latest: dict[str, Any], last: bool,
+               on_log: Callable[[dict[str, Any]], None] | None, extra: dict[str, Any]) -> None:
+    """The metrics record of the window ``w`` that ends at round ``m``: after a check that
+    the model is finite, the window's figures, ``extra`` and each monitor's fields, written
+    (rank 0), kept in ``latest`` and shown to the monitors and ``on_log``."""
+    pt.check_finite()
+    record = w.record(m.round, m.lr) | extra
+    for monitor in monitors:
+        monitor.record(m, record, last)
+    if pt.rank == 0:
+        run.append_metrics(record)
+    latest |= {k: record[k] for k in ("loss", "rounds_per_sec", *FIGURES) if k in record}
+    for monitor in monitors:
+        monitor.logged(m, record)
+    if on_log is not None:
+        on_log(record)
 
 
 def run_pretraining(cfg: RunConfig, run: RunDir, train_set: Dataset,

@@ -5,8 +5,11 @@ figures and their watch, privacy accounting, the k-NN and probe monitors, and ch
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dcco.callers import caller_stacklevel
@@ -15,9 +18,10 @@ from dcco.core.client_state import kept_by_clients
 from dcco.core.collapse import FIGURES, CollapseWarning, CollapseWatch, watch_start
 from dcco.data.paired import Dataset
 from dcco.evaluate import knn_accuracy, knn_description, labelled_subset, linear_probe
+from dcco.models.layers import Projector
 from dcco.run.checkpoint import save_checkpoint
 from dcco.run.pretraining import Pretraining, RoundMetrics
-from dcco.run.rundir import RunDir
+from dcco.run.rundir import COLLAPSE_EVENT, RunDir
 
 History = list[dict[str, Any]]
 
@@ -57,15 +61,34 @@ class Collapse(Monitor):
     (``train.knn_every``) and the last. The first sign of collapse after the warm-up
     (``CollapseWatch``) is noted in the metrics (``{"round", "warning": "collapse",
     "message"}``) and in the summary (``collapse_warning``). It is said once: to ``say``, or
-    as a ``CollapseWarning`` at the caller's line."""
+    as a ``CollapseWarning`` at the caller's line. What the run then does
+    (``train.on_collapse``) is ``dcco.run.collapse_response``'s: its events are in the
+    summary too (``collapse_events``, and ``stopped_at_collapse`` for a run it ended)."""
 
     def __init__(self, pt: Pretraining, run: RunDir, writes: bool,
                  say: Callable[[str], None] | None = None) -> None:
         self.pt, self.run, self.writes, self.say = pt, run, writes, say
+        self.watch = self._watch()
+        self._warned: tuple[int, str] | None = None
+
+    def _watch(self) -> CollapseWatch:
+        pt = self.pt
         own_cco = pt.method.uses_eps and pt.method.federated and pt.method.stats is None
-        self.watch = CollapseWatch(
+        return CollapseWatch(
             watch_start(pt.cfg.optim.warmup_rounds), eps=pt.method.variance_eps(),
-            client_samples=int(pt.partition.sizes.max()) if own_cco else None)
+            client_samples=int(pt.partition.sizes.max()) if own_cco else None,
+            server=(pt.cfg.optim.optimizer, pt.cfg.optim.lr),
+            has_projector=isinstance(pt.model.projector, Projector))
+
+    def warned_at(self, round_done: int) -> str | None:
+        """The warning given at this round's reading, or None."""
+        if self._warned is not None and self._warned[0] == round_done:
+            return self._warned[1]
+        return None
+
+    def rearm(self) -> None:
+        """A fresh watch, which warns again (after a rewind)."""
+        self.watch, self._warned = self._watch(), None
 
     def record(self, m: RoundMetrics, record: dict[str, Any], last: bool) -> None:
         if self.writes:
@@ -74,7 +97,10 @@ class Collapse(Monitor):
     def logged(self, m: RoundMetrics, record: dict[str, Any]) -> None:
         figures = {k: record[k] for k in FIGURES if k in record}
         warning = self.watch.check(m.round, figures, self.pt.model.projection_dim)
-        if warning is None or not self.writes:
+        if warning is None:
+            return
+        self._warned = (m.round, warning)
+        if not self.writes:
             return
         self.run.append_metrics({"round": m.round, "warning": "collapse", "message": warning})
         if self.say is not None:
@@ -84,9 +110,19 @@ class Collapse(Monitor):
 
     def summary(self, history: History) -> dict[str, Any]:
         figures = next((r for r in reversed(history) if "eff_rank" in r), {})
-        warned = [r["message"] for r in history if r.get("warning") == "collapse"]
-        return ({"collapse": {k: figures[k] for k in ("round", *FIGURES)}} if figures else {}) \
-            | ({"collapse_warning": warned[0]} if warned else {})
+        events = [r for r in history if COLLAPSE_EVENT in r]
+        # a rewind or a stop drops the warning's own record with the rounds after its
+        # checkpoint; its event keeps the message
+        warned = [r["message"] for r in history
+                  if r.get("warning") == "collapse" or COLLAPSE_EVENT in r]
+        ended = [r for r in events if r[COLLAPSE_EVENT] == "stop"]
+        return ({"collapse": {k: figures[k] for k in ("round", *FIGURES) if k in figures}}
+                if figures else {}) \
+            | ({"collapse_warning": warned[0]} if warned else {}) \
+            | ({"collapse_events": [r["line"] for r in events]} if events else {}) \
+            | ({"stopped_at_collapse": {"round": ended[-1]["round"],
+                                        "kept_round": ended[-1]["to_round"]}}
+               if ended else {})
 
 
 class PrivacyBudget(Monitor):
@@ -145,17 +181,34 @@ class ProbeMonitor(OnTestSet):
 
 class Checkpoints(Monitor):
     """An atomic checkpoint every ``train.checkpoint_every`` rounds, at the last and where
-    the run stops, after a check that the model is finite; ``meta`` is stored with it."""
+    the run stops, after a check that the model is finite; ``meta`` is stored with it.
+    Under ``train.on_collapse`` = "stop" or "rewind" the checkpoint before it is kept as
+    ``RunDir.earlier_checkpoint_path``."""
 
     def __init__(self, pt: Pretraining, run: RunDir, writes: bool, meta: dict[str, Any]) -> None:
         self.pt, self.run, self.writes, self.meta = pt, run, writes, meta
+        self.keeps_earlier = pt.cfg.train.on_collapse != "warn"
 
     def round_done(self, m: RoundMetrics, last: bool, stopping: bool) -> None:
         if last or stopping or due(self.pt.cfg.train.checkpoint_every, m.round):
             self.pt.check_finite()
+            if self.writes and self.keeps_earlier and self.run.checkpoint_path.is_file():
+                keep_as(self.run.checkpoint_path, self.run.earlier_checkpoint_path)
             if self.writes:
                 save_checkpoint(self.run.checkpoint_path, self.pt.model, self.pt.optimizer,
                                 m.round, meta=self.meta, state=self.pt.round_state())
+
+
+def keep_as(path: Path, kept: Path) -> None:
+    """Make ``kept`` a copy of the file ``path`` atomically (a hard link where the file
+    system has them), leaving ``path`` in place: an interruption leaves both files whole."""
+    temporary = kept.with_name(kept.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(path, temporary)
+    except OSError:
+        shutil.copyfile(path, temporary)
+    os.replace(temporary, kept)
 
 
 def standard_monitors(pt: Pretraining, run: RunDir, train_set: Dataset,

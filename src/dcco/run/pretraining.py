@@ -69,6 +69,8 @@ from dcco.run.views import user_views
 PROBE_SAMPLES = 256
 """Samples of the collapse probe of a method that shares no statistics (``Pretraining.
 probe_figures``)."""
+LR_SCALE_KEY = "server.lr_scale"
+"""The round state's entry for ``Pretraining.lr_scale`` (present only when it is not 1)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class Pretraining:
         self.privacy = Privacy.of(cfg, self.partition, self.method) if cfg.privacy.enabled \
             else None
         self.rounds_done = 0
+        self.lr_scale = 1.0
+        """The server's rate relative to its schedule (``train.on_collapse = "rewind"``
+        halves it at each rewind; saved in checkpoints when not 1)."""
         self.rank, self.world = rank_and_size()
         """This process's rank and the number of ranks sharing each round (``dcco.core.distributed``)."""
         self.cache = self._statistics_cache()
@@ -203,8 +208,10 @@ class Pretraining:
         return self.rounds_done >= self.cfg.train.rounds
 
     def lr(self, round_index: int) -> float:
+        """The server's rate at round ``round_index``: its schedule times ``lr_scale``."""
         o = self.cfg.optim
-        return scheduled_lr(round_index, self.cfg.train.rounds, o.lr, o.warmup_rounds, o.schedule)
+        return self.lr_scale * scheduled_lr(round_index, self.cfg.train.rounds, o.lr,
+                                            o.warmup_rounds, o.schedule)
 
     def views(self, plan: RoundPlan, round_index: int) -> tuple[Tensor, Tensor]:
         """The two inputs of the round's samples: two augmented views of each image (N, C, H,
@@ -446,10 +453,13 @@ class Pretraining:
 
     def round_state(self) -> dict[str, Tensor]:
         """What a checkpoint must keep besides model and optimiser: the last aggregate, the
-        cache of clients' statistics, and the clients' kept models."""
+        cache of clients' statistics, the clients' kept models, and the server's rate scale
+        when a rewind has changed it."""
         cache = self.cache.state() if self.cache is not None else {}
         if self.client_states is not None:
             cache = cache | self.client_states.state()
+        if self.lr_scale != 1.0:
+            cache = cache | {LR_SCALE_KEY: torch.tensor(self.lr_scale, dtype=torch.float64)}
         if self.aggregate is None:
             return cache
         return {f"aggregate.{k}": v for k, v in self.aggregate.items()} | {
@@ -461,6 +471,7 @@ class Pretraining:
                   if k.startswith("aggregate.")}
         count = values.pop("count", None)
         self.aggregate = Moments(values, count=count) if values else None
+        self.lr_scale = float(state[LR_SCALE_KEY]) if LR_SCALE_KEY in state else 1.0
         if self.cache is not None:
             self.cache = StatisticsCache.from_state(state)
         if isinstance(self.client_states, DiskClientStates):

@@ -120,6 +120,10 @@ def code_version() -> dict[str, str]:
             **_SOURCE}
 
 
+COLLAPSE_EVENT = "collapse_response"
+"""The key of a collapse event's record in metrics.jsonl (``dcco.run.collapse_response``): a
+rewind or a stop at a collapse warning, kept when the records after a checkpoint are
+dropped."""
 NOT_COMPUTED = frozenset({"data.data_dir", "train.tensorboard"})
 """Settings that say where the data lives or what is logged, not what a run computes: a run
 is reused whatever they are (it keeps its own)."""
@@ -172,6 +176,9 @@ class RunDir:
     config_path = property(lambda self: self.path / "config.toml")
     metrics_path = property(lambda self: self.path / "metrics.jsonl")
     checkpoint_path = property(lambda self: self.path / "checkpoint.safetensors")
+    earlier_checkpoint_path = property(lambda self: self.path / "checkpoint.earlier.safetensors")
+    """The checkpoint before the last, kept under ``train.on_collapse`` = "stop" or
+    "rewind" (``dcco.run.collapse_response``)."""
     summary_path = property(lambda self: self.path / "summary.json")
     plots_path = property(lambda self: self.path / "plots")
     stop_path = property(lambda self: self.path / "STOP")
@@ -307,8 +314,10 @@ class RunDir:
         return records
 
     def truncate_metrics(self, rounds_done: int) -> None:
-        """Drop records past the checkpoint, so a resumed run logs each round exactly once."""
-        kept = [r for r in self.metrics() if r.get("round", 0) <= rounds_done]
+        """Drop records past the checkpoint, so a resumed run logs each round exactly once;
+        collapse events (``COLLAPSE_EVENT``) stay, since the run came back from them."""
+        kept = [r for r in self.metrics()
+                if r.get("round", 0) <= rounds_done or COLLAPSE_EVENT in r]
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def summary(self) -> dict[str, Any]:
