@@ -15,10 +15,17 @@ def test_demo__runs_every_method_and_writes_table_and_plots(tiny_fmnist, tmp_pat
     first = capsys.readouterr().out
     table = (out / "results.md").read_text()
     for name in ("dcco", "cco_fedavg", "contrastive_fedavg", "centralized_cco", "supervised",
-                 "random_init"):
+                 "random_init", "raw_pixels"):
         assert f"| {name} |" in table and f"| {name} |" in first
     assert (out / "accuracy.png").is_file() and (out / "loss.png").is_file()
-    assert (out / "results.csv").read_text().count("\n") == 7
+    assert (out / "results.csv").read_text().count("\n") == 8
+    # at 40 labels (under the few-label probe's 50) one probe column; the raw pixels' probe is
+    # a linear probe of the flattened images
+    assert "test accuracy, 40 labels" in table and "50 labels" not in table
+    import json
+
+    raw = json.loads((out / "raw_pixels" / "summary.json").read_text())
+    assert raw["method"] == "raw_pixels" and set(raw["evaluations"]) == {"linear@40"}
     assert main(args) == 0  # a rerun finds everything done and only rebuilds the table
     second = capsys.readouterr().out
     assert "] pretraining" not in second and "linear probe with" not in second
@@ -90,3 +97,20 @@ def test_recipes__one_place_for_every_entry_points_defaults():
             ("DCCOStrategy", "lr"), ("DCCOStrategy", "lambd"),
             ("DCCOStrategy", "weight_decay")} <= checked
     assert not hasattr(dcco.config, "USER_RECIPE")  # one home: dcco.config.recipes
+
+
+def test_demo__probes_at_few_labels_beside_its_labels(tiny_fmnist, tmp_path, capsys):
+    """With more labels than the few-label probe's 50, every part is probed at both counts
+    (supervised trained at both), each a column of the table."""
+    import json
+
+    out = tmp_path / "demo"
+    args = ["demo", "--run-dir", str(out), "--data-dir", str(tiny_fmnist), "--no-progress"]
+    args += [x for o in TINY for x in ("--set", o.replace("eval.labels=40", "eval.labels=80"))]
+    assert main(args) == 0
+    table = (out / "results.md").read_text()
+    assert "test accuracy, 50 labels (%)" in table and "test accuracy, 80 labels (%)" in table
+    for part, key in (("dcco", "linear"), ("supervised", "supervised"),
+                      ("random_init", "linear"), ("raw_pixels", "linear")):
+        recorded = json.loads((out / part / "summary.json").read_text())["evaluations"]
+        assert {f"{key}@50", f"{key}@80"} <= set(recorded), part

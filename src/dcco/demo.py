@@ -3,9 +3,10 @@ minutes on 2 CPU cores.
 
 Pretrains dcco, cco_fedavg, contrastive_fedavg and centralized_cco with the same budget
 (rounds × images per round) on one-class clients (α = 0), evaluates each encoder with a linear
-probe, and compares them with supervised training from scratch on the same labels and with a
-randomly initialised encoder. An interrupted demo resumes: finished parts are kept, an
-interrupted pretraining continues from its checkpoint.
+probe at 50 labels and at ``eval.labels`` (1,000), and compares them with supervised training
+from scratch on the same labels, a randomly initialised encoder and the raw pixels. An
+interrupted demo resumes: finished parts are kept, an interrupted pretraining continues from
+its checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dcco.evaluate.runs import (
     eval_key,
     evaluate_run,
     random_encoder_run,
+    raw_pixels_run,
     supervised_run,
     with_method,
 )
@@ -46,8 +48,25 @@ DEMO_CONFIG = DEMO
 """The demo's recipe (``dcco.config.recipes.DEMO``; configs/demo_fmnist.toml as a file)."""
 
 
-PARTS = (*METHODS, "supervised", "random_init")
+FLOORS = {"supervised": supervised_run, "random_init": random_encoder_run,
+          "raw_pixels": raw_pixels_run}
+"""The parts that pretrain nothing: supervised training from scratch on the labels, a
+randomly initialised encoder's probe, and the raw pixels' probe."""
+PARTS = (*METHODS, *FLOORS)
 """The demo folder's run directories, one per part."""
+FEW_LABELS = 50
+"""The demo's few-label probe, beside ``eval.labels``: the paper's claim over supervised
+training is about few labels (docs/results/demo.md)."""
+
+
+def label_counts(cfg: RunConfig) -> tuple[int, ...]:
+    """The label counts the demo probes at: ``FEW_LABELS`` (at most ``eval.labels``) and
+    ``eval.labels``."""
+    return tuple(sorted({min(FEW_LABELS, cfg.eval.labels), cfg.eval.labels}))
+
+
+def _protocol(part: str) -> str:
+    return "supervised" if part == "supervised" else "linear"
 FILES = ("results.md", "results.csv", "accuracy.png", "loss.png", "demo_config.json")
 """The demo folder's own files."""
 
@@ -99,7 +118,7 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
     say(f"Fashion-MNIST: {len(train)} training images, {len(test)} test images; clients of "
         f"{base.data.samples_per_client} images, α = {base.data.alpha}; "
         f"{base.train.clients_per_round} clients per round, {base.train.rounds} rounds")
-    key = eval_key("linear", base.eval.labels)
+    counts = label_counts(base)
     rows, runs = [], []
     for method in METHODS:
         cfg = with_method(base, method)
@@ -108,43 +127,53 @@ def run_demo(out: Path, pretrain: Callable[..., dict], data_dir: Path | None = N
         if not pretraining_ended(summary, cfg.train.rounds):
             say(f"\n[{method}] pretraining" + (" (resuming)" if existed else ""))
             summary = pretrain(cfg, run, train, test, existed, checked[method])
-        recorded = summary.get("evaluations", {})
-        if key not in recorded or not is_current(recorded[key]):
-            say(f"[{method}] linear probe with {cfg.eval.labels} labels")
-            evaluate_run(run, "linear", None, splits, progress)
-            summary = run.summary()
-        acc = summary["evaluations"][key]["accuracy"]
+        for labels in _missing(run, "linear", counts):
+            say(f"[{method}] linear probe with {labels} labels")
+            evaluate_run(run, "linear", labels, splits, progress)
+        summary = run.summary()
+        probes = ", ".join(f"{100 * summary['evaluations'][eval_key('linear', n)]['accuracy']:.1f}"
+                           f"% at {n} labels" for n in counts)
         say(f"[{method}] final loss {summary['final_loss']:.4g}, "
             f"{summary.get('knn_monitor', 'k-NN')}: {100 * summary['knn']:.1f}%, linear probe "
-            f"{100 * acc:.1f}%")
+            f"{probes}")
         rows.append((method, summary))
         runs.append(run)
-    for name, fn in (("supervised", supervised_run), ("random_init", random_encoder_run)):
+    for name, fn in FLOORS.items():
         run, _ = RunDir.open_or_create(out / name, base)
-        recorded = run.summary().get("evaluations", {})
-        if not recorded or not all(is_current(e) for e in recorded.values()):
-            say(f"\n[{name}] " + ("supervised training from scratch" if name == "supervised"
-                                  else "linear probe of a randomly initialised encoder"))
-            fn(base, run, None, splits, progress)
+        for labels in _missing(run, _protocol(name), counts):
+            say(f"\n[{name}] " + {"supervised": "supervised training from scratch",
+                                  "random_init": "linear probe of a randomly initialised "
+                                                 "encoder",
+                                  "raw_pixels": "linear probe of the raw pixels"}[name]
+                + f", {labels} labels")
+            fn(base, run, labels, splits, progress)
         rows.append((name, run.summary()))
     return _write_results(out, base, rows, runs)
 
 
+def _missing(run: RunDir, protocol: str, counts: tuple[int, ...]) -> list[int]:
+    """The label counts whose evaluation the run has not recorded at its current revision."""
+    recorded = run.summary().get("evaluations", {})
+    return [n for n in counts if eval_key(protocol, n) not in recorded
+            or not is_current(recorded[eval_key(protocol, n)])]
+
+
 def _write_results(out: Path, cfg: RunConfig, rows: list, runs: list[RunDir]) -> str:
+    counts = label_counts(cfg)
     header = ["method", "pretraining", "final loss", "standardized k-NN (%)",
-              f"test accuracy, {cfg.eval.labels} labels (%)"]
+              *(f"test accuracy, {n} labels (%)" for n in counts)]
     table, labels, accs = [], [], []
     for name, s in rows:
-        (evaluation,) = s["evaluations"].values()
-        acc = evaluation["accuracy"]
+        probes = [s["evaluations"][eval_key(_protocol(name), n)]["accuracy"] for n in counts]
         rounds = s.get("rounds")
         budget = (f"{rounds} round{'s' if rounds != 1 else ''}" if rounds else
-                  "none (linear probe)" if name == "random_init" else "labels only")
+                  {"random_init": "none (linear probe)",
+                   "raw_pixels": "none (the pixels, linear probe)"}.get(name, "labels only"))
         loss = f"{s['final_loss']:.4g}" if s.get("final_loss") is not None else "—"
         knn = knn_cell(s)
-        table.append([name, budget, loss, knn, f"{100 * acc:.1f}"])
+        table.append([name, budget, loss, knn, *(f"{100 * a:.1f}" for a in probes)])
         labels.append(name)
-        accs.append(acc)
+        accs.append(probes[-1])
     write_tables(header, table, out / "results")
     plot_accuracy_bars(labels, accs, out / "accuracy.png",
                        f"Fashion-MNIST, α={cfg.data.alpha}, {cfg.data.samples_per_client} "

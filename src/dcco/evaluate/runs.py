@@ -215,6 +215,24 @@ def random_encoder_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
     return result
 
 
+def raw_pixels_run(cfg: RunConfig, run: RunDir, labels: int | None = None,
+                   splits: tuple[Dataset, Dataset] | None = None,
+                   progress: StepCallback | None = None) -> EvalResult:
+    """Linear probe of the raw inputs, flattened (no encoder): the floor a learnt encoder
+    should pass, recorded like a run (method ``raw_pixels``)."""
+    train, test = splits or load_splits(cfg)
+    if train.paired:
+        raise UserError("the raw-pixel probe reads images; paired data sets have none")
+    device = resolve_device(cfg.train.device)
+    ecfg = eval_config_for(cfg, labels)
+    ids = labelled_subset(train.labels, ecfg.labels, train.num_classes, cfg.train.seed)
+    result = linear_probe(torch.nn.Flatten(), train, test, ids, ecfg, cfg.train.seed, device,
+                          progress)
+    run.update_summary(method="raw_pixels", dataset=cfg.data.dataset, rounds=0,
+                       evaluations={eval_key("linear", ecfg.labels): asdict(result)})
+    return result
+
+
 def with_method(cfg: RunConfig, method: str) -> RunConfig:
     """``cfg`` with another pretraining method (projector default follows the method)."""
     return replace(cfg, train=replace(cfg.train, method=method))

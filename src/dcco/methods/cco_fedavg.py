@@ -1,4 +1,7 @@
-"""CCO + FedAvg: each client minimises the CCO loss of its own samples (paper §4 baseline)."""
+"""CCO + FedAvg: each client minimises the CCO loss of its own samples (paper §4 baseline).
+
+Its server's parameter groups come in dcco's form and Barlow Twins' (``optim.vector_lr_scale
+= 0.024``), and its loss has Barlow Twins' code's ε: ``dcco.methods.dcco``."""
 
 from __future__ import annotations
 

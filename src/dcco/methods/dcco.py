@@ -4,6 +4,24 @@ Round: clients send their encoding statistics S_k; the server returns the sample
 aggregate S_A; each client takes one SGD step on L_CCO(S_k + stopgrad(S_A − S_k)), so the
 loss sees the large-batch statistics while gradients flow only through its own samples
 (``AnchoredMethod``; its ``round_loss`` is the exact batched form, paper appendix A).
+
+The CCO family (DCCO, CCO + FedAvg, centralized CCO; DVICReg's server alike) comes in two
+forms of its server optimiser's parameter groups, and one loss with an ε:
+
+- **dcco's form** (the default, ``optim.vector_lr_scale = 1``): the 1-D parameters (biases,
+  group-norm gains and shifts) step at the weights' rate, without LARS's adaptation and
+  without weight decay.
+- **Barlow Twins' form** (Zbontar et al. 2021, the authors' LARS: rate 0.2 for the weights,
+  0.0048 for biases and normalisation parameters, a ratio of 0.024, those without adaptation
+  or weight decay): ``optim.vector_lr_scale = 0.024``. The DCCO paper names Barlow Twins'
+  loss, not its parameter groups, and its CIFAR runs use Adam (appendix B), whose 1-D group
+  the same setting scales.
+- **The loss's ε** (``loss.eps``, 1e-5) is not in the paper's eq. 1, which divides by the
+  bare standard deviations; it is where Barlow Twins' code has it, in the batch norm
+  (``affine=False``, ε = 1e-5) that standardises each encoding before C. At the paper's
+  network the encodings vary on a scale where it is negligible; at the CPU scale under LARS
+  they sit at it (docs/results/healthy-dcco.md), and ``loss.eps = 1e-12`` is eq. 1 as
+  written.
 """
 
 from __future__ import annotations

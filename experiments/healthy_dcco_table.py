@@ -1,0 +1,142 @@
+"""The healthy-DCCO study's tables (issue 97; docs/results/healthy-dcco.md): each recipe of
+experiments/healthy_dcco.toml that has run, its validation probe, and its health by round:
+the views' mean correlation C_ii, the median and largest dimension variance in units of the
+loss's ε, and C's effective rank, read from the cell's metrics.jsonl (the round's pooled
+statistics S_A).
+
+    python experiments/healthy_dcco_table.py            # print the tables
+    python experiments/healthy_dcco_table.py --write    # into docs/results/healthy-dcco.md
+    python experiments/healthy_dcco_table.py --check    # exit 1 if the doc differs
+
+Reads only records; a cell still running or not yet run is listed as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ROOT / "experiments" / "healthy_dcco.toml"
+RESULTS = ROOT / "experiments" / "results" / "healthy_dcco"
+DOC = ROOT / "docs" / "results" / "healthy-dcco.md"
+TAG = "healthy-dcco-table"
+EVALUATION = "linear@5000"
+ROUNDS = (50, 100, 300)
+"""The rounds whose health the table shows, with the cell's last."""
+EPS = 1e-5
+"""The pick's ε: variances are shown in its units for every recipe (a recipe at ε = 1e-12
+reads the same units, so its scale compares with the pick's)."""
+
+
+def recipes() -> dict[str, list[str]]:
+    """Each recipe's name and what it changes from the pick (r1): its overrides that r1
+    does not have."""
+    from dcco.reproduce.grid import load_grid
+
+    rule = load_grid(GRID, "study").tuning.recipes["dcco"]
+    pick = set(rule[0].overrides)
+    return {r.name: [o for o in r.overrides if o not in pick] for r in rule}
+
+
+def _cells() -> list[Path]:
+    def order(path: Path) -> tuple[str, int, str]:
+        setting, _, rest = path.name.partition("-dcco-r")
+        number, _, seed = rest.partition("-")
+        return setting, int(number), seed
+
+    return sorted((p for p in RESULTS.glob("*-dcco-r*-s*") if p.is_dir()), key=order)
+
+
+def _health(records: list[dict], at: int) -> dict | None:
+    readings = [r for r in records if "corr_diag" in r and r["round"] <= at]
+    return readings[-1] if readings else None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2g}" if x < 100 else f"{x:.0f}"
+
+
+def row(cell: Path, changes: dict[str, list[str]]) -> list[str]:
+    """A cell's row: its recipe, the change, the probe, its health at ``ROUNDS`` and its
+    last round, its collapse warning."""
+    setting, _, rest = cell.name.partition("-dcco-")
+    recipe, _, seed = rest.partition("-")
+    summary = json.loads((cell / "summary.json").read_text()) \
+        if (cell / "summary.json").is_file() else {}
+    records = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+    evaluation = summary.get("evaluations", {}).get(EVALUATION)
+    last = max((r["round"] for r in records if "corr_diag" in r), default=0)
+    probe = f"{100 * evaluation['accuracy']:.1f}" if evaluation else \
+        ("running" if not summary else "—")
+    parts = []
+    for name, pick in (("C_ii", lambda h: f"{h['corr_diag']:.2f}"),
+                       ("median var / ε", lambda h: _fmt(h["median_var"] / EPS)),
+                       ("largest var / ε", lambda h: _fmt(h["max_var"] / EPS)),
+                       ("rank", lambda h: f"{h['eff_rank']:.1f}")):
+        values = []
+        for at in (*[r for r in ROUNDS if r < last], last):
+            h = _health(records, at)
+            values.append(pick(h) if h is not None and "median_var" in h else "–")
+        parts.append(" / ".join(values))
+    warning = summary.get("collapse_warning") or next(
+        (r["message"] for r in records if r.get("warning") == "collapse"), None)
+    warned = warning.split(":")[0].replace("collapse at ", "") if warning else "none"
+    change = ", ".join(changes.get(recipe, [])) or "— (the pick)"
+    return [f"{setting} {recipe} {seed}", change.replace('"', ""), probe, *parts,
+            f"{last}", warned]
+
+
+def table() -> str:
+    """The study's table, in Markdown."""
+    changes = recipes()
+    header = ["cell", "change from the pick", f"validation {EVALUATION} (%)",
+              "C_ii", "median var / ε", "largest var / ε", "C's effective rank",
+              "rounds", "collapse warning"]
+    rows = [row(c, changes) for c in _cells()]
+    intro = (f"Health at rounds {', '.join(map(str, ROUNDS))} and the cell's last (a value "
+             f"each, separated by /), from the round's pooled statistics; variances in units "
+             f"of ε = {EPS:g}. {len(rows)} cells recorded.")
+    lines = [
+        intro,
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        "Written by `python experiments/healthy_dcco_table.py --write` from "
+        + "`experiments/results/healthy_dcco/`."]
+    return "\n".join(lines)
+
+
+def _replace(text: str, block: str) -> str:
+    begin, end = f"<!-- {TAG}:begin -->", f"<!-- {TAG}:end -->"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help=f"write it into {DOC.name}")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the doc differs")
+    args = ap.parse_args(argv)
+    block = table()
+    if args.write or args.check:
+        text = DOC.read_text()
+        new = _replace(text, block)
+        if args.check:
+            if new != text:
+                print(f"{DOC} differs from the records: python {Path(__file__).name} --write")
+                return 1
+            return 0
+        DOC.write_text(new)
+        return 0
+    print(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
