@@ -64,11 +64,13 @@ def label_counts(cfg: RunConfig) -> tuple[int, ...]:
     ``eval.labels``."""
     return tuple(sorted({min(FEW_LABELS, cfg.eval.labels), cfg.eval.labels}))
 
-
-def _protocol(part: str) -> str:
-    return "supervised" if part == "supervised" else "linear"
 FILES = ("results.md", "results.csv", "accuracy.png", "loss.png", "demo_config.json")
 """The demo folder's own files."""
+
+
+def _protocol(part: str) -> str:
+    """The evaluation a part records: supervised training, or the linear probe."""
+    return "supervised" if part == "supervised" else "linear"
 
 
 def check_demo_folder(out: Path) -> None:

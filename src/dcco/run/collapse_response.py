@@ -25,6 +25,7 @@ the halved rate, so an interrupted run resumes at the rate it had.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -32,7 +33,7 @@ from typing import Any, Literal
 from dcco.callers import caller_stacklevel
 from dcco.config import ConfigError
 from dcco.core.collapse import CollapseWarning
-from dcco.run.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
+from dcco.run.checkpoint import save_checkpoint
 from dcco.run.monitors import Checkpoints, Collapse, Monitor
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import COLLAPSE_EVENT, RunDir
@@ -78,10 +79,7 @@ class CollapseResponse:
     @property
     def rewinds(self) -> int:
         """The rewinds this run has taken (read from its rate: each one halves it)."""
-        scale, n = self.pt.lr_scale, 0
-        while scale < 1.0 - 1e-12:
-            scale, n = scale * 2, n + 1
-        return n
+        return round(-math.log2(self.pt.lr_scale))
 
     def start(self) -> None:
         """Checkpoint the run's start when it has no checkpoint and may have to come back."""
@@ -131,8 +129,7 @@ class CollapseResponse:
         checkpoint may already hold a model on its way down."""
         earlier = self.run.earlier_checkpoint_path
         path = earlier if earlier.is_file() else self.run.checkpoint_path
-        self.pt.rounds_done = load_checkpoint(path, self.pt.model, self.pt.optimizer)
-        self.pt.load_round_state(checkpoint_state(path))
+        self.pt.restore(path)
         if self.writes:
             self.run.truncate_metrics(self.pt.rounds_done)
         return self.pt.rounds_done

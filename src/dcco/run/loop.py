@@ -16,7 +16,6 @@ from dcco.config import RunConfig
 from dcco.core.collapse import FIGURES
 from dcco.data.paired import Dataset
 from dcco.models import DualEncoder
-from dcco.run.checkpoint import checkpoint_state, load_checkpoint
 from dcco.run.collapse_response import CollapseResponse, stopped_at_collapse
 from dcco.run.monitors import Monitor, message_bytes, run_summary, standard_monitors
 from dcco.run.pretraining import Pretraining, RoundMetrics, read_numbers
@@ -78,8 +77,7 @@ def resume_from_checkpoint(pt: Pretraining, run: RunDir) -> None:
     """Restore model, optimiser, rounds done and round state from ``run``'s checkpoint (none
     yet: round 0), and drop the metrics logged after it."""
     if run.checkpoint_path.is_file():
-        pt.rounds_done = load_checkpoint(run.checkpoint_path, pt.model, pt.optimizer)
-        pt.load_round_state(checkpoint_state(run.checkpoint_path))
+        pt.restore(run.checkpoint_path)
     if pt.rank == 0:
         run.truncate_metrics(pt.rounds_done)
 

@@ -60,6 +60,7 @@ from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
 from dcco.models.dual import buffers_kept
 from dcco.run.algorithms import algorithm_of
+from dcco.run.checkpoint import checkpoint_state, load_checkpoint
 from dcco.run.device_plan import keeps_graphs, max_batch_of, resolve_device
 from dcco.run.planning import RoundPlan, input_record, plan_round
 from dcco.run.privacy_plan import Privacy
@@ -464,6 +465,12 @@ class Pretraining:
             return cache
         return {f"aggregate.{k}": v for k, v in self.aggregate.items()} | {
             "aggregate.count": self.aggregate.count} | cache
+
+    def restore(self, path: Path) -> None:
+        """Restore model, optimiser, rounds done and round state from the checkpoint at
+        ``path`` (``dcco.run.checkpoint``)."""
+        self.rounds_done = load_checkpoint(path, self.model, self.optimizer)
+        self.load_round_state(checkpoint_state(path))
 
     def load_round_state(self, state: dict[str, Tensor]) -> None:
         """Restore ``round_state``: the aggregate of the last round before the checkpoint."""
