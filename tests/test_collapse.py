@@ -322,3 +322,23 @@ def test_demo_dcco__its_first_60_rounds_give_no_collapse_warning(tmp_path) -> No
     judged = [x for x in lines if "dead_dims" in x and x["round"] >= 40]
     assert judged and max(x["dead_dims"] for x in judged) < 0.5
     assert min(x["corr_diag"] for x in judged) > 0.15
+
+
+def test_collapse_watch__its_advice_names_the_runs_setting_and_offers_nothing_it_has():
+    """The rate advice names the run's optimiser and rate; dcco's projector is offered only
+    to a model without it, and train.on_collapse = "rewind" only to a run that does not
+    rewind already."""
+    one_line = {"dead_dims": 0.0, "corr_diag": 0.3, "eff_rank": 1.1}
+    plain = CollapseWatch(20, eps=1e-5, server=("lars", 1.5)).check(20, one_line, 16)
+    assert "optim.lr = 0.75 (now 1.5 under lars)" in plain
+    assert 'train.on_collapse = "rewind"' in plain and "normalisation layers" in plain
+    rewinding = CollapseWatch(20, eps=1e-5, server=("lars", 1.5), has_projector=True,
+                              offer_rewind=False).check(20, one_line, 16)
+    assert "optim.lr = 0.75" in rewinding and "on_collapse" not in rewinding
+    assert "normalisation layers" not in rewinding
+    shrunk = {"dead_dims": 0.9, "corr_diag": 0.3, "eff_rank": 5.0, "max_var": 2e-5}
+    ours = CollapseWatch(20, eps=1e-5, server=("lars", 1.5), has_projector=True).check(
+        20, shrunk, 16)
+    theirs = CollapseWatch(20, eps=1e-5).check(20, shrunk, 16)
+    assert "dcco's projector" not in ours and "loss.eps" in ours
+    assert "give it dcco's projector" in theirs

@@ -111,6 +111,8 @@ def test_on_collapse_rewind__halves_the_rate_from_before_the_collapse_and_ends_h
     assert "stopped_at_collapse" not in summary and summary["rounds"] == 60
     assert summary["collapse_events"] == [e["line"] for e in events]
     assert all(e["line"] in said for e in events)
+    # a run that rewinds is not advised to rewind
+    assert not any('train.on_collapse = "rewind"' in line for line in said)
     # after the last rewind, the rate is the raised one times its scale, every round logged
     scale = events[-1]["lr_scale"]
     after = [r for r in records if "lr" in r and r["round"] > events[-1]["to_round"]]

@@ -190,15 +190,20 @@ class CollapseWatch:
             run whose optimiser is not known here.
         has_projector: whether the model ends in dcco's projector (whose group norm sets
             the encodings' scale), so that the advice does not offer it to a run that has it.
+        offer_rewind: whether the advice offers ``train.on_collapse = "rewind"``: not to a
+            run that rewinds already, nor where the setting does not exist (a user's Flower
+            app under ``DCCOStrategy``).
     """
 
     def __init__(self, after: int, eps: float = 0.0, client_samples: int | None = None,
-                 server: tuple[str, float] | None = None, has_projector: bool = False) -> None:
+                 server: tuple[str, float] | None = None, has_projector: bool = False,
+                 offer_rewind: bool = True) -> None:
         self.after = after
         self.eps = eps
         self.client_samples = client_samples
         self.server = server
         self.has_projector = has_projector
+        self.offer_rewind = offer_rewind
         self.message: str | None = None
         self._low_corr = 0
 
@@ -210,8 +215,10 @@ class CollapseWatch:
         else:
             name, lr = self.server
             lower = f"Try a lower server rate: optim.lr = {lr / 2:g} (now {lr:g} under {name})"
+        if not self.offer_rewind:
+            return f"{lower}, or a longer warm-up (optim.warmup_rounds)"
         return (f"{lower}, a longer warm-up (optim.warmup_rounds), or train.on_collapse = "
-                f"\"rewind\", which halves the rate from the last checkpoint before a collapse")
+                f"\"rewind\", which halves the rate from a checkpoint before the collapse")
 
     def _steps_cause(self) -> str:
         """Why the server's steps hurt, in this run's optimiser's terms."""

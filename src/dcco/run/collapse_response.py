@@ -13,8 +13,7 @@ collapses anyway does not burn its remaining rounds.
 Which checkpoint: the one before the last (``RunDir.earlier_checkpoint_path``, which these
 modes keep), at least one ``train.checkpoint_every`` before the warning. The watch warns a
 few readings into a collapse, so the last checkpoint may already hold a model on its way
-down: a rewind to it, measured on the demo's network (LARS at 20 times its rate from round
-20), collapsed again within 5 rounds each time. A run under ``"stop"`` or ``"rewind"`` also
+down. A run under ``"stop"`` or ``"rewind"`` also
 writes a checkpoint at its start when it has none, so that an early collapse has a model to
 come back to.
 Each event is one line: said as the warning is, a ``{"round", "collapse_response", ...}``

@@ -78,7 +78,8 @@ class Collapse(Monitor):
             watch_start(pt.cfg.optim.warmup_rounds), eps=pt.method.variance_eps(),
             client_samples=int(pt.partition.sizes.max()) if own_cco else None,
             server=(pt.cfg.optim.optimizer, pt.cfg.optim.lr),
-            has_projector=isinstance(pt.model.projector, Projector))
+            has_projector=isinstance(pt.model.projector, Projector),
+            offer_rewind=pt.cfg.train.on_collapse != "rewind")
 
     def warned_at(self, round_done: int) -> str | None:
         """The warning given at this round's reading, or None."""

@@ -171,8 +171,7 @@ class DCCOStrategy(Strategy):
 
     def _watch(self) -> CollapseWatch:
         return CollapseWatch(watch_start(self.optim.warmup_rounds),
-                             eps=self.method.variance_eps(),
-                             server=(self.optim.optimizer, self.optim.lr))
+                             eps=self.method.variance_eps(), offer_rewind=False)
 
     # Flower's hooks: a round's first exchange and the server's step from its update replies
     # (``start`` runs the exchange between them); FedAvg's federated evaluation.
