@@ -41,13 +41,26 @@ def recipes() -> dict[str, list[str]]:
     return {r.name: [o for o in r.overrides if o not in pick] for r in rule}
 
 
-def _cells() -> list[Path]:
-    def order(path: Path) -> tuple[str, int, str]:
-        setting, _, rest = path.name.partition("-dcco-r")
-        number, _, seed = rest.partition("-")
-        return setting, int(number), seed
+def _split(name: str) -> tuple[str, str, str]:
+    """A cell's (setting, recipe, seed) from its folder's name: "non-iid-4-dcco-r13-s0" →
+    ("non-iid-4", "r13", "s0"); centralized CCO's "centralized_cco-r13-s0" has the setting
+    "centralized" (128 random images a step, non-IID 4's pooled batch)."""
+    if name.startswith("centralized_cco-"):
+        setting, rest = "centralized", name.removeprefix("centralized_cco-")
+    else:
+        setting, _, rest = name.partition("-dcco-")
+    recipe, _, seed = rest.partition("-")
+    return setting, recipe, seed
 
-    return sorted((p for p in RESULTS.glob("*-dcco-r*-s*") if p.is_dir()), key=order)
+
+def _cells() -> list[Path]:
+    """The finished cells (a summary written; a cell still running is not a record)."""
+    def order(path: Path) -> tuple[str, int, str]:
+        setting, recipe, seed = _split(path.name)
+        return setting, int(recipe[1:]), seed
+
+    found = [*RESULTS.glob("*-dcco-r*-s*"), *RESULTS.glob("centralized_cco-r*-s*")]
+    return sorted((p for p in found if (p / "summary.json").is_file()), key=order)
 
 
 def _health(records: list[dict], at: int) -> dict | None:
@@ -62,15 +75,12 @@ def _fmt(x: float) -> str:
 def row(cell: Path, changes: dict[str, list[str]]) -> list[str]:
     """A cell's row: its recipe, the change, the probe, its health at ``ROUNDS`` and its
     last round, its collapse warning."""
-    setting, _, rest = cell.name.partition("-dcco-")
-    recipe, _, seed = rest.partition("-")
-    summary = json.loads((cell / "summary.json").read_text()) \
-        if (cell / "summary.json").is_file() else {}
+    setting, recipe, seed = _split(cell.name)
+    summary = json.loads((cell / "summary.json").read_text())
     records = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
     evaluation = summary.get("evaluations", {}).get(EVALUATION)
     last = max((r["round"] for r in records if "corr_diag" in r), default=0)
-    probe = f"{100 * evaluation['accuracy']:.1f}" if evaluation else \
-        ("running" if not summary else "—")
+    probe = f"{100 * evaluation['accuracy']:.1f}" if evaluation else "—"
     parts = []
     for name, pick in (("C_ii", lambda h: f"{h['corr_diag']:.2f}"),
                        ("median var / ε", lambda h: _fmt(h["median_var"] / EPS)),

@@ -53,10 +53,11 @@ def test_share__splits_clients_contiguously_and_unevenly():
 
 def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path):
     """Pseudo-gradient to a relative 1e-12 (float64), loss likewise, for every method and
-    both executors (the batched one also in groups that keep their graphs); centralized CCO
+    both executors (the batched one also in groups that keep their graphs), and under
+    L-DAWA's aggregation (each rank's clients scaled before the all-reduce); centralized CCO
     split over the ranks runs as DCCO over them; FedSC's rounds with the server's cache of
     absent clients (``train.absent_statistics = "cached"``) likewise, round after round."""
-    from helpers.dist_round import METHODS, case
+    from helpers.dist_round import METHODS, algorithm, case
 
     out = tmp_path / "rounds.pt"
     done = _torchrun([str(HELPER), str(out)], tmp_path)
@@ -70,7 +71,8 @@ def test_two_ranks__every_methods_round_equals_the_single_process_round(tmp_path
             # other by up to ~1e-12 on their own (CCO on 2-sample FedAvg clients divides by
             # a 2-sample variance), which is not what this test is about; "grouped-kept":
             # the batched one in groups of 4 samples keeping their graphs (max_batch "auto")
-            expected = run_round(model, method, x1, x2, segments,
+            expected = run_round(model, algorithm(name, method) if method.federated else method,
+                                 x1, x2, segments,
                                  "batched" if backend == "grouped-kept" else backend)
             flat = torch.cat([v.flatten() for v in expected.pseudo_gradient.values()])
             assert flat.norm() > 0

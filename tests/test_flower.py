@@ -650,8 +650,12 @@ def _reference(cfg):
      'train.local_statistics="own"', 'train.pseudo_gradient="mean_gradient"'),
     ('train.method="fedsc"', "model.projector=[16, 16, 16]", "train.local_steps=2",
      "train.local_lr=1e-3", 'train.local_statistics="own"', 'train.own_weight="fedsc"'),
+    # L-DAWA at a client rate of 0.05: at 1.0 a step is many times this tiny model's
+    # weights, and its second and third rounds blow the nodes' other summation order up
+    ('train.aggregation="ldawa"', "train.local_lr=0.05"),
+    ('train.method="cco_fedavg"', 'train.aggregation="ldawa"', "train.local_lr=0.05"),
 ], ids=["dvicreg", "stale", "stale-after-warm-up", "stale-own-ema", "local-steps-dcco", "local-steps-fedavg",
-        "local-steps-own", "fedsc-alpha-schedule"])
+        "local-steps-own", "fedsc-alpha-schedule", "ldawa-dcco", "ldawa-fedavg"])
 def test_flower_round_settings_equal_the_reference_backend(make_federation, overrides):
     method = next((o.split('"')[1] for o in overrides if o.startswith("train.method")), "dcco")
     cfg, pt, fed = make_federation(method, overrides=overrides)

@@ -17,7 +17,7 @@ LAYERS = (
     ("methods", "models", "data", "evaluate", "core.client", "core.server", "core.optim",
      "core.privacy", "core.precision", "core.statistics_cache", "core.client_state",
      "core.disk_states"),
-    ("core.algorithm", "core.simulator", "core.distributed"),
+    ("core.aggregation", "core.algorithm", "core.simulator", "core.distributed"),
     ("run", "evaluate.runs", "reproduce", "flower", "api", "fitting"),
     ("cli", "demo", "__main__", "__init__"),
 )

@@ -20,7 +20,8 @@ from dcco.models import build_dual_encoder
 SIZES = [1, 3, 5, 2, 4]
 SIZES_FEDAVG = [2, 3, 5, 2, 4]
 METHODS = ["dcco", "dvicreg", "cco_fedavg", "contrastive_fedavg", "vicreg_fedavg",
-           "centralized_cco", "fedsc", "spectral_fedavg"]
+           "centralized_cco", "fedsc", "spectral_fedavg", "dcco+ldawa", "cco_fedavg+ldawa"]
+"""Each method's round; "+ldawa": under L-DAWA's aggregation (``train.aggregation``)."""
 
 
 CACHED_ROUNDS = [([0, 1, 2, 3, 4], [1, 3, 5, 2, 4]), ([5, 2, 0], [2, 4, 3]),
@@ -38,9 +39,14 @@ def views(n, seed=0):
                         dtype=torch.float64)
 
 
+def algorithm(name, method):
+    """The round's algorithm for a name of ``METHODS`` (its method, built by ``case``)."""
+    return Algorithm(method, aggregation="ldawa" if name.endswith("+ldawa") else "fedavg")
+
+
 def case(name):
     """A method's round: (method, client sizes, float64 model, both views of its samples)."""
-    method = build_method(name)
+    method = build_method(name.split("+")[0])
     sizes = SIZES_FEDAVG if method.min_client_samples > 1 else SIZES
     model = build_dual_encoder(ModelConfig(widths=(4, 8, 8)), 1, (24, 24, 16), seed=7).double()
     return method, sizes, model, views(sum(sizes))
@@ -55,16 +61,16 @@ def main():
         segments = Segments.from_counts(sizes)
         if method.federated:
             part, local = local_segments(segments, rank, size)
-            algorithm = Algorithm(method)
+            rule = algorithm(name, method)
         else:
             part, local = split_batch(sum(sizes), rank, size)
-            algorithm = Algorithm(build_method("dcco"))
+            rule = Algorithm(build_method("dcco"))
         for backend in ("batched", "reference", "grouped-kept"):
             if backend == "grouped-kept":  # train.max_batch = "auto" on a CPU, in groups of 4
                 inner = EXECUTORS["batched"](model, x1[part], x2[part], local, 4, True)
             else:
                 inner = EXECUTORS[backend](model, x1[part], x2[part], local)
-            result = algorithm.round(AllReduceExecutor(inner, local.num_samples,
+            result = rule.round(AllReduceExecutor(inner, local.num_samples,
                                                            sum(sizes)))
             out[f"{name}/{backend}"] = {"pseudo": result.pseudo_gradient,
                                         "loss": float(result.loss),

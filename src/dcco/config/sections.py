@@ -180,6 +180,11 @@ class TrainConfig:
     round's samples (the exact round); "uniform", 1/K each (FedSC's code). They agree when a
     round's clients all hold as many samples (every Dirichlet partition); "uniform" runs in the
     simulator in one process."""
+    aggregation: Literal["fedavg", "ldawa"] = "fedavg"
+    """How the server combines the clients' updates: "fedavg", their weighted average (by
+    ``client_weighting``; the exact round); "ldawa", L-DAWA's (Rehman et al., ICCV 2023):
+    each layer of each client's model first scaled by its cosine with the global model's
+    (``dcco.core.aggregation``). Federated methods; every backend, SecAgg+ included."""
     absent_statistics: Literal["drop", "cached"] = "drop"
     """Statistics methods: "drop", a round's aggregate is its own clients' (exact);
     "cached", the server keeps every client's last statistics and merges those of the

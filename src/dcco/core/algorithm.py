@@ -30,6 +30,7 @@ from typing import Protocol
 from torch import Tensor
 from torch.nn import Module
 
+from dcco.core.aggregation import AGGREGATIONS, combine_updates
 from dcco.core.client import (
     PLAIN_SGD,
     ClientUpdate,
@@ -190,6 +191,10 @@ class Algorithm:
     local_sgd: LocalSGD = PLAIN_SGD
     """Momentum, weight decay and gradient clipping of the local steps (FedSC's clients';
     ``dcco.core.client.LocalSGD``). Decay or clipping makes even one step inexact."""
+    aggregation: str = "fedavg"
+    """How the server combines the updates: "fedavg", their weighted average; "ldawa",
+    L-DAWA's, each client's layers first scaled by their cosine with the global model's
+    (``dcco.core.aggregation``; ``train.aggregation``). L-DAWA is never the exact round."""
 
     def __post_init__(self) -> None:
         if self.staleness not in (0, 1):
@@ -229,6 +234,13 @@ class Algorithm:
         if self.client_weighting not in ("samples", "uniform"):
             raise ValueError(f"train.client_weighting must be 'samples' or 'uniform', got "
                              f"{self.client_weighting!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"train.aggregation must be one of {', '.join(AGGREGATIONS)}, "
+                             f"got {self.aggregation!r}")
+        if self.aggregation != "fedavg" and not self.method.federated:
+            raise ValueError(f"{self.method.name} is centralized: the server has no client "
+                             f"updates to combine by train.aggregation = "
+                             f"{self.aggregation!r}")
         if self.local_optimizer not in ("sgd", "layerwise"):
             raise ValueError(f"train.local_optimizer must be 'sgd' or 'layerwise', got "
                              f"{self.local_optimizer!r}")
@@ -300,7 +312,14 @@ class Algorithm:
         equal = largest_client is None or largest_client == smallest_client
         return not self.stateful and self.update_clip is None and self.local_steps == 1 and (
             not self.mixes) and (self.local_batch is None or self.local_batch >= smallest_client) and (
-            self.local_sgd.one_step_is_sgd) and (self.client_weighting == "samples" or equal)
+            self.local_sgd.one_step_is_sgd) and (self.client_weighting == "samples" or equal) and (
+            self.aggregation == "fedavg")
+
+    def combine(self, updates: list[ClientUpdate], params: dict[str, Tensor]) -> ClientUpdate:
+        """Clients' updates as one, by this algorithm's ``aggregation`` and
+        ``client_weighting`` (``dcco.core.aggregation.combine_updates``): a round's, or the
+        clients a Flower node hosts (``params``: the global model the clients were sent)."""
+        return combine_updates(updates, params, self.aggregation, self.client_weighting)
 
     @property
     def mixes(self) -> bool:

@@ -30,7 +30,6 @@ speed, keeps them; a ``max_batch`` set to bound memory does not.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -41,7 +40,6 @@ from dcco.core.client import ClientUpdate, client_statistics, trainable_paramete
 from dcco.core.client_state import RoundStates
 from dcco.core.method import Method, Segments
 from dcco.core.privacy import RoundNoise
-from dcco.core.server import pooled_update
 from dcco.core.stats import EncodingStats, Moments, StatsSpec, encoding_stats, merge
 
 Backend = Literal["batched", "reference"]
@@ -89,9 +87,7 @@ class ReferenceExecutor:
                  else None)
         updates = (self._stateful_updates(algorithm) if algorithm.stateful else
                    [algorithm.client_update(self.model, a, b, shared) for a, b in self.views])
-        weighed = (updates if algorithm.client_weighting == "samples"
-                   else [replace(u, num_samples=1) for u in updates])  # 1/K each
-        pooled = pooled_update(weighed, dict(trainable_parameters(self.model)))
+        pooled = algorithm.combine(updates, dict(trainable_parameters(self.model)))
         pseudo = {k: -v for k, v in pooled.delta.items()}
         return Updates(pseudo, pooled.loss, len(updates), self.segments.num_samples, fresh)
 

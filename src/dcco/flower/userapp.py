@@ -38,6 +38,7 @@ from dcco.api import (
 )
 from dcco.config import LossConfig
 from dcco.config.toml import from_dict
+from dcco.core.aggregation import AGGREGATIONS, ldawa_update
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import ClientUpdate
 from dcco.core.client_state import kept_by_clients, restored, stored, with_kept
@@ -50,6 +51,7 @@ from dcco.flower import codec, secagg
 from dcco.flower.error_reports import first_line
 from dcco.flower.node_states import FolderStates
 from dcco.flower.userwire import (
+    AGGREGATION,
     LAMBDA,
     LOCAL_LR,
     LOSS,
@@ -226,6 +228,8 @@ def answer(msg: Message, context: Context, model: nn.Module,
             update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
         else:
             update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr, chunk=chunk)
+    if ask.aggregation == "ldawa":  # the server's rule, on the model this node was sent
+        update = ldawa_update(update, weights)
     for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
@@ -282,6 +286,8 @@ class _Asked:
     """The round's τ for a client's own target network (FedU, FedEMA, MoCo)."""
     states_key: str = ""
     """The run's key for the node's state on its own disk."""
+    aggregation: str = "fedavg"
+    """The server's rule for combining updates ("ldawa": the node scales its own)."""
 
 
 def _asked(content: RecordDict, model: nn.Module) -> _Asked:
@@ -297,17 +303,23 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     if LOSS in config:  # the method's other settings, which the strategy was given
         loss = from_dict(LossConfig, json.loads(str(config[LOSS])), "loss")
     method = build_method(str(config[METHOD]), loss)
+    aggregation = str(config.get(AGGREGATION, "fedavg"))
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"the strategy asks for aggregation {aggregation!r}, which this "
+                         f"node's dcco does not know (it knows {', '.join(AGGREGATIONS)})")
     head = (str(config[keys[0]]), int(config[keys[1]]), method,
             float(config.get(LOCAL_LR, 1.0)), int(config[VIEWS_SEED]))
     if secure:
         ins, params = secagg.decode_secure_instruction(content, list(model.state_dict()),
                                                        method.stats)
         return _Asked(*head, ins.model, ins.shared, params,
-                      float(config.get(TARGET_DECAY, 0.0)), str(config.get(STATES_KEY, "")))
+                      float(config.get(TARGET_DECAY, 0.0)), str(config.get(STATES_KEY, "")),
+                      aggregation)
     arrays = content.array_records
     return _Asked(*head, codec.tensors_of(arrays["arrays"]) if "arrays" in arrays else None,
                   moments_of(arrays["statistics"]) if "statistics" in arrays else None, None,
-                  float(config.get(TARGET_DECAY, 0.0)), str(config.get(STATES_KEY, "")))
+                  float(config.get(TARGET_DECAY, 0.0)), str(config.get(STATES_KEY, "")),
+                  aggregation)
 
 
 def _check_head(method: Method, model: nn.Module) -> None:

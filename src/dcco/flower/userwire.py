@@ -34,6 +34,9 @@ LOSS, TARGET_DECAY = "loss-config", "target-decay"
 """The method's loss settings besides λ (``LossConfig``'s as JSON; a node given none: their
 defaults), and the round's τ, by which a FedU, FedEMA or MoCo client's own target network
 follows its online network after each local step."""
+AGGREGATION = "aggregation"
+"""The server's rule for combining updates when it is not FedAvg's ("ldawa": each node scales
+its update by L-DAWA's layer cosines before replying, ``dcco.core.aggregation``)."""
 STATES_KEY = "states-key"
 """The run's key for a FedU, FedEMA or MoCo node's state on its own disk
 (``answer(state_dir=...)``, ``dcco.flower.node_states``): a resumed run keeps its own."""
@@ -62,6 +65,7 @@ class NodeSettings:
     local_lr: float
     seed: int
     loss: LossConfig
+    aggregation: str = "fedavg"
 
     @property
     def lambd(self) -> float:
@@ -77,6 +81,8 @@ class NodeSettings:
                        LOCAL_LR: self.local_lr, LAMBDA: float(self.lambd)}
         if self.loss != LossConfig(lambd=self.lambd):
             out[LOSS] = json.dumps(asdict(self.loss))
+        if self.aggregation != "fedavg":
+            out[AGGREGATION] = self.aggregation
         if METHODS[self.method].stateful:
             out[TARGET_DECAY] = target_decay(self.loss.target_decay, r - 1, rounds)
             if states_key:
@@ -209,5 +215,5 @@ class UserWire:
         return self.model.params()
 
 
-__all__ = ["LAMBDA", "LOCAL_LR", "LOSS", "METHOD", "PHASE", "ROUND", "TARGET_DECAY", "VIEWS_SEED",
+__all__ = ["AGGREGATION", "LAMBDA", "LOCAL_LR", "LOSS", "METHOD", "PHASE", "ROUND", "TARGET_DECAY", "VIEWS_SEED",
            "NodeSettings", "UserWire", "moments_of", "moments_record"]

@@ -26,8 +26,9 @@ def algorithm_of(cfg: RunConfig, round_index: int | None = None) -> Algorithm:
                      t.local_batch, t.staleness, t.stale_after, clip, t.pseudo_gradient,
                      t.local_statistics, t.stale_statistics, t.aggregate_decay,
                      own_alpha=alpha, local_optimizer=t.local_optimizer,
-                     client_weighting=t.client_weighting, local_sgd=LocalSGD(t.local_momentum, t.local_weight_decay,
-                                                  t.local_grad_clip))
+                     client_weighting=t.client_weighting,
+                     local_sgd=LocalSGD(t.local_momentum, t.local_weight_decay, t.local_grad_clip),
+                     aggregation=t.aggregation)
 
 
 def fedsc_alpha(round_index: int, rounds: int, first: float = 1.0, last: float = 0.2) -> float:

@@ -28,7 +28,6 @@ from dcco.core.client import ClientUpdate, client_statistics, trainable_paramete
 from dcco.core.client_state import restored, stored
 from dcco.core.precision import prepare_model
 from dcco.core.seeding import derive_seed
-from dcco.core.server import pooled_update
 from dcco.core.stats import CCO_STATS, EncodingStats, Moments, StatsSpec, merge
 from dcco.data.augment import training_views
 from dcco.data.partition import Partition
@@ -133,8 +132,9 @@ def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
     FolderStates``, the node's disk; ``stateful_updates``).
 
     Returns:
-        Δ = Σ_k (N_k / N)·Δ_k over the node's clients, N = Σ_k N_k, and their
-        sample-weighted loss: one client's reply to the server, standing for all of them.
+        Δ = Σ_k (N_k / N)·Δ_k over the node's clients, N = Σ_k N_k, each Δ_k scaled first
+        by ``train.aggregation``'s rule (``Algorithm.combine``), and their sample-weighted
+        loss: one client's reply to the server, standing for all of them.
     """
     if not isinstance(algorithm, Algorithm):
         algorithm = replace(algorithm_of(cfg), method=algorithm)
@@ -143,7 +143,7 @@ def node_update(cfg: RunConfig, algorithm: Algorithm | Method, data: NodeData,
     else:
         updates = [algorithm.client_update(model, *client_views(cfg, data, k, round_index),
                                            shared) for k in clients]
-    return pooled_update(updates, dict(trainable_parameters(model)))
+    return algorithm.combine(updates, dict(trainable_parameters(model)))
 
 
 CLIENT_STATE = "dcco.client-state."

@@ -22,7 +22,7 @@ KEYS: dict[str, type] = {
     "lambd": float, "fraction-train": float, "fraction-evaluate": float,
     "min-train-nodes": int, "min-evaluate-nodes": int, "min-available-nodes": int,
     "min-survivors": int, "seed": int, "absent-statistics": str, "checkpoint": Path,
-    "metrics-file": Path,
+    "metrics-file": Path, "aggregation": str,
 }
 """The settings a run config can give, after ``dcco.``, and their types (``Path``: a
 string, ``""`` for none)."""

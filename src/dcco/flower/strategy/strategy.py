@@ -100,6 +100,11 @@ class DCCOStrategy(Strategy):
         metrics_file: a file of JSON lines, one a round from round 0 (the initial model's
             evaluation): its train metrics, the server's rate and both evaluations
             (``dcco.flower.strategy.metrics_file``); None: none.
+        aggregation: how the nodes' updates are combined: ``"fedavg"``, their
+            sample-weighted average; ``"ldawa"``, L-DAWA's (Rehman et al., ICCV 2023): each
+            node's layers scaled by their cosine with the global model's before the average
+            (``dcco.core.aggregation``; ``answer`` scales the node's update, so it runs
+            under SecAgg+ too).
     """
 
     def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -117,14 +122,14 @@ class DCCOStrategy(Strategy):
                  trained: Iterable[str] | None = None, secagg: SecAgg | None = None,
                  absent_statistics: str = "drop", checkpoint: str | Path | None = None,
                  loss: Mapping[str, Any] | None = None,
-                 metrics_file: str | Path | None = None) -> None:
+                 metrics_file: str | Path | None = None, aggregation: str = "fedavg") -> None:
         arguments.refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
         if min_survivors < 1:
             raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
         self.sampler = NodeSampler(fraction_train, min_train_nodes, fraction_evaluate,
                                    min_evaluate_nodes, min_available_nodes, seed)
         self.method = arguments.strategy_method(method, lambd, absent_statistics, secagg, loss)
-        self.algorithm = Algorithm(self.method, local_lr=local_lr)
+        self.algorithm = Algorithm(self.method, local_lr=local_lr, aggregation=aggregation)
         self.evaluation = FederatedEvaluation(self.sampler, lambd, arrayrecord_key,
                                               configrecord_key, evaluate_metrics_aggr_fn,
                                               weighted_by_key)
@@ -133,7 +138,8 @@ class DCCOStrategy(Strategy):
                                  vector_lr_scale=vector_lr_scale)
         self.model = ServerModel(self.optim, arguments.trained_names(
             trained, secagg, min_train_nodes, min_available_nodes))
-        self.nodes = NodeSettings(self.method.name, local_lr, seed, self.method.loss)
+        self.nodes = NodeSettings(self.method.name, local_lr, seed, self.method.loss,
+                                  aggregation)
         self.absent_statistics, self.secagg = absent_statistics, secagg
         self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
