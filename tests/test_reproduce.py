@@ -77,6 +77,31 @@ def test_plan_cells__marks_one_sample_fedavg_na_and_shares_supervised(grid_file,
         1000.0, 2, 2)
 
 
+def test_plan_cells__a_method_with_a_server_aggregation_is_a_method_of_its_own(grid_file,
+                                                                              tmp_path):
+    """"cco_fedavg+ldawa": CCO + FedAvg under L-DAWA's server, with cells of its own beside
+    CCO + FedAvg's; a name that is not a federated method and an aggregation is refused,
+    named."""
+    text = grid_file.read_text().replace('["cco_fedavg", "dcco", "supervised"]',
+                                         '["cco_fedavg", "cco_fedavg+ldawa"]')
+    good = tmp_path / "ldawa.toml"
+    good.write_text(text)
+    cells = {c.path.name: c for c in plan_cells(load_grid(good, "tiny"), tmp_path / "out")}
+    ldawa, plain = cells["iid-2-cco_fedavg+ldawa-s0"], cells["iid-2-cco_fedavg-s0"]
+    assert (ldawa.cfg.train.method, ldawa.cfg.train.aggregation) == ("cco_fedavg", "ldawa")
+    assert (plain.cfg.train.method, plain.cfg.train.aggregation) == ("cco_fedavg", "fedavg")
+    assert ldawa.method == "cco_fedavg+ldawa" and ldawa.cfg.data == plain.cfg.data
+    assert "2 samples per client" in cells["non-iid-1-cco_fedavg+ldawa-s0"].na
+    for name, why in (("cco_fedavg+krum", "server aggregation other than fedavg"),
+                      ("centralized_cco+ldawa", "must be a federated method"),
+                      ("cco_fedavg+fedavg", "other than fedavg"),
+                      ("byol+ldawa", r"unknown method 'byol\+ldawa'")):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text.replace('"cco_fedavg+ldawa"', f'"{name}"'))
+        with pytest.raises(ConfigError, match=why):
+            load_grid(bad, "tiny")
+
+
 def test_reproduce__runs_grid_then_rerun_skips_finished_cells(grid_file, tmp_path, capsys):
     out, results = tmp_path / "out", tmp_path / "results.md"
     results.write_text("# Results\n\nhand-written text stays\n")

@@ -4,6 +4,7 @@ and the pick's written rule."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,26 @@ def test_fair_grid__every_method_six_recipes_on_the_validation_split_defaults_fi
     assert {first[m].model.norm for m in ("fedu", "fedema")} == {"bn"}
     rates = sorted({c.cfg.optim.lr for c in cells if c.method == "byol_fedavg"})
     assert rates == [0.5, 1.0, 2.0]  # x0.5, x1, x2 of the default
+
+
+def test_peers_grid__l_dawa_tuned_under_the_fair_rule_as_its_ssl_methods_peers() -> None:
+    """experiments/peers_fmnist.toml tunes L-DAWA (on SimCLR's loss, contrastive FedAvg)
+    under fair_fmnist.toml's rule: the same scale, split, setting and tie, and contrastive
+    FedAvg's six recipes exactly, but under L-DAWA's aggregation."""
+    peers = load_grid(ROOT / "experiments" / "peers_fmnist.toml", "tune")
+    fair = load_grid(ROOT / "experiments" / "fair_fmnist.toml", "tune")
+    assert peers.base == fair.base and peers.settings == fair.settings
+    assert (peers.seeds, peers.evaluations, peers.global_batch) == (
+        fair.seeds, fair.evaluations, fair.global_batch)
+    assert (peers.tuning.select, peers.tuning.tie) == (fair.tuning.select, fair.tuning.tie)
+    ours = {c.path.name.replace("contrastive_fedavg+ldawa", "contrastive_fedavg"): c.cfg
+            for c in plan_cells(peers, Path("out"))}
+    theirs = {c.path.name: c.cfg for c in plan_cells(fair, Path("out"))
+              if c.method == "contrastive_fedavg"}
+    assert len(ours) == 6 and ours.keys() == theirs.keys()
+    for name, cfg in ours.items():
+        assert cfg.train.aggregation == "ldawa"
+        assert replace(cfg, train=replace(cfg.train, aggregation="fedavg")) == theirs[name]
 
 
 def test_fair_final_grid__every_method_at_its_committed_pick_on_the_test_split() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dcco.config import ConfigError, RunConfig, load_config, read_toml
+from dcco.core.aggregation import AGGREGATIONS
 from dcco.methods.registry import METHODS
 from dcco.reproduce.tuning import Recipe, TuningRule, parse_tuning, read_picks
 from dcco.run.setup import resolved
@@ -15,6 +16,29 @@ from dcco.run.setup import resolved
 SUPERVISED = "supervised"
 PROTOCOLS = ("linear", "finetune", "linear_y", "retrieval", "knn", "case_linear",
              "case_finetune")
+
+
+def method_parts(name: str) -> tuple[str, str | None]:
+    """A grid method's (method, server aggregation): "contrastive_fedavg+ldawa" is
+    contrastive FedAvg under L-DAWA's aggregation (``train.aggregation``), a method of the
+    grid of its own (its cells, its tuning, its pick); a plain name has no aggregation of its
+    own (None: the config's)."""
+    method, plus, aggregation = name.partition("+")
+    return method, (aggregation if plus else None)
+
+
+def check_method(name: str) -> None:
+    """``ConfigError`` naming what is wrong with a grid method's name."""
+    method, aggregation = method_parts(name)
+    if method not in METHODS and method != SUPERVISED:
+        raise ConfigError(f"grid.methods: unknown method {name!r}; choose from "
+                          f"{', '.join(sorted(METHODS))}, {SUPERVISED}, or a federated "
+                          f"method with a server aggregation, e.g. contrastive_fedavg+ldawa")
+    if aggregation is not None and (aggregation not in AGGREGATIONS or aggregation == "fedavg"
+                                    or method not in METHODS or not METHODS[method].federated):
+        raise ConfigError(f"grid.methods: {name!r} must be a federated method, '+', and a "
+                          f"server aggregation other than fedavg "
+                          f"({', '.join(a for a in AGGREGATIONS if a != 'fedavg')})")
 
 
 @dataclass(frozen=True)
@@ -101,9 +125,7 @@ def load_grid(path: str | Path, scale: str, overrides: list[str] | None = None) 
     g = raw.get("grid", {})
     methods = tuple(g.get("methods", []))
     for m in methods:
-        if m not in METHODS and m != SUPERVISED:
-            raise ConfigError(f"grid.methods: unknown method {m!r}; choose from "
-                              f"{', '.join(sorted(METHODS))}, {SUPERVISED}")
+        check_method(m)
     evaluations = tuple(scales[scale].get("evaluations", g.get("evaluations", [])))
     for e in evaluations:
         protocol, _, labels = e.partition("@")

@@ -9,7 +9,7 @@ from pathlib import Path
 from dcco.config import ConfigError, RunConfig
 from dcco.data.paired import is_paired
 from dcco.methods.registry import METHODS
-from dcco.reproduce.grid import SUPERVISED, Grid, Setting
+from dcco.reproduce.grid import SUPERVISED, Grid, Setting, method_parts
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,17 @@ def _method_cells(grid: Grid, out: Path, method: str, seed: int, recipe) -> list
     cells = []
     base = grid.base if recipe is None else grid.recipe_bases[method, recipe.name]
     tag = "" if recipe is None else f"-{recipe.name}"
-    federated = method in METHODS and METHODS[method].federated
+    trained, aggregation = method_parts(method)
+    federated = trained in METHODS and METHODS[trained].federated
     for setting in grid.settings if federated else (None,):
         cfg = replace(base, train=replace(base.train, seed=seed,
-                                          method=method if method in METHODS
+                                          method=trained if trained in METHODS
                                           else base.train.method))
+        if aggregation is not None:
+            cfg = replace(cfg, train=replace(cfg.train, aggregation=aggregation))
         name = f"{method}{tag}-s{seed}"
         na = None
-        if method in METHODS and not federated and grid.global_batch is not None:
+        if trained in METHODS and not federated and grid.global_batch is not None:
             # centralized training pools clients_per_round × samples_per_client
             # images a step: the same global batch as every federated round
             cfg = replace(cfg, train=replace(
@@ -86,7 +89,7 @@ def _method_cells(grid: Grid, out: Path, method: str, seed: int, recipe) -> list
             na = "supervised from scratch trains an image classifier; paired data has none"
         if setting is not None:
             name = f"{_slug(setting.name)}-{name}"
-            minimum = METHODS[method].min_client_samples
+            minimum = METHODS[trained].min_client_samples
             if setting.samples_per_client < minimum:
                 na = (f"{method} computes its loss within a client and needs "
                       f"≥ {minimum} samples per client")
