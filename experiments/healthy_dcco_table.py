@@ -99,6 +99,54 @@ def row(cell: Path, changes: dict[str, list[str]]) -> list[str]:
             f"{last}", warned]
 
 
+def _seed_record(cell: Path) -> tuple[float | None, bool, float, float]:
+    """A finished cell's (probe %, warned, last median variance / ε, last C_ii)."""
+    summary = json.loads((cell / "summary.json").read_text())
+    records = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+    evaluation = summary.get("evaluations", {}).get(EVALUATION)
+    warned = bool(summary.get("collapse_warning") or any(
+        r.get("warning") == "collapse" for r in records))
+    last = [r for r in records if "median_var" in r][-1]
+    return (100 * evaluation["accuracy"] if evaluation else None, warned,
+            last["median_var"] / EPS, last["corr_diag"])
+
+
+def seeds_table() -> str:
+    """Each (setting, recipe) run on several seeds: its probe by seed, their mean, the seeds
+    warned, the smallest last median variance and C_ii; and, where r13 and the pick (r1)
+    both ran a seed, r13's probe minus the pick's, paired by seed."""
+    groups: dict[tuple[str, str], dict[str, tuple]] = {}
+    for cell in _cells():
+        setting, recipe, seed = _split(cell.name)
+        groups.setdefault((setting, recipe), {})[seed] = _seed_record(cell)
+    header = ("| setting | recipe | seeds | probe by seed (%) | mean (%) | seeds warned | "
+              "smallest last median var / ε | smallest last C_ii |")
+    lines = [header, "|" + "---|" * 8]
+    for (setting, recipe), by_seed in groups.items():
+        if len(by_seed) < 2:
+            continue
+        probes = [v[0] for v in by_seed.values() if v[0] is not None]
+        lines.append(
+            f"| {setting} | {recipe} | {', '.join(sorted(by_seed))} | "
+            f"{' / '.join(f'{p:.1f}' for p in probes)} | {sum(probes) / len(probes):.1f} | "
+            f"{sum(v[1] for v in by_seed.values())} of {len(by_seed)} | "
+            f"{_fmt(min(v[2] for v in by_seed.values()))} | "
+            f"{min(v[3] for v in by_seed.values()):.2f} |")
+    paired = []
+    for (setting, recipe), by_seed in groups.items():
+        pick = groups.get((setting, "r1"), {})
+        if recipe != "r13":
+            continue
+        diffs = [(seed, by_seed[seed][0] - pick[seed][0]) for seed in sorted(by_seed)
+                 if seed in pick and by_seed[seed][0] is not None and pick[seed][0] is not None]
+        if diffs:
+            mean = sum(d for _, d in diffs) / len(diffs)
+            paired.append(f"- {setting}: r13 − r1 by seed "
+                          f"{', '.join(f'{s} {d:+.1f}' for s, d in diffs)} (mean {mean:+.1f} "
+                          f"points over {len(diffs)} seeds)")
+    return "\n".join([*lines, "", *paired])
+
+
 def table() -> str:
     """The study's table, in Markdown."""
     changes = recipes()
@@ -115,6 +163,10 @@ def table() -> str:
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
         *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+        "By seed (a setting and recipe run on more than one seed; a cell's last reading):",
+        "",
+        seeds_table(),
         "",
         "Written by `python experiments/healthy_dcco_table.py --write` from "
         + "`experiments/results/healthy_dcco/`."]
