@@ -305,3 +305,48 @@ def test_docs__the_block_checker_catches_a_wrong_keyword_and_a_missing_argument(
         _bound_calls("dcco.fit(enc, clients, round=3)", {"dcco": dcco})
     with pytest.raises(TypeError):
         _bound_calls("dcco.linear_probe(enc)", {"dcco": dcco})
+
+
+GONE_FROM_THE_CHANGELOG = {
+    # removed, each in the entry that says so ("Removed", "is gone")
+    "dcco.config_reference", "dcco.core.privacy.PrivacyConfig", "dcco.data.TableConfig",
+    "dcco.evaluate.EvalConfig", "dcco.evaluate.settings.EvalConfig",
+    "dcco.flower.strategy.DCCO", "dcco.flower.strategy_checkpoint", "dcco.image_views",
+    "dcco.methods.LossConfig", "dcco.models.ModelConfig", "dcco.models.config", "dcco.scalars",
+    "dcco.config.USER_RECIPE", "dcco.run.setup.CHECKED",
+    # keys of a Flower run config (DCCOStrategy.from_run_config), not Python paths
+    "dcco.aggregation", "dcco.lr", "dcco.loss", "dcco.warmup",
+}
+"""The ``dcco.*`` paths the CHANGELOG names that do not import, on purpose."""
+
+
+def _resolves(path: str) -> bool:
+    import importlib
+    import warnings
+
+    parts = path.split(".")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for name in parts[i:]:
+                    obj = getattr(obj, name)
+            except AttributeError:
+                return False
+            return True
+    return False
+
+
+def test_changelog__names_only_paths_that_import_or_that_it_says_are_gone():
+    """Every `dcco.…` path in CHANGELOG.md imports (a module or a name in one), or is in
+    ``GONE_FROM_THE_CHANGELOG`` (removed, or a run-config key); a path it tells a reader to
+    use that does not exist (``dcco.config.model`` once) fails here."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    named = set(re.findall(r"`(dcco(?:\.[A-Za-z_][A-Za-z0-9_]*)+)", text))
+    missing = sorted(p for p in named if p not in GONE_FROM_THE_CHANGELOG and not _resolves(p))
+    assert not missing, f"CHANGELOG.md names paths that do not import: {missing}"
+    assert _resolves("dcco.config.model_config") and not _resolves("dcco.config.model")
