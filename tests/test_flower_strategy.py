@@ -1155,3 +1155,21 @@ def test_strategy__its_old_name_warns_on_every_path_and_names_the_caller() -> No
         importlib.import_module("dcco.flower.strategy").DCCO  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'DCO'"):
         importlib.import_module("dcco.flower.strategy").DCO  # noqa: B018
+
+
+def test_strategy__takes_fedavgs_arguments_in_its_order_and_its_own_by_keyword():
+    """A ServerApp swaps ``FedAvg(...)`` for ``DCCOStrategy(...)`` in one line: FedAvg's ten
+    arguments come first, in its order with its defaults; dcco's own are keyword-only, each
+    documented in the numpy-style docstring."""
+    import inspect
+
+    from flwr.serverapp.strategy import FedAvg
+
+    ours = list(inspect.signature(DCCOStrategy).parameters.values())
+    theirs = list(inspect.signature(FedAvg).parameters.values())
+    assert [(p.name, p.default) for p in ours[:len(theirs)]] == [
+        (p.name, p.default) for p in theirs]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs):])
+    assert all(f"\n    {p.name} : " in DCCOStrategy.__doc__ for p in ours)
+    with pytest.raises(TypeError, match="positional"):
+        DCCOStrategy(1.0, 0.0, 2, 2, 2, "num-examples", "arrays", "config", None, None, "dcco")

@@ -49,62 +49,96 @@ class DCCOStrategy(Strategy):
     >>> sorted(metrics), metrics[2]["num-examples"], metrics[2]["update-accepted"]
     ([1, 2], 16, 2.0)
 
-    Args:
-        fraction_train: the fraction of connected nodes sampled a round (at least
-            ``min_train_nodes``), as Flower's ``FedAvg``.
-        fraction_evaluate, min_evaluate_nodes: the nodes sampled for federated evaluation
-            after each round (``configure_evaluate``: the model and ``evaluate_config`` to
-            your ClientApp's ``@app.evaluate``), as ``FedAvg``'s; ``fraction_evaluate = 0``:
-            none.
-        arrayrecord_key, configrecord_key: the keys of the model and the config in the
-            evaluation messages, as ``FedAvg``'s (the training messages are
-            ``dcco.flower.answer``'s own layout).
-        evaluate_metrics_aggr_fn: combines the evaluation replies' metrics, as ``FedAvg``'s.
-        min_train_nodes, min_available_nodes: the fewest nodes sampled a round, and the
-            nodes to wait for before one.
-        method: ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method
-            of dcco (``cco_fedavg``, ``contrastive_fedavg``, ``byol_fedavg``,
-            ``simsiam_fedavg``, ``moco_fedavg``, ``fedu``, ``fedema``; one exchange). BYOL's,
-            SimSiam's and MoCo's need ``dcco.dual_encoder(..., method=...)``'s model; FedU's,
-            FedEMA's and MoCo's nodes keep their state in ``context.state``.
-        optimizer, lr, weight_decay, warmup_rounds, schedule: the server optimiser
-            (``dcco.config.OptimConfig``: ``adam``, ``lars`` or ``sgd``; ``schedule``
-            ``cosine`` over the run's rounds or ``constant``); ``vector_lr_scale`` the 1-D
-            parameters' share. The default (``dcco.config.USER``): Adam 1e-3 after 10 rounds.
-        local_lr, lambd: the clients' SGD rate (paper: 1.0); λ of the CCO loss, sent to
-            them (default ``dcco.config.USER``'s 5, better than the paper's 20 on our models).
-        min_survivors: the fewest valid replies a phase needs, or the round is skipped.
-        seed: node sampling and the views' seed of each round.
-        trained: the names of the arrays the clients train (their deltas); None: those of
-            the first round's valid-looking updates (the names most replies carry), kept for
-            the run. The model's other floating arrays (batch norm's running statistics) are
-            the sample-weighted average of what the nodes hold after their step, as FedAvg
-            averages them; integer arrays stay as they are. Under SecAgg+, the parameters
-            of ``secagg.model`` that require gradients.
-        secagg: both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``:
-            the nodes' model, the server's calibration samples, the most samples a node
-            holds); None: plain messages, each reply checked.
-        absent_statistics: ``drop``: a round's S_A is its own nodes' (the exact round);
-            ``cached``: the strategy keeps every node's last statistics and merges those of
-            the nodes absent from a round into its S_A (FedSC's partial participation,
-            ``dcco.core.statistics_cache``: not a centralized step; a statistics method with
-            plain messages; kept for the run of ``start``, and in ``checkpoint``).
-        checkpoint: a file the strategy rewrites atomically after every round: the model,
-            the server optimiser's state, the round, the node sampling's state, FedSC's cache
-            and the metrics so far. A ``start`` that finds it (the same arguments) resumes
-            after its last round, ignoring ``initial_arrays``, to the same model as an
-            uninterrupted run. None: no checkpoint.
-        loss: the method's loss settings besides λ (``dcco.config.LossConfig``'s keys:
-            ``target_decay``, ``moco_queue``, ``fedu_threshold``, ``temperature``, ...),
-            sent to the nodes; None: their defaults.
-        metrics_file: a file of JSON lines, one a round from round 0 (the initial model's
-            evaluation): its train metrics, the server's rate and both evaluations
-            (``dcco.flower.strategy.metrics_file``); None: none.
-        aggregation: how the nodes' updates are combined: ``"fedavg"``, their
-            sample-weighted average; ``"ldawa"``, L-DAWA's (Rehman et al., ICCV 2023): each
-            node's layers scaled by their cosine with the global model's before the average
-            (``dcco.core.aggregation``; ``answer`` scales the node's update, so it runs
-            under SecAgg+ too).
+    Parameters
+    ----------
+    fraction_train : float (default: 1.0)
+        The fraction of connected nodes sampled a round (at least ``min_train_nodes``), as
+        ``FedAvg``'s.
+    fraction_evaluate : float (default: 1.0)
+        The fraction sampled for federated evaluation after each round (the model and
+        ``evaluate_config`` to your ClientApp's ``@app.evaluate``); 0: none.
+    min_train_nodes : int (default: 2)
+        The fewest nodes sampled a round.
+    min_evaluate_nodes : int (default: 2)
+        The fewest nodes sampled for federated evaluation.
+    min_available_nodes : int (default: 2)
+        The nodes to wait for before a round.
+    weighted_by_key : str (default: "num-examples")
+        Only ``"num-examples"``: the exact round weighs each node by its sample count, which
+        ``answer`` reports under that key.
+    arrayrecord_key : str (default: "arrays")
+        The key of the model in the evaluation messages (the training messages are
+        ``answer``'s own layout).
+    configrecord_key : str (default: "config")
+        The key of the config in the evaluation messages.
+    train_metrics_aggr_fn : None
+        Refused: DCCO's training metrics are its own.
+    evaluate_metrics_aggr_fn : callable or None (default: None)
+        Combines the evaluation replies' metrics, as ``FedAvg``'s.
+    method : str (default: "dcco")
+        ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method of dcco
+        (``cco_fedavg``, ``contrastive_fedavg``, ``byol_fedavg``, ``simsiam_fedavg``,
+        ``moco_fedavg``, ``fedu``, ``fedema``; one exchange). BYOL's, SimSiam's and MoCo's
+        need ``dcco.dual_encoder(..., method=...)``'s model; FedU's, FedEMA's and MoCo's nodes
+        keep their state in ``context.state``.
+    optimizer : str (default: ``dcco.config.USER``'s, "adam")
+        The server optimiser: ``adam``, ``lars`` or ``sgd`` (``dcco.config.OptimConfig``).
+    lr : float (default: ``USER``'s, 1e-3)
+        The server's rate.
+    weight_decay : float (default: ``USER``'s, 0)
+        The server optimiser's weight decay.
+    warmup_rounds : int (default: ``USER``'s, 10)
+        Rounds of linear warm-up of the server's rate.
+    schedule : str (default: "cosine")
+        ``cosine`` over the run's rounds, or ``constant``.
+    vector_lr_scale : float (default: 1.0)
+        The 1-D parameters' share of the rate (Barlow Twins' form: 0.024).
+    local_lr : float (default: 1.0)
+        The clients' SGD rate (the paper's 1.0), sent to them.
+    lambd : float (default: ``USER``'s, 5)
+        λ of the CCO loss, sent to the nodes (the paper's is 20; 5 trains better on dcco's
+        models).
+    min_survivors : int (default: 1)
+        The fewest valid replies a phase needs, or the round is skipped.
+    seed : int (default: 0)
+        Node sampling's and each round's views' seed.
+    trained : iterable of str or None (default: None)
+        The names of the arrays the clients train (their deltas); None: those of the first
+        round's valid-looking updates (the names most replies carry), kept for the run. The
+        model's other floating arrays (batch norm's running statistics) are the
+        sample-weighted average of what the nodes hold after their step, as FedAvg averages
+        them; integer arrays stay as they are. Under SecAgg+, the parameters of
+        ``secagg.model`` that require gradients.
+    secagg : SecAgg or None (default: None)
+        Both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``: the
+        nodes' model, the server's calibration samples, the most samples a node holds);
+        None: plain messages, each reply checked.
+    absent_statistics : str (default: "drop")
+        ``drop``: a round's S_A is its own nodes' (the exact round); ``cached``: the
+        strategy keeps every node's last statistics and merges those of the nodes absent
+        from a round into its S_A (FedSC's partial participation,
+        ``dcco.core.statistics_cache``: not a centralized step; a statistics method with
+        plain messages; kept for the run of ``start``, and in ``checkpoint``).
+    checkpoint : str, Path or None (default: None)
+        A file the strategy rewrites atomically after every round: the model, the server
+        optimiser's state, the round, the node sampling's state, FedSC's cache and the
+        metrics so far. A ``start`` that finds it (the same arguments) resumes after its
+        last round, ignoring ``initial_arrays``, to the same model as an uninterrupted run.
+    loss : mapping or None (default: None)
+        The method's loss settings besides λ (``dcco.config.LossConfig``'s keys:
+        ``target_decay``, ``moco_queue``, ``fedu_threshold``, ``temperature``, ...), sent to
+        the nodes; None: their defaults.
+    metrics_file : str, Path or None (default: None)
+        A file of JSON lines, one a round from round 0 (the initial model's evaluation):
+        its train metrics, the server's rate and both evaluations
+        (``dcco.flower.strategy.metrics_file``).
+    aggregation : str (default: "fedavg")
+        How the nodes' updates are combined: ``"fedavg"``, their sample-weighted average;
+        ``"ldawa"``, L-DAWA's (Rehman et al., ICCV 2023): each node's layers scaled by their
+        cosine with the global model's before the average (``dcco.core.aggregation``;
+        ``answer`` scales the node's update, so it runs under SecAgg+ too).
+
+    The first ten are ``FedAvg``'s, in its order; the rest are keyword-only.
     """
 
     def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -112,7 +146,7 @@ class DCCOStrategy(Strategy):
                  min_available_nodes: int = 2, weighted_by_key: str = "num-examples",
                  arrayrecord_key: str = "arrays", configrecord_key: str = "config",
                  train_metrics_aggr_fn: Callable | None = None,
-                 evaluate_metrics_aggr_fn: Callable | None = None, method: str = "dcco",
+                 evaluate_metrics_aggr_fn: Callable | None = None, *, method: str = "dcco",
                  optimizer: str = USER.optim.optimizer, lr: float = USER.optim.lr,
                  weight_decay: float = USER.optim.weight_decay,
                  warmup_rounds: int = USER.optim.warmup_rounds,
