@@ -515,7 +515,7 @@ def test_strategy__batch_norm_statistics_are_averaged_and_bad_settings_refused()
     with pytest.raises(ValueError, match="trained names arrays .*typo"):
         DCCOStrategy(trained=["conv.weight", "typo"]).start(grid=grid, initial_arrays=ArrayRecord(
             start.state_dict()), num_rounds=1)
-    with pytest.raises(ValueError, match="optim.optimizer must be"):
+    with pytest.raises(ValueError, match="DCCOStrategy: optimizer must be"):
         DCCOStrategy(optimizer="lasr")
     with pytest.raises(ValueError, match="min_available_nodes"):
         DCCOStrategy(min_available_nodes=0)

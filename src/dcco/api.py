@@ -43,7 +43,7 @@ from dcco.core.server import (
     validate_update,
 )
 from dcco.core.stats import EncodingStats, Moments, encoding_stats, merge
-from dcco.errors import ArgumentError
+from dcco.errors import ArgumentError, MissingNameError, arguments_of
 from dcco.methods.base import Method
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS, build_method
@@ -261,10 +261,25 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
     return encoding_stats(f, g, m.stats)
 
 
+def _views_checked(model: Model, x1: Tensor, x2: Tensor, call: str) -> None:
+    """``ArgumentError`` of ``call`` for views that cannot be a client's: as many rows in
+    ``x1`` as in ``x2`` (a sample's two views share a row), and alike samples where one
+    tower encodes both (anything but a two-tower ``DualEncoder``)."""
+    if x1.shape[:1] != x2.shape[:1]:
+        raise ArgumentError(f"{call}: x1 holds {x1.shape[0]} samples and x2 "
+                            f"{x2.shape[0]}; a sample's two views share a row")
+    one_tower = not isinstance(model, DualEncoder) or model.shared
+    if one_tower and x1.shape[1:] != x2.shape[1:]:
+        raise ArgumentError(f"{call}: x2's samples are {tuple(x2.shape[1:])} but x1's are "
+                            f"{tuple(x1.shape[1:])}; one tower encodes both views, so they "
+                            f"must be alike")
+
+
 def _phase1_forward(model: Model, x1: Tensor, x2: Tensor, chunk: int | None
                     ) -> tuple[Tensor, Tensor, tuple[nn.Module, Callable[[str], str]]]:
     """A client's encodings of its two views at the global model (its buffers left as they
     were), checked, with the model as (x1, x2) → (F, G) and its names' way back."""
+    _views_checked(model, x1, x2, "statistics")
     dual, back = dual_view(model, chunk)
     n = int(x1.shape[0])
     if n == 0:
@@ -361,6 +376,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
         and the client's ``loss`` before its step.
     """
     m = _update_checked(method, aggregate, int(x1.shape[0]))
+    _views_checked(model, x1, x2, "local_update")
     if steps < 1 or (batch is not None and batch < 1):
         raise ArgumentError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = dual_view(model, chunk)
@@ -512,8 +528,9 @@ def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
     named = trainable_parameters(model)
     missing = [n for n, _ in named if n not in pseudo_gradient]
     if missing:
-        raise KeyError(f"the pseudo-gradient lacks {missing[0]} (and {len(missing) - 1} more)"
-                       if len(missing) > 1 else f"the pseudo-gradient lacks {missing[0]}")
+        raise MissingNameError(
+            f"apply_update: pseudo_gradient lacks the model's parameter {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     apply_pseudo_gradient(optimizer, [p for _, p in named], [pseudo_gradient[n] for n, _ in named])
 
 
@@ -532,9 +549,14 @@ def server_optimizer(model: nn.Module, optimizer: str = USER.optim.optimizer,
         warnings.warn("server_optimizer(name=...) is now server_optimizer(optimizer=...)",
                       DeprecationWarning, stacklevel=2)
         optimizer = settings.pop("name")
-    return build_optimizer(trainable_parameters(model),
-                           OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
-                                       **settings))
+    with arguments_of("server_optimizer", {f"optim.{k}": k for k in
+                                           ("optimizer", "lr", "weight_decay", *settings)}):
+        try:
+            config = OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
+                                 **settings)
+        except TypeError as e:  # a keyword OptimConfig has no field for
+            raise ArgumentError(f"server_optimizer: {e}") from None
+    return build_optimizer(trainable_parameters(model), config)
 
 
 __all__ = [

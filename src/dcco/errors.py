@@ -9,6 +9,8 @@ a ``ValueError`` around a config or data call keeps working.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -24,6 +26,40 @@ class ArgumentError(UserError, TypeError):
     around these calls keeps working."""
 
 
+class MissingNameError(UserError, KeyError):
+    """A mapping a public function was given lacks a name it needs (``apply_update``'s
+    pseudo-gradient without one of the model's parameters); a ``KeyError`` too, so that old
+    ``except KeyError`` clauses keep working, with the message shown as written."""
+
+    __str__ = Exception.__str__
+
+
+@contextmanager
+def arguments_of(call: str, keys: Mapping[str, str]) -> Iterator[None]:
+    """The refusals of dcco's config checks inside, as an ``ArgumentError`` of ``call`` that
+    names the caller's argument: ``keys`` maps a config key at the start of a message
+    (``"optim.lr"``) to the argument (``"lr"``), so ``DCCOStrategy(lr=-1)`` reads
+    "DCCOStrategy: lr must be > 0, got -1" rather than a config file's key.
+
+    >>> with arguments_of("f", {"optim.lr": "lr"}):  # doctest: +ELLIPSIS
+    ...     raise ValueError("optim.lr must be > 0, got -1")
+    Traceback (most recent call last):
+    ...
+    dcco.errors.ArgumentError: f: lr must be > 0, got -1
+    """
+    try:
+        yield
+    except ArgumentError:
+        raise
+    except ValueError as e:
+        message = str(e)
+        for key, argument in keys.items():
+            if message.startswith(key):
+                message = argument + message[len(key):]
+                break
+        raise ArgumentError(f"{call}: {message}") from None
+
+
 def shown(path: Path | str) -> str:
     """A path as given, with its absolute form beside it when they differ (``nosuch/fmnist
     (= /home/me/nosuch/fmnist)``), for messages."""
@@ -32,4 +68,4 @@ def shown(path: Path | str) -> str:
     return str(path) if str(full) == str(path) else f"{path} (= {full})"
 
 
-__all__ = ["ArgumentError", "UserError", "shown"]
+__all__ = ["ArgumentError", "MissingNameError", "UserError", "arguments_of", "shown"]

@@ -85,6 +85,13 @@ def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[T
 
     (x_train, y_train), (x_test, y_test) = train, test
     y_train, y_test = torch.as_tensor(y_train).long(), torch.as_tensor(y_test).long()
+    for name, x, y in (("train", x_train, y_train), ("test", test[0], y_test)):
+        if y.dim() != 1 or len(y) != len(x):
+            raise ArgumentError(f"linear_probe: {name}'s labels must be one int a sample, "
+                                f"({len(x)},), got shape {tuple(y.shape)}")
+        if len(y) and int(y.min()) < 0:
+            raise ArgumentError(f"linear_probe: {name}'s labels must be classes 0, 1, ..., "
+                                f"got {int(y.min())}")
     classes = int(max(y_train.max(), y_test.max())) + 1
     result = linear_probe_features(encoder_features(encoder, x_train, transform), y_train,
                                    encoder_features(encoder, x_test, transform), y_test,

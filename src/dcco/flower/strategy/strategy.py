@@ -15,6 +15,7 @@ from dcco.config import USER, OptimConfig
 from dcco.core.algorithm import Algorithm
 from dcco.core.collapse import CollapseWatch, watch_start
 from dcco.core.statistics_cache import StatisticsCache
+from dcco.errors import arguments_of
 from dcco.flower.secure_round import SecAgg
 from dcco.flower.server_model import ServerModel
 from dcco.flower.strategy import arguments
@@ -26,6 +27,15 @@ from dcco.flower.strategy.strategy_run import run_rounds
 from dcco.flower.userwire import NodeSettings
 
 LOG = logging.getLogger("flwr.dcco")
+
+
+STRATEGY_ARGUMENTS = {
+    "optim.optimizer": "optimizer", "optim.lr": "lr", "optim.weight_decay": "weight_decay",
+    "optim.warmup_rounds": "warmup_rounds", "optim.schedule": "schedule",
+    "optim.vector_lr_scale": "vector_lr_scale", "train.aggregation": "aggregation",
+    "train.local_lr": "local_lr", "loss.": "loss: ",
+}
+"""The config keys of the checks ``DCCOStrategy`` runs, by the argument that sets them."""
 
 
 class DCCOStrategy(Strategy):
@@ -157,31 +167,32 @@ class DCCOStrategy(Strategy):
                  absent_statistics: str = "drop", checkpoint: str | Path | None = None,
                  loss: Mapping[str, Any] | None = None,
                  metrics_file: str | Path | None = None, aggregation: str = "fedavg") -> None:
-        arguments.refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
-        if min_survivors < 1:
-            raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
-        self.sampler = NodeSampler(fraction_train, min_train_nodes, fraction_evaluate,
-                                   min_evaluate_nodes, min_available_nodes, seed)
-        self.method = arguments.strategy_method(method, lambd, absent_statistics, secagg, loss)
-        self.algorithm = Algorithm(self.method, local_lr=local_lr, aggregation=aggregation)
-        self.evaluation = FederatedEvaluation(self.sampler, lambd, arrayrecord_key,
-                                              configrecord_key, evaluate_metrics_aggr_fn,
-                                              weighted_by_key)
-        self.optim = OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
-                                 warmup_rounds=warmup_rounds, schedule=schedule,
-                                 vector_lr_scale=vector_lr_scale)
-        self.model = ServerModel(self.optim, arguments.trained_names(
-            trained, secagg, min_train_nodes, min_available_nodes))
-        self.nodes = NodeSettings(self.method.name, local_lr, seed, self.method.loss,
-                                  aggregation)
-        self.absent_statistics, self.secagg = absent_statistics, secagg
-        self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
-        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
-        self.metrics_file = Path(metrics_file) if metrics_file is not None else None
-        self.rounds = StrategyRounds(self.algorithm, self.model, self.nodes, min_survivors,
-                                     secagg, self._watch())
-        self.asked_nodes: set[int] | None = None
-        """The nodes asked in the round running (``aggregate_train`` counts their replies)."""
+        with arguments_of("DCCOStrategy", STRATEGY_ARGUMENTS):
+            arguments.refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
+            if min_survivors < 1:
+                raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
+            self.sampler = NodeSampler(fraction_train, min_train_nodes, fraction_evaluate,
+                                       min_evaluate_nodes, min_available_nodes, seed)
+            self.method = arguments.strategy_method(method, lambd, absent_statistics, secagg, loss)
+            self.algorithm = Algorithm(self.method, local_lr=local_lr, aggregation=aggregation)
+            self.evaluation = FederatedEvaluation(self.sampler, lambd, arrayrecord_key,
+                                                  configrecord_key, evaluate_metrics_aggr_fn,
+                                                  weighted_by_key)
+            self.optim = OptimConfig(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
+                                     warmup_rounds=warmup_rounds, schedule=schedule,
+                                     vector_lr_scale=vector_lr_scale)
+            self.model = ServerModel(self.optim, arguments.trained_names(
+                trained, secagg, min_train_nodes, min_available_nodes))
+            self.nodes = NodeSettings(self.method.name, local_lr, seed, self.method.loss,
+                                      aggregation)
+            self.absent_statistics, self.secagg = absent_statistics, secagg
+            self.local_lr, self.min_survivors, self.seed = local_lr, min_survivors, seed
+            self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+            self.metrics_file = Path(metrics_file) if metrics_file is not None else None
+            self.rounds = StrategyRounds(self.algorithm, self.model, self.nodes, min_survivors,
+                                         secagg, self._watch())
+            self.asked_nodes: set[int] | None = None
+            """The nodes asked in the round running (``aggregate_train`` counts their replies)."""
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], **defaults: Any) -> DCCOStrategy:
