@@ -133,11 +133,13 @@ def test_combine_updates__uniform_loss_and_count_and_unknown_rule_refused():
         combine_updates(ups, w, "median")
 
 
-def test_ldawa__refused_for_a_centralized_method_and_an_unknown_rule_named():
+def test_ldawa__refused_for_a_centralized_method_and_under_privacy_and_an_unknown_rule_named():
     with pytest.raises(ValueError, match="centralized_cco is centralized"):
         Algorithm(build_method("centralized_cco"), aggregation="ldawa")
     with pytest.raises(ValueError, match="train.aggregation must be one of"):
         Algorithm(build_method("dcco"), aggregation="krum")
+    with pytest.raises(ValueError, match="void the clip's bound"):  # differential privacy
+        Algorithm(build_method("dcco"), aggregation="ldawa", update_clip=1.0)
 
 
 def test_ldawa_config__a_run_trains_and_its_resolved_config_says_the_rule(tiny_config,

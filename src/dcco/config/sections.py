@@ -184,7 +184,8 @@ class TrainConfig:
     """How the server combines the clients' updates: "fedavg", their weighted average (by
     ``client_weighting``; the exact round); "ldawa", L-DAWA's (Rehman et al., ICCV 2023):
     each layer of each client's model first scaled by its cosine with the global model's
-    (``dcco.core.aggregation``). Federated methods; every backend, SecAgg+ included."""
+    (``dcco.core.aggregation``). Federated methods; every backend, SecAgg+ included; not
+    with [privacy], whose clip it would void."""
     absent_statistics: Literal["drop", "cached"] = "drop"
     """Statistics methods: "drop", a round's aggregate is its own clients' (exact);
     "cached", the server keeps every client's last statistics and merges those of the

@@ -50,7 +50,9 @@ sent, so dcco scales each client's update where the update is made (the simulato
 a Flower node's hosted client, a user's ``ClientApp``), and every server then sums the
 scaled updates as it sums FedAvg's. The numbers are the server's rule exactly; the gain is
 that the server never needs a client's own update, so L-DAWA runs where the server sees only
-sums: a node pooling its hosted clients, torch.distributed's all-reduce and SecAgg+.
+sums: a node pooling its hosted clients, torch.distributed's all-reduce and SecAgg+. Not
+with differential privacy: the rule would rescale an update after its clip and void the
+clip's bound, so ``Algorithm`` refuses the two together.
 """
 
 from __future__ import annotations

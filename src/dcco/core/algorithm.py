@@ -237,6 +237,10 @@ class Algorithm:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"train.aggregation must be one of {', '.join(AGGREGATIONS)}, "
                              f"got {self.aggregation!r}")
+        if self.aggregation != "fedavg" and self.update_clip is not None:
+            raise ValueError(f"train.aggregation = {self.aggregation!r} rescales each "
+                             f"client's update after differential privacy has clipped it, "
+                             f"which would void the clip's bound; run it without [privacy]")
         if self.aggregation != "fedavg" and not self.method.federated:
             raise ValueError(f"{self.method.name} is centralized: the server has no client "
                              f"updates to combine by train.aggregation = "
