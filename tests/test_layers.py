@@ -76,8 +76,39 @@ def _imports_of(source: str, name: str, modules: set[str]) -> list[tuple[int, st
             sub = f"{base}.{a}" if base else a
             if sub in modules:
                 found.append((line, sub))
-            elif base:
-                found.append((line, base))
+            else:  # a name of a package: of dcco's top (its __init__, e.g. ``fit``) if none
+                found.append((line, base or "__init__"))
+
+    def constant(node: ast.Call, position: int, keyword: str) -> ast.expr | None:
+        """An importer call's argument, given by position or by keyword."""
+        if len(node.args) > position:
+            return node.args[position]
+        return next((k.value for k in node.keywords if k.arg == keyword), None)
+
+    def dotted(target: ast.expr | None, package: ast.expr | None) -> str | None:
+        """The dcco module an importer's (name, package) names: below ``dcco`` ("cli"),
+        "__init__" for dcco itself or a name no reader can place, None outside dcco."""
+        if not (isinstance(target, ast.Constant) and isinstance(target.value, str)):
+            return "__init__"  # computed: it could be anything
+        text = target.value
+        if text.startswith("."):  # relative to ``package``
+            if not (isinstance(package, ast.Constant) and isinstance(package.value, str)):
+                return "__init__"
+            text = package.value + text if text.count(".") == 1 else text
+            if text.startswith("."):  # more levels up than this test resolves
+                return "__init__"
+        if text == "dcco":
+            return "__init__"
+        return text.removeprefix("dcco.") if text.startswith("dcco.") else None
+
+    def is_sys_modules(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "modules"
+                and getattr(node.value, "id", "") == "sys") or getattr(node, "id", "") in (
+            module_aliases)
+
+    module_aliases = {a.asname or a.name for node in ast.walk(tree)
+                      if isinstance(node, ast.ImportFrom) and node.module == "sys"
+                      for a in node.names if a.name == "modules"}
 
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -95,16 +126,22 @@ def _imports_of(source: str, name: str, modules: set[str]) -> list[tuple[int, st
             found += [(node.lineno, a.name.removeprefix("dcco."))
                       for a in node.names if a.name.startswith("dcco.")]
             found += [(node.lineno, "__init__") for a in node.names if a.name == "dcco"]
-        elif (isinstance(node, ast.Call) and node.args
+        elif (isinstance(node, ast.Call)
               and (getattr(node.func, "attr", None) == "import_module"
                    or getattr(node.func, "id", None) in importers)):
-            target = node.args[0]
-            if not (isinstance(target, ast.Constant) and isinstance(target.value, str)):
-                found.append((node.lineno, "__init__"))  # computed: it could be anything
-            elif target.value == "dcco":
-                found.append((node.lineno, "__init__"))
-            elif target.value.startswith("dcco."):
-                found.append((node.lineno, target.value.removeprefix("dcco.")))
+            target = dotted(constant(node, 0, "name"), constant(node, 1, "package"))
+            if target is not None:
+                found.append((node.lineno, target))
+        elif isinstance(node, ast.Subscript) and is_sys_modules(node.value):
+            # a module already loaded, taken from ``sys.modules["dcco..."]``
+            target = dotted(node.slice, None)
+            if target is not None:
+                found.append((node.lineno, target))
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get"
+              and is_sys_modules(node.func.value) and node.args):
+            target = dotted(node.args[0], None)
+            if target is not None:
+                found.append((node.lineno, target))
     return found
 
 
@@ -135,6 +172,16 @@ def test_layers__the_detector_catches_every_form_of_an_upward_import():
         "import importlib\nload = importlib.import_module\nload('dcco.cli')": "cli",
         "import importlib\nimportlib.import_module('dcco.' + name)": "__init__",
         "__import__(f'dcco.{name}')": "__init__",
+        # the five that once passed (issue 100): a name of dcco's top, loaded through its
+        # __getattr__; the same, relative; importlib by keyword; importlib relative to a
+        # package; a module taken from sys.modules
+        "from dcco import fit": "__init__",
+        "from .. import fit": "__init__",
+        "import importlib\nimportlib.import_module(name='dcco.cli')": "cli",
+        "import importlib\nimportlib.import_module('.cli', 'dcco')": "cli",
+        "import sys\nsys.modules['dcco'].fit": "__init__",
+        "import sys\nsys.modules.get('dcco.cli')": "cli",
+        "from sys import modules\nmodules['dcco.run.loop']": "run.loop",
     }
     for source, target in planted.items():
         found = _imports_of(source, "core.stats", modules)

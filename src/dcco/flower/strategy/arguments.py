@@ -119,5 +119,15 @@ def trained_names(trained: Iterable[str] | None, secagg: SecAgg | None, min_trai
     return order
 
 
-__all__ = ["check_arrays", "refuse_fedavg_arguments", "strategy_method", "train_config_checked",
-           "trained_names"]
+CONFIG_KEYS = {
+    "optim.optimizer": "optimizer", "optim.lr": "lr", "optim.weight_decay": "weight_decay",
+    "optim.warmup_rounds": "warmup_rounds", "optim.schedule": "schedule",
+    "optim.vector_lr_scale": "vector_lr_scale", "train.aggregation": "aggregation",
+    "train.local_lr": "local_lr", "loss.": "loss: ",
+}
+"""The config keys of the checks ``DCCOStrategy`` runs, by the argument that sets them."""
+
+
+__all__ = ["CONFIG_KEYS", "check_arrays", "refuse_fedavg_arguments", "strategy_method",
+           "train_config_checked", "trained_names"]
+

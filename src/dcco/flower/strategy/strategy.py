@@ -29,23 +29,12 @@ from dcco.flower.userwire import NodeSettings
 LOG = logging.getLogger("flwr.dcco")
 
 
-STRATEGY_ARGUMENTS = {
-    "optim.optimizer": "optimizer", "optim.lr": "lr", "optim.weight_decay": "weight_decay",
-    "optim.warmup_rounds": "warmup_rounds", "optim.schedule": "schedule",
-    "optim.vector_lr_scale": "vector_lr_scale", "train.aggregation": "aggregation",
-    "train.local_lr": "local_lr", "loss.": "loss: ",
-}
-"""The config keys of the checks ``DCCOStrategy`` runs, by the argument that sets them."""
-
-
 class DCCOStrategy(Strategy):
     """DCCO (and the other methods of dcco) for your own Flower app.
 
-    It takes Flower ``FedAvg``'s arguments, so that swapping one for the other is one line;
-    those it cannot honour are refused by name, with the reason (``train_metrics_aggr_fn``:
-    DCCO's training metrics are its own; a ``weighted_by_key`` other than
-    ``"num-examples"``: the exact round weighs each node by its sample count, which
-    ``answer`` reports under that key).
+    It takes Flower ``FedAvg``'s arguments first, in its order, so that swapping one for
+    the other is one line (those it cannot honour are refused by name, with the reason);
+    its own are keyword-only.
 
     Two rounds on two in-process nodes (``vector_app``'s handler returns ``answer``):
 
@@ -62,11 +51,9 @@ class DCCOStrategy(Strategy):
     Parameters
     ----------
     fraction_train : float (default: 1.0)
-        The fraction of connected nodes sampled a round (at least ``min_train_nodes``), as
-        ``FedAvg``'s.
+        The fraction of connected nodes sampled a round (at least ``min_train_nodes``).
     fraction_evaluate : float (default: 1.0)
-        The fraction sampled for federated evaluation after each round (the model and
-        ``evaluate_config`` to your ClientApp's ``@app.evaluate``); 0: none.
+        The fraction sampled for your ``@app.evaluate`` after each round; 0: none.
     min_train_nodes : int (default: 2)
         The fewest nodes sampled a round.
     min_evaluate_nodes : int (default: 2)
@@ -74,11 +61,9 @@ class DCCOStrategy(Strategy):
     min_available_nodes : int (default: 2)
         The nodes to wait for before a round.
     weighted_by_key : str (default: "num-examples")
-        Only ``"num-examples"``: the exact round weighs each node by its sample count, which
-        ``answer`` reports under that key.
+        Only ``"num-examples"``, the sample count ``answer`` reports: the exact round's weight.
     arrayrecord_key : str (default: "arrays")
-        The key of the model in the evaluation messages (the training messages are
-        ``answer``'s own layout).
+        The key of the model in the evaluation messages (training uses ``answer``'s layout).
     configrecord_key : str (default: "config")
         The key of the config in the evaluation messages.
     train_metrics_aggr_fn : None
@@ -86,11 +71,9 @@ class DCCOStrategy(Strategy):
     evaluate_metrics_aggr_fn : callable or None (default: None)
         Combines the evaluation replies' metrics, as ``FedAvg``'s.
     method : str (default: "dcco")
-        ``dcco``, ``dvicreg`` (statistics methods, two exchanges) or a FedAvg method of dcco
-        (``cco_fedavg``, ``contrastive_fedavg``, ``byol_fedavg``, ``simsiam_fedavg``,
-        ``moco_fedavg``, ``fedu``, ``fedema``; one exchange). BYOL's, SimSiam's and MoCo's
-        need ``dcco.dual_encoder(..., method=...)``'s model; FedU's, FedEMA's and MoCo's nodes
-        keep their state in ``context.state``.
+        ``dcco``, ``dvicreg`` or a FedAvg method of dcco (``cco_fedavg``, ``contrastive_fedavg``,
+        ``byol_fedavg``, ``simsiam_fedavg``, ``moco_fedavg``, ``fedu``, ``fedema``; the last
+        five on ``dcco.dual_encoder(..., method=...)``'s model).
     optimizer : str (default: ``dcco.config.USER``'s, "adam")
         The server optimiser: ``adam``, ``lars`` or ``sgd`` (``dcco.config.OptimConfig``).
     lr : float (default: ``USER``'s, 1e-3)
@@ -106,49 +89,31 @@ class DCCOStrategy(Strategy):
     local_lr : float (default: 1.0)
         The clients' SGD rate (the paper's 1.0), sent to them.
     lambd : float (default: ``USER``'s, 5)
-        λ of the CCO loss, sent to the nodes (the paper's is 20; 5 trains better on dcco's
-        models).
+        λ of the CCO loss, sent to the nodes (the paper's 20 suits its 1024-wide projector).
     min_survivors : int (default: 1)
         The fewest valid replies a phase needs, or the round is skipped.
     seed : int (default: 0)
         Node sampling's and each round's views' seed.
     trained : iterable of str or None (default: None)
-        The names of the arrays the clients train (their deltas); None: those of the first
-        round's valid-looking updates (the names most replies carry), kept for the run. The
-        model's other floating arrays (batch norm's running statistics) are the
-        sample-weighted average of what the nodes hold after their step, as FedAvg averages
-        them; integer arrays stay as they are. Under SecAgg+, the parameters of
-        ``secagg.model`` that require gradients.
+        The arrays the clients train; None: the names most first-round updates carry. Other
+        floating arrays (batch norm's statistics) are averaged by samples, as FedAvg does.
     secagg : SecAgg or None (default: None)
-        Both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``: the
-        nodes' model, the server's calibration samples, the most samples a node holds);
+        Both exchanges through Flower's SecAgg+ (``dcco.flower.secure_round.SecAgg``);
         None: plain messages, each reply checked.
     absent_statistics : str (default: "drop")
-        ``drop``: a round's S_A is its own nodes' (the exact round); ``cached``: the
-        strategy keeps every node's last statistics and merges those of the nodes absent
-        from a round into its S_A (FedSC's partial participation,
-        ``dcco.core.statistics_cache``: not a centralized step; a statistics method with
-        plain messages; kept for the run of ``start``, and in ``checkpoint``).
+        ``drop``: a round's S_A is its own nodes' (the exact round); ``cached``: merged with
+        every absent node's last statistics (FedSC's partial participation,
+        ``dcco.core.statistics_cache``; plain messages only).
     checkpoint : str, Path or None (default: None)
-        A file the strategy rewrites atomically after every round: the model, the server
-        optimiser's state, the round, the node sampling's state, FedSC's cache and the
-        metrics so far. A ``start`` that finds it (the same arguments) resumes after its
-        last round, ignoring ``initial_arrays``, to the same model as an uninterrupted run.
+        A file rewritten atomically after every round; a ``start`` that finds it (the same
+        arguments) resumes after its last round, to the model of an uninterrupted run.
     loss : mapping or None (default: None)
-        The method's loss settings besides λ (``dcco.config.LossConfig``'s keys:
-        ``target_decay``, ``moco_queue``, ``fedu_threshold``, ``temperature``, ...), sent to
-        the nodes; None: their defaults.
+        The loss's other settings (``dcco.config.LossConfig``'s keys), sent to the nodes.
     metrics_file : str, Path or None (default: None)
-        A file of JSON lines, one a round from round 0 (the initial model's evaluation):
-        its train metrics, the server's rate and both evaluations
-        (``dcco.flower.strategy.metrics_file``).
+        JSON lines, one a round from round 0: train metrics, rate and evaluations.
     aggregation : str (default: "fedavg")
-        How the nodes' updates are combined: ``"fedavg"``, their sample-weighted average;
-        ``"ldawa"``, L-DAWA's (Rehman et al., ICCV 2023): each node's layers scaled by their
-        cosine with the global model's before the average (``dcco.core.aggregation``;
-        ``answer`` scales the node's update, so it runs under SecAgg+ too).
-
-    The first ten are ``FedAvg``'s, in its order; the rest are keyword-only.
+        ``"fedavg"`` or ``"ldawa"``: L-DAWA's server (ICCV 2023), each node's layers scaled
+        by their cosine with the global model's (``dcco.core.aggregation``).
     """
 
     def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -167,7 +132,7 @@ class DCCOStrategy(Strategy):
                  absent_statistics: str = "drop", checkpoint: str | Path | None = None,
                  loss: Mapping[str, Any] | None = None,
                  metrics_file: str | Path | None = None, aggregation: str = "fedavg") -> None:
-        with arguments_of("DCCOStrategy", STRATEGY_ARGUMENTS):
+        with arguments_of("DCCOStrategy", arguments.CONFIG_KEYS):
             arguments.refuse_fedavg_arguments(train_metrics_aggr_fn, weighted_by_key)
             if min_survivors < 1:
                 raise ValueError(f"min_survivors must be >= 1, got {min_survivors}")
