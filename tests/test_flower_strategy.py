@@ -301,7 +301,7 @@ def test_strategy__predictive_methods_refuse_a_model_without_their_head():
 def test_answer__the_kept_forward_and_a_second_forward_give_the_same_run_to_the_bit(
         monkeypatch):
     """``answer`` keeps phase 1's forward for phase 2 (in one process, as here): two rounds
-    with it, and with none kept (``KEPT_BYTES = 0``, as when phase 2 reaches another process
+    with it, and with none kept (``FORWARDS.max_bytes = 0``, as when phase 2 reaches another process
     or the activations are over the bound), end in the same weights, bit for bit, and leave
     nothing kept behind; in chunks of 2 samples alike, and (under SGD, as Adam's first steps
     are the signs of the gradient, a head bias's 0 by rounding among them) as one batch's run
@@ -318,8 +318,8 @@ def test_answer__the_kept_forward_and_a_second_forward_give_the_same_run_to_the_
         return result.arrays.to_torch_state_dict()
 
     kept, kept_chunks = run(), run(chunk=2)
-    assert not any(k[0] in (1, 2, 3, 4) and k[2] == 2 for k in userapp._forwards)
-    monkeypatch.setattr(userapp, "KEPT_BYTES", 0)
+    assert not any(k[0] in (1, 2, 3, 4) and k[2] == 2 for k in userapp.FORWARDS)
+    monkeypatch.setattr(userapp.FORWARDS, "max_bytes", 0)
     again, again_chunks = run(), run(chunk=2)
     assert all(torch.equal(kept[k], again[k]) for k in kept)
     assert all(torch.equal(kept_chunks[k], again_chunks[k]) for k in kept)
@@ -1173,3 +1173,50 @@ def test_strategy__takes_fedavgs_arguments_in_its_order_and_its_own_by_keyword()
     assert all(f"\n    {p.name} : " in DCCOStrategy.__doc__ for p in ours)
     with pytest.raises(TypeError, match="positional"):
         DCCOStrategy(1.0, 0.0, 2, 2, 2, "num-examples", "arrays", "config", None, None, "dcco")
+
+
+def test_forward_cache__one_forward_a_node_within_its_bound_by_its_eviction_rule():
+    """``answer``'s kept forwards (``dcco.flower.forward_cache.ForwardCache``): a node's new
+    round replaces its last; a forward over the bound alone is not kept; past the bound the
+    oldest goes first, or the largest with ``evict="largest"``; bad settings are refused."""
+    from types import SimpleNamespace
+
+    from dcco.flower.forward_cache import ForwardCache
+
+    x = torch.zeros(1)
+
+    def kept(size):
+        return SimpleNamespace(saved_bytes=size)
+
+    cache = ForwardCache(max_bytes=100)
+    cache.put((1, 0, 1, 5), kept(30), x, x)
+    cache.put((1, 0, 2, 5), kept(40), x, x)  # node 1's next round: its last only
+    assert cache.keys() == [(1, 0, 2, 5)] and cache.saved_bytes == 40
+    cache.put((2, 0, 2, 5), kept(101), x, x)  # alone over the bound
+    assert cache.keys() == [(1, 0, 2, 5)]
+    cache.put((3, 0, 2, 5), kept(50), x, x)
+    cache.put((4, 0, 2, 5), kept(20), x, x)  # 110 > 100: the oldest (node 1) goes
+    assert cache.keys() == [(3, 0, 2, 5), (4, 0, 2, 5)] and cache.saved_bytes == 70
+    assert cache.pop((3, 0, 2, 5))[0].saved_bytes == 50 and cache.pop((3, 0, 2, 5)) is None
+    largest = ForwardCache(max_bytes=100, evict="largest")
+    for node, size in ((1, 20), (2, 60), (3, 30)):
+        largest.put((node, 0, 1, 5), kept(size), x, x)
+    assert largest.keys() == [(1, 0, 1, 5), (3, 0, 1, 5)]  # node 2's 60 went, not node 1's
+    with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+        ForwardCache(max_bytes=-1)
+    with pytest.raises(ValueError, match="evict must be one of oldest, largest"):
+        ForwardCache(evict="newest")
+
+
+def test_answer__is_a_short_sequence_of_named_steps():
+    """``answer``'s code (its docstring aside) stays under 60 lines: reading the message,
+    the round's model and views, then a phase's reply are each a function of their own."""
+    import ast
+    import inspect
+
+    from dcco.flower import userapp
+
+    node = ast.parse(inspect.getsource(userapp.answer)).body[0]
+    body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+    lines = body[-1].end_lineno - body[0].lineno + 1
+    assert lines < 60, lines

@@ -49,6 +49,7 @@ from dcco.data.image_views import looks_channels_last
 from dcco.data.samples import refuse_non_finite
 from dcco.flower import codec, secagg
 from dcco.flower.error_reports import first_line
+from dcco.flower.forward_cache import KEPT_BYTES, ForwardCache
 from dcco.flower.node_states import FolderStates
 from dcco.flower.userwire import (
     AGGREGATION,
@@ -74,15 +75,12 @@ KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"
 """What a node keeps in ``context.state`` from phase ``stats`` to phase ``update``: the
 round's model, and its two views (the same the round's seed would make again, without the
 augmentation's cost)."""
-KEPT_BYTES = 1 << 30
-"""The most activation bytes the phase-1 forwards this process keeps may hold together
-(``answer(reuse_forward=True)``), the oldest dropped first (a node that fails between the
-phases leaves one behind); a forward larger than this alone is not kept."""
-_forwards: dict[tuple[int, int, int, int], tuple[KeptForward, Tensor, Tensor]] = {}
-"""Phase 1's forward of each node this process answered, with its views, by (node id, run
-id, round, views seed), for that node's phase 2 if it reaches the same process (an
-in-process or single-worker simulation, a node process that answers both phases) with the
-same model and views; elsewhere phase 2 encodes again."""
+FORWARDS = ForwardCache(KEPT_BYTES)
+"""This process's kept phase-1 forwards (``dcco.flower.forward_cache``): each node's last,
+by (node id, run id, round, views seed), for its phase 2 if it reaches the same process (an
+in-process or single-worker simulation, a node process that answers both phases), at most
+``KEPT_BYTES`` together, the oldest dropped first; set ``FORWARDS.max_bytes`` (0: none kept)
+or ``FORWARDS.evict`` to change them."""
 
 
 def answer(msg: Message, context: Context, model: nn.Module,
@@ -163,89 +161,128 @@ def answer(msg: Message, context: Context, model: nn.Module,
             the server, which counts the node as failed).
     """
     ask = _asked(msg.content, model)
-    phase, r, method, seed, params = ask.phase, ask.round, ask.method, ask.seed, ask.secure
-    _check_head(method, model)
-    if params is not None and (held := _count(samples)) > params.max_weight:
-        # over SecAgg+'s max_weight, its masked sums would overflow: the node refuses
-        raise ValueError(f"this node holds {held} samples, more than the "
-                         f"strategy's SecAgg.max_samples = {params.max_weight:g}; raise it")
-    if ask.model is not None:
-        weights = ask.model
-        if phase == "stats":
-            context.state[KEPT_MODEL] = codec.array_record(weights)
-            context.state[KEPT_ROUND] = ConfigRecord({"round": r})
-    else:
-        kept = context.state.config_records.get(KEPT_ROUND)
-        if kept is None or int(kept["round"]) != r:
-            raise ValueError(f"phase 'update' of round {r} needs the model of its phase "
-                             f"'stats', but this node holds "
-                             f"{'none' if kept is None else 'round ' + str(kept['round'])}")
-        weights = codec.tensors_of(context.state.array_records[KEPT_MODEL])
+    _check_head(ask.method, model)
+    _check_secure_limit(ask, samples)
+    weights = _round_model(ask, context)
     # FedU's, FedEMA's and MoCo's clients are not sent the target network they keep
-    load_weights(model, with_kept(model, weights, kept_by_clients(model, method)))
-    kept_views = context.state.config_records.get(KEPT_VIEWS_ROUND)
-    if (phase == "update" and kept_views is not None and int(kept_views["round"]) == r
-            and int(kept_views["seed"]) == seed):
-        views = codec.tensors_of(context.state.array_records[KEPT_VIEWS])  # phase 1's
-        x1, x2 = views["x1"], views["x2"]
-    else:  # the node's samples are read (a data loader's: one pass) once a round
-        samples = node_samples(samples)
-        try:
-            refuse_non_finite(samples, f"node {context.node_id}'s samples")
-        except DataError as e:  # Flower reports a handler's error to the server
-            raise ValueError(str(e)) from None
-        x1, x2 = _views(samples, augment if augment is not None else default_augment(samples),
-                        seed, context.node_id if views_key is None else int(views_key),
-                        next(model.parameters()).dtype)
-    if phase == "stats":
-        context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
-        context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": r, "seed": seed})
-        with _model_reads(x1, context.node_id):
-            if reuse_forward:
-                stats, kept = statistics_kept(model, x1, x2, method, chunk)
-                key = _forward_key(context, r, seed)
-                for old in [k for k in _forwards if k[0] == key[0]]:  # a node's earlier rounds
-                    del _forwards[old]
-                if kept.saved_bytes <= KEPT_BYTES:
-                    _forwards[key] = (kept, x1, x2)
-                while sum(k[0].saved_bytes for k in _forwards.values()) > KEPT_BYTES:
-                    del _forwards[next(iter(_forwards))]
-            else:
-                stats = statistics(model, x1, x2, method, chunk)
-        if params is not None:
-            return Message(secagg.secure_stats_reply(stats, params, method.stats),
-                           reply_to=msg)
-        sums = {k: v for k, v in stats.items() if k != "count"}
-        return Message(RecordDict({"statistics": codec.array_record(sums),
-                                   "metrics": MetricRecord({"num-examples": int(stats.count)})}),
-                       reply_to=msg)
-    kept = _kept_forward(_forwards.pop(_forward_key(context, r, seed), None), model, x1, x2,
-                         chunk)
-    with _model_reads(x1, context.node_id):
-        if method.stateful:
-            update = _stateful_update(model, x1, x2, context, ask, state_dir)
-        elif kept is not None:
-            update = update_from_kept(kept, ask.shared, method, lr=ask.lr)
-        else:
-            update = local_update(model, x1, x2, ask.shared, method, lr=ask.lr, chunk=chunk)
+    load_weights(model, with_kept(model, weights, kept_by_clients(model, ask.method)))
+    x1, x2 = _round_views(ask, context, samples, augment, views_key, model)
+    if ask.phase == "stats":
+        return _statistics_reply(msg, context, ask, model, x1, x2, reuse_forward, chunk)
+    update = _node_update(ask, context, model, x1, x2, chunk, state_dir)
     if ask.aggregation == "ldawa":  # the server's rule, on the model this node was sent
         update = ldawa_update(update, weights)
-    for key in (KEPT_MODEL, KEPT_VIEWS):  # the round is answered: nothing to keep
+    _forget_round(context)
+    return _update_reply(msg, ask, model, x1, x2, update)
+
+
+def _check_secure_limit(ask: _Asked, samples: Tensor | DataLoader | TorchDataset) -> None:
+    """Under SecAgg+, a node over ``max_weight`` samples refuses: its masked sums would
+    overflow."""
+    if ask.secure is not None and (held := _count(samples)) > ask.secure.max_weight:
+        raise ValueError(f"this node holds {held} samples, more than the "
+                         f"strategy's SecAgg.max_samples = {ask.secure.max_weight:g}; raise it")
+
+
+def _round_model(ask: _Asked, context: Context) -> dict[str, Tensor]:
+    """The round's global weights: the message's (kept in ``context.state`` by phase
+    ``stats`` for its phase ``update``), or phase ``stats``' kept ones."""
+    if ask.model is not None:
+        if ask.phase == "stats":
+            context.state[KEPT_MODEL] = codec.array_record(ask.model)
+            context.state[KEPT_ROUND] = ConfigRecord({"round": ask.round})
+        return ask.model
+    kept = context.state.config_records.get(KEPT_ROUND)
+    if kept is None or int(kept["round"]) != ask.round:
+        raise ValueError(f"phase 'update' of round {ask.round} needs the model of its phase "
+                         f"'stats', but this node holds "
+                         f"{'none' if kept is None else 'round ' + str(kept['round'])}")
+    return codec.tensors_of(context.state.array_records[KEPT_MODEL])
+
+
+def _round_views(ask: _Asked, context: Context, samples: Tensor | DataLoader | TorchDataset,
+                 augment: Callable[[Tensor], Tensor] | None, views_key: int | None,
+                 model: nn.Module) -> tuple[Tensor, Tensor]:
+    """The round's two views: phase ``stats``' kept ones in phase ``update``, else made
+    from the node's samples (read once a round; a data loader's, one pass) and the round's
+    seed; phase ``stats`` keeps them."""
+    kept = context.state.config_records.get(KEPT_VIEWS_ROUND)
+    if (ask.phase == "update" and kept is not None and int(kept["round"]) == ask.round
+            and int(kept["seed"]) == ask.seed):
+        views = codec.tensors_of(context.state.array_records[KEPT_VIEWS])
+        return views["x1"], views["x2"]
+    samples = node_samples(samples)
+    try:
+        refuse_non_finite(samples, f"node {context.node_id}'s samples")
+    except DataError as e:  # Flower reports a handler's error to the server
+        raise ValueError(str(e)) from None
+    x1, x2 = _views(samples, augment if augment is not None else default_augment(samples),
+                    ask.seed, context.node_id if views_key is None else int(views_key),
+                    next(model.parameters()).dtype)
+    if ask.phase == "stats":
+        context.state[KEPT_VIEWS] = codec.array_record({"x1": x1, "x2": x2})
+        context.state[KEPT_VIEWS_ROUND] = ConfigRecord({"round": ask.round, "seed": ask.seed})
+    return x1, x2
+
+
+def _statistics_reply(msg: Message, context: Context, ask: _Asked, model: nn.Module,
+                      x1: Tensor, x2: Tensor, reuse_forward: bool,
+                      chunk: int | None) -> Message:
+    """Phase ``stats``: the node's count and sums (masked under SecAgg+), its forward kept
+    in ``FORWARDS`` for phase ``update`` when ``reuse_forward``."""
+    with _model_reads(x1, context.node_id):
+        if reuse_forward:
+            stats, kept = statistics_kept(model, x1, x2, ask.method, chunk)
+            FORWARDS.put(_forward_key(context, ask.round, ask.seed), kept, x1, x2)
+        else:
+            stats = statistics(model, x1, x2, ask.method, chunk)
+    if ask.secure is not None:
+        return Message(secagg.secure_stats_reply(stats, ask.secure, ask.method.stats),
+                       reply_to=msg)
+    sums = {k: v for k, v in stats.items() if k != "count"}
+    return Message(RecordDict({"statistics": codec.array_record(sums),
+                               "metrics": MetricRecord({"num-examples": int(stats.count)})}),
+                   reply_to=msg)
+
+
+def _node_update(ask: _Asked, context: Context, model: nn.Module, x1: Tensor, x2: Tensor,
+                 chunk: int | None, state_dir: str | Path | None) -> ClientUpdate:
+    """Phase ``update``: the node's local step, from its kept state (FedU, FedEMA, MoCo),
+    from phase ``stats``' kept forward (a backward alone), or from a new forward."""
+    kept = _kept_forward(FORWARDS.pop(_forward_key(context, ask.round, ask.seed)), model, x1,
+                         x2, chunk)
+    with _model_reads(x1, context.node_id):
+        if ask.method.stateful:
+            return _stateful_update(model, x1, x2, context, ask, state_dir)
+        if kept is not None:
+            return update_from_kept(kept, ask.shared, ask.method, lr=ask.lr)
+        return local_update(model, x1, x2, ask.shared, ask.method, lr=ask.lr, chunk=chunk)
+
+
+def _forget_round(context: Context) -> None:
+    """The round is answered: nothing of it is kept in ``context.state``."""
+    for key in (KEPT_MODEL, KEPT_VIEWS):
         context.state.array_records.pop(key, None)
     for key in (KEPT_ROUND, KEPT_VIEWS_ROUND):
         context.state.config_records.pop(key, None)
-    if params is not None:  # positional: the trained arrays in the model's own order
+
+
+def _update_reply(msg: Message, ask: _Asked, model: nn.Module, x1: Tensor, x2: Tensor,
+                  update: ClientUpdate) -> Message:
+    """Phase ``update``'s reply: the node's delta, count and loss (masked, positional, under
+    SecAgg+), with batch norm's running statistics after its step to be averaged."""
+    if ask.secure is not None:  # positional: the trained arrays in the model's own order
         ordered = {k: update.delta[k] for k in model.state_dict() if k in update.delta}
-        return Message(secagg.secure_update_reply(replace(update, delta=ordered), params),
+        return Message(secagg.secure_update_reply(replace(update, delta=ordered), ask.secure),
                        reply_to=msg)
-    if not method.stateful:  # a stateful client's step left its own running statistics
+    if not ask.method.stateful:  # a stateful client's step left its own running statistics
         _forward_for_buffers(model, x1, x2)
     reply = {"arrays": codec.array_record(update.delta),
              "metrics": MetricRecord({"num-examples": update.num_samples,
                                       "loss": float(update.loss)})}
     buffers = {k: v for k, v in model.state_dict().items()
                if v.is_floating_point() and k not in dict(model.named_parameters())}
-    if buffers:  # batch norm's running statistics after this node's step, to be averaged
+    if buffers:
         reply["buffers"] = codec.array_record(buffers)
     return Message(RecordDict(reply), reply_to=msg)
 
