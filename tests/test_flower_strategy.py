@@ -1207,16 +1207,3 @@ def test_forward_cache__one_forward_a_node_within_its_bound_by_its_eviction_rule
     with pytest.raises(ValueError, match="evict must be one of oldest, largest"):
         ForwardCache(evict="newest")
 
-
-def test_answer__is_a_short_sequence_of_named_steps():
-    """``answer``'s code (its docstring aside) stays under 60 lines: reading the message,
-    the round's model and views, then a phase's reply are each a function of their own."""
-    import ast
-    import inspect
-
-    from dcco.flower import userapp
-
-    node = ast.parse(inspect.getsource(userapp.answer)).body[0]
-    body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
-    lines = body[-1].end_lineno - body[0].lineno + 1
-    assert lines < 60, lines

@@ -547,3 +547,19 @@ def test_layers__no_two_modules_share_a_file_name():
         old = importlib.import_module("dcco.flower.strategy.rounds")
     assert old is importlib.import_module("dcco.flower.strategy.round_steps")
     assert any("moved to dcco.flower.strategy.round_steps" in str(w.message) for w in caught)
+
+
+def test_layers__the_do_everything_functions_are_short_sequences_of_named_steps():
+    """``dcco.flower.answer``, ``dcco.fit`` and ``client_update`` stay under 60 lines of code
+    each (their docstrings aside): their steps are functions with names of their own."""
+    import inspect
+
+    from dcco.core.client import client_update
+    from dcco.fitting import fit
+    from dcco.flower.userapp import answer
+
+    for function in (answer, fit, client_update):
+        node = ast.parse(inspect.getsource(function)).body[0]
+        body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
+        lines = body[-1].end_lineno - body[0].lineno + 1
+        assert lines < 60, (function.__name__, lines)

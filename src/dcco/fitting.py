@@ -234,20 +234,10 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
             folder that is not a dcco run directory, or one that another process is writing
             (a ``dcco.UserError``).
     """
-    from datetime import datetime
-
     from dcco.run.loop import run_with_progress
-    from dcco.run.setup import check_run, validate
+    from dcco.run.setup import validate
 
-    if not isinstance(encoder, nn.Module):
-        raise ArgumentError(f"encoder must be a torch.nn.Module (your network), not "
-                            f"{type(encoder).__name__}")
-    data = clients if isinstance(clients, Samples) else samples_of_clients(clients)
-    if augment is None and not (data.x.dtype == torch.uint8 and data.x.ndim == 4
-                                and data.x.shape[1] in (1, 3)):
-        raise DataError(f"dcco's augmentation takes uint8 (N, C, H, W) images with 1 or 3 "
-                        f"channels; these samples are {data.x.dtype} "
-                        f"{tuple(data.x.shape[1:])}: pass augment=your_function")
+    data = _fit_data(encoder, clients, augment)
     settings = setting_strings(settings)
     for item in settings:
         key = item.partition("=")[0].strip()
@@ -265,44 +255,77 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     record = {"class": _qualname(encoder), "feature_dim": model.feature_dim,
               "projector": dims, "augment": "yours" if augment is not None else "dcco",
               "data": _fingerprint(data)}
-    if run_dir is None:  # a fresh folder, never an older run's
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = Path("runs") / f"fit-{method}-{stamp}"
-        for k in range(2, 1000):
-            if not path.exists():
-                break
-            path = Path("runs") / f"fit-{method}-{stamp}-{k}"
-    else:
-        path = Path(run_dir)
-    resume = (path / "config.toml").is_file()
-    if resume:
-        from dcco.run.rundir import config_differences
-
-        run = RunDir.open(path)
-        stored, longer = _stored_at(run, cfg)
-        if differ := config_differences(stored, cfg):
-            raise ConfigError(f"{shown(path)} holds a run with other settings ({differ}); "
-                              f"give another run_dir=, or the same arguments to continue it")
-        stored = run.summary().get("user_model", {})
-        for key, what in (("class", "encoder class"), ("data", "clients' samples"),
-                          ("augment", "augmentation (yours or dcco's)")):
-            if key in stored and stored[key] != record[key]:
-                raise ConfigError(f"{shown(path)} holds a run of another {what} "
-                                  f"({stored[key]!r}, now {record[key]!r}); give another "
-                                  f"run_dir=, or the same arguments to continue it")
-        checked = check_run(cfg, data, model=model, run_dir=path)
-    else:
-        # the data scanned, the clients drawn and the stores checked once, for the whole run
-        checked = check_run(cfg, data, model=model, run_dir=path)
-        run = RunDir.create(path, cfg, FIT_WORDS)
-    if resume and longer:
-        run.extend(cfg)
-    run.update_summary(user_model=record)
+    path = _fresh_path(method) if run_dir is None else Path(run_dir)
+    run, checked, resume = _fit_run(path, cfg, data, model, record)
     then = None if on_round is None else (lambda m, _latest: on_round(m.round, model))
     summary = run_with_progress(cfg, run, data, None, resume, progress is not False,
                                 model=model, augment=augment, then=then, checked=checked)
     history = tuple(r for r in run.metrics() if "loss" in r)
     return FitResult(model, run.path, summary, history)
+
+
+def _fit_data(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples,
+              augment: Callable[[Tensor], Tensor] | None) -> Samples:
+    """``fit``'s clients as ``Samples``, refused (named) where the encoder is no module or
+    dcco's augmentation cannot take them."""
+    if not isinstance(encoder, nn.Module):
+        raise ArgumentError(f"encoder must be a torch.nn.Module (your network), not "
+                            f"{type(encoder).__name__}")
+    data = clients if isinstance(clients, Samples) else samples_of_clients(clients)
+    if augment is None and not (data.x.dtype == torch.uint8 and data.x.ndim == 4
+                                and data.x.shape[1] in (1, 3)):
+        raise DataError(f"dcco's augmentation takes uint8 (N, C, H, W) images with 1 or 3 "
+                        f"channels; these samples are {data.x.dtype} "
+                        f"{tuple(data.x.shape[1:])}: pass augment=your_function")
+    return data
+
+
+def _fresh_path(method: str) -> Path:
+    """A new run folder under ``runs/``, never an older run's."""
+    from datetime import datetime
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path("runs") / f"fit-{method}-{stamp}"
+    for k in range(2, 1000):
+        if not path.exists():
+            break
+        path = Path("runs") / f"fit-{method}-{stamp}-{k}"
+    return path
+
+
+def _fit_run(path: Path, cfg: RunConfig, data: Samples, model: nn.Module,
+             record: dict[str, Any]) -> tuple[RunDir, Any, bool]:
+    """``fit``'s run directory at ``path``: a new one, or the run it holds, resumed if its
+    settings, encoder class, samples and augmentation are the same (extended if only its
+    rounds grew); with the run's checks (``check_run``: the data scanned, the clients drawn
+    and the stores checked once, for the whole run) and whether it resumes."""
+    from dcco.run.setup import check_run
+
+    resume = (path / "config.toml").is_file()
+    if not resume:
+        checked = check_run(cfg, data, model=model, run_dir=path)
+        run = RunDir.create(path, cfg, FIT_WORDS)
+        run.update_summary(user_model=record)
+        return run, checked, False
+    from dcco.run.rundir import config_differences
+
+    run = RunDir.open(path)
+    stored, longer = _stored_at(run, cfg)
+    if differ := config_differences(stored, cfg):
+        raise ConfigError(f"{shown(path)} holds a run with other settings ({differ}); "
+                          f"give another run_dir=, or the same arguments to continue it")
+    kept = run.summary().get("user_model", {})
+    for key, what in (("class", "encoder class"), ("data", "clients' samples"),
+                      ("augment", "augmentation (yours or dcco's)")):
+        if key in kept and kept[key] != record[key]:
+            raise ConfigError(f"{shown(path)} holds a run of another {what} "
+                              f"({kept[key]!r}, now {record[key]!r}); give another "
+                              f"run_dir=, or the same arguments to continue it")
+    checked = check_run(cfg, data, model=model, run_dir=path)
+    if longer:
+        run.extend(cfg)
+    run.update_summary(user_model=record)
+    return run, checked, True
 
 
 def _stored_at(run: RunDir, cfg: RunConfig) -> tuple[RunConfig, bool]:

@@ -176,74 +176,114 @@ def client_update(model: nn.Module, method: Method, x1: Tensor, x2: Tensor,
     """
     named = trainable_parameters(model)
     n = int(x1.shape[0])
-    layerwise = layerwise and local_steps > 1  # one step: the SGD step, bit for bit
     if mix and (shared is None or shared.count is None or method.stats is None):
         raise ValueError("the own-statistics mix needs a statistics method and the "
                          "aggregate's sample count N")
     if local_steps == 1 and (local_batch is None or local_batch >= n) and (
             alpha is None or not own_statistics) and sgd.one_step_is_sgd:
-        f, g = model(x1, x2)
-        w = min(1.0, n / float(shared.count)) if mix else 1.0
-        # the mix's loss / w: its gradient ∇L(mix)·∂S_k, on the anchored loss's scale
-        loss = (method.refreshed_loss(f, g, shared, shared, w) if mix
-                else method.client_loss(f, g, shared))
-        delta = sgd_delta(named, loss, local_lr)
-        if after_step is not None:
-            after_step({name: p.detach() + delta[name] for name, p in named})
-        if clip is not None:
-            delta = clip_update(delta, clip)
-        return ClientUpdate(delta=delta, num_samples=n, loss=float(loss.detach()) * w)
-    delta = {name: torch.zeros_like(p) for name, p in named}
-    first_loss = None
-    refresh = (own_statistics or mix) and shared is not None and method.stats is not None
-    if refresh and shared.count is None:
-        raise ValueError("own_statistics needs the aggregate's sample count N")
-    weight = min(1.0, n / float(shared.count)) if refresh else 1.0  # N_k / N
-    ratios: dict[str, Tensor | float] | None = None
-    buffers: list[Tensor | None] = [None] * len(named)
-    # a forward that changes no running statistics and draws no dropout gives the same S_k⁰
-    deterministic = refresh and not mix and next(model.buffers(), None) is None and not any(
-        isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
-    last_start: tuple[tuple[int, ...], Moments] | None = None
-    for idx in local_batches(n, local_steps, local_batch):
-        current = {name: (p.detach() + delta[name]).requires_grad_(True) for name, p in named}
-        f, g = functional_call(model, current, (x1[idx], x2[idx]))
-        if refresh:
-            if mix:  # the client's share moves from A (its fresh statistics, then its steps)
-                start = shared
-            else:  # at the round's model: the same for consecutive steps on the same samples
-                key = tuple(idx.tolist())
-                if not (deterministic and last_start is not None and last_start[0] == key):
-                    with torch.no_grad():
-                        last_start = key, encoding_stats(*model(x1[idx], x2[idx]),
-                                                         method.stats).moments()
-                start = last_start[1]
-            loss = (method.others_loss(f, g, shared, start, weight, alpha)
-                    if alpha is not None and not mix
-                    else method.refreshed_loss(f, g, shared, start, weight))
-        else:
-            loss = method.client_loss(f, g, shared)
-        if first_loss is None:  # the round's loss at its start: L(S_A) (unscaled)
-            scaled = alpha if (alpha is not None and refresh and not mix) else weight
-            first_loss = float(loss.detach()) * scaled
-        grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
-        if sgd != PLAIN_SGD:
-            grads = sgd.directions(list(grads), [v.detach() for v in current.values()],
-                                   buffers)
-        step = {name: (trust_ratio(p.detach().norm(), gr.norm()) if layerwise and gr is not None
-                       else 1.0)
-                for (name, p), gr in zip(named, grads)}  # ‖θ₀‖/‖g_e‖
-        ratios = step if ratios is None else ratios
-        for (name, _), gr in zip(named, grads):
-            if gr is not None:
-                delta[name] = delta[name] - (local_lr * step[name]) * gr
-        if after_step is not None:
-            after_step({name: p.detach() + delta[name] for name, p in named})
-    if layerwise:  # in the first step's SGD units
-        delta = {name: d / ratios[name] for name, d in delta.items()}
+        delta, loss = _one_step(model, named, method, x1, x2, shared, local_lr, mix,
+                                after_step)
+    else:
+        refresh = (own_statistics or mix) and shared is not None and method.stats is not None
+        if refresh and shared.count is None:
+            raise ValueError("own_statistics needs the aggregate's sample count N")
+        steps = _LocalSteps(model, named, method, shared, refresh, mix,
+                            alpha if refresh and not mix else None, n)
+        delta, loss = steps.run(x1, x2, local_lr, local_batches(n, local_steps, local_batch),
+                                layerwise and local_steps > 1, sgd, after_step)
     if clip is not None:
         delta = clip_update(delta, clip)
-    return ClientUpdate(delta=delta, num_samples=n, loss=float(first_loss))
+    return ClientUpdate(delta=delta, num_samples=n, loss=loss)
+
+
+def _one_step(model: nn.Module, named: list[tuple[str, nn.Parameter]], method: Method,
+              x1: Tensor, x2: Tensor, shared: Moments | None, local_lr: float, mix: bool,
+              after_step: Callable[[dict[str, Tensor]], None] | None
+              ) -> tuple[dict[str, Tensor], float]:
+    """The paper's round for a client: one SGD step on all its samples, −local_lr·∇L_k
+    exactly (the model left as it is), and its loss; under the stale mix, on the mix's loss
+    / w (its gradient ∇L(mix)·∂S_k, on the anchored loss's scale)."""
+    f, g = model(x1, x2)
+    w = min(1.0, int(x1.shape[0]) / float(shared.count)) if mix else 1.0
+    loss = (method.refreshed_loss(f, g, shared, shared, w) if mix
+            else method.client_loss(f, g, shared))
+    delta = sgd_delta(named, loss, local_lr)
+    if after_step is not None:
+        after_step({name: p.detach() + delta[name] for name, p in named})
+    return delta, float(loss.detach()) * w
+
+
+class _LocalSteps:
+    """A client's several local steps (``client_update``): each gradient at θ + Δ, the
+    statistics S_A held through the round, each step's loss anchored, or following the
+    client's own statistics (``refresh``: from S_k⁰ of the step's samples at the round's
+    model, or from A under the stale ``mix``), with FedSC's ``alpha`` where given."""
+
+    def __init__(self, model: nn.Module, named: list[tuple[str, nn.Parameter]],
+                 method: Method, shared: Moments | None, refresh: bool, mix: bool,
+                 alpha: float | None, n: int) -> None:
+        self.model, self.named, self.method, self.shared = model, named, method, shared
+        self.refresh, self.mix, self.alpha = refresh, mix, alpha
+        self.weight = min(1.0, n / float(shared.count)) if refresh else 1.0  # N_k / N
+        # a forward that changes no running statistics and draws no dropout gives the same
+        # S_k⁰ for consecutive steps on the same samples
+        self.deterministic = refresh and not mix and next(model.buffers(), None) is None and (
+            not any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules()))
+        self.last_start: tuple[tuple[int, ...], Moments] | None = None
+
+    def loss(self, f: Tensor, g: Tensor, x1: Tensor, x2: Tensor, idx: Tensor) -> Tensor:
+        """A step's loss on its samples ``idx`` (their encodings ``f``, ``g`` at θ + Δ)."""
+        if not self.refresh:
+            return self.method.client_loss(f, g, self.shared)
+        if self.mix:  # the client's share moves from A (its fresh statistics, then its steps)
+            start = self.shared
+        else:  # at the round's model: the same for consecutive steps on the same samples
+            key = tuple(idx.tolist())
+            if not (self.deterministic and self.last_start is not None
+                    and self.last_start[0] == key):
+                with torch.no_grad():
+                    self.last_start = key, encoding_stats(
+                        *self.model(x1[idx], x2[idx]), self.method.stats).moments()
+            start = self.last_start[1]
+        if self.alpha is not None:
+            return self.method.others_loss(f, g, self.shared, start, self.weight, self.alpha)
+        return self.method.refreshed_loss(f, g, self.shared, start, self.weight)
+
+    def run(self, x1: Tensor, x2: Tensor, local_lr: float, batches: list[Tensor],
+            layerwise: bool, sgd: LocalSGD,
+            after_step: Callable[[dict[str, Tensor]], None] | None
+            ) -> tuple[dict[str, Tensor], float]:
+        """The steps on ``batches``: the delta (in the first step's SGD units when
+        ``layerwise``) and the round's loss at its start, L(S_A) unscaled."""
+        named = self.named
+        delta = {name: torch.zeros_like(p) for name, p in named}
+        first_loss = None
+        ratios: dict[str, Tensor | float] | None = None
+        buffers: list[Tensor | None] = [None] * len(named)
+        for idx in batches:
+            current = {name: (p.detach() + delta[name]).requires_grad_(True)
+                       for name, p in named}
+            f, g = functional_call(self.model, current, (x1[idx], x2[idx]))
+            loss = self.loss(f, g, x1, x2, idx)
+            if first_loss is None:
+                scaled = self.alpha if self.alpha is not None else self.weight
+                first_loss = float(loss.detach()) * scaled
+            grads = torch.autograd.grad(loss, list(current.values()), allow_unused=True)
+            if sgd != PLAIN_SGD:
+                grads = sgd.directions(list(grads), [v.detach() for v in current.values()],
+                                       buffers)
+            step = {name: (trust_ratio(p.detach().norm(), gr.norm())
+                           if layerwise and gr is not None else 1.0)
+                    for (name, p), gr in zip(named, grads)}  # ‖θ₀‖/‖g_e‖
+            ratios = step if ratios is None else ratios
+            for (name, _), gr in zip(named, grads):
+                if gr is not None:
+                    delta[name] = delta[name] - (local_lr * step[name]) * gr
+            if after_step is not None:
+                after_step({name: p.detach() + delta[name] for name, p in named})
+        if layerwise:  # in the first step's SGD units
+            delta = {name: d / ratios[name] for name, d in delta.items()}
+        return delta, float(first_loss)
 
 
 LocalSteps = Callable[[nn.Module, Callable[[dict[str, Tensor]], None], object], ClientUpdate]
