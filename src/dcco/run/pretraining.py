@@ -63,7 +63,6 @@ from dcco.run.algorithms import algorithm_of
 from dcco.run.checkpoint import checkpoint_state, load_checkpoint
 from dcco.run.device_plan import keeps_graphs, max_batch_of, resolve_device
 from dcco.run.planning import RoundPlan, input_record, plan_round
-from dcco.run.privacy_plan import Privacy
 from dcco.run.setup import CheckedRun, check_run, speed_of
 from dcco.run.views import user_views
 
@@ -153,8 +152,7 @@ class Pretraining:
         self.model.encoding_bound = cfg.model.clip_encodings
         self.params = trainable_parameters(self.model)
         self.optimizer = build_optimizer(self.params, cfg.optim)
-        self.privacy = Privacy.of(cfg, self.partition, self.method) if cfg.privacy.enabled \
-            else None
+        self.privacy = run.privacy  # check_run's accounting, made once
         self.rounds_done = 0
         self.lr_scale = 1.0
         """The server's rate relative to its schedule (``train.on_collapse = "rewind"``

@@ -224,6 +224,9 @@ class CheckedRun:
     """Whether this process keeps the clients' states (a Flower server does not)."""
     users_model: bool
     """Whether ``model`` is the caller's (its towers are theirs, not ``cfg.model``'s)."""
+    privacy: Privacy | None = None
+    """Differential privacy's accounting (``[privacy]`` on), made once here and used as it
+    is by ``Pretraining``; None without privacy."""
 
 
 def check_run(cfg: RunConfig, train_set: Dataset, *, model: DualEncoder | None = None,
@@ -265,8 +268,7 @@ def check_run(cfg: RunConfig, train_set: Dataset, *, model: DualEncoder | None =
     if world > 1 and cfg.train.client_weighting != "samples":
         raise ConfigError("train.client_weighting = 'uniform' runs in one process: the ranks "
                           "of torch.distributed weigh their shares by sample count")
-    if cfg.privacy.enabled:
-        Privacy.of(cfg, partition, method)
+    privacy = Privacy.of(cfg, partition, method) if cfg.privacy.enabled else None
     if model is None:
         model = build_model(cfg, *train_set.input_shapes)
     if run_dir is not None:
@@ -275,7 +277,7 @@ def check_run(cfg: RunConfig, train_set: Dataset, *, model: DualEncoder | None =
                  state_dir=state_dir, rounds_to_run=rounds_to_run,
                  client_states=holds_client_states)
     return CheckedRun(cfg, train_set, partition, model, state_dir, holds_client_states,
-                      users_model)
+                      users_model, privacy)
 
 
 def _device_type(device: str) -> str:
