@@ -18,7 +18,7 @@ LAYERS = (
      "core.privacy", "core.precision", "core.statistics_cache", "core.client_state",
      "core.disk_states"),
     ("core.aggregation", "core.algorithm", "core.simulator", "core.distributed"),
-    ("run", "evaluate.runs", "reproduce", "flower", "api", "fitting"),
+    ("run", "evaluate.runs", "reproduce", "flower", "round_parts", "api", "fitting"),
     ("cli", "demo", "__main__", "__init__"),
 )
 """The layers, lowest first: a module may import its own layer and those below, never one
@@ -563,3 +563,14 @@ def test_layers__the_do_everything_functions_are_short_sequences_of_named_steps(
         body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
         lines = body[-1].end_lineno - body[0].lineno + 1
         assert lines < 60, (function.__name__, lines)
+
+
+def test_layers__no_internal_module_imports_the_public_api():
+    """``dcco.api`` is the users' surface, re-exporting dcco's parts; dcco's own modules
+    import those parts from where they live (``dcco.round_parts``,
+    ``dcco.models.user_encoder``, ``dcco.models.dual_views``), never from ``dcco.api``."""
+    modules = _modules()
+    users = sorted(f"dcco.{m} (line {line})" for m, path in modules.items()
+                   if m not in ("api", "__init__")
+                   for line, target in _imports(path, set(modules)) if target == "api")
+    assert not users, users

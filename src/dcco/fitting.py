@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dcco.api import dual_encoder
 from dcco.config import USER, ConfigError, RunConfig, from_dict, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
 from dcco.errors import ArgumentError, shown
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
+from dcco.models.user_encoder import dual_encoder
 from dcco.run.rundir import FIT_WORDS, RunDir
 from dcco.run.setup import resolved
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from dcco.api import dual_view
 from dcco.core.seeding import derive_seed
 from dcco.flower import secagg
 from dcco.flower.appconfig import FlowerConfig
 from dcco.methods.base import Method
+from dcco.models.dual_views import dual_view
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
-from dcco.api import (
-    KeptForward,
-    dual_view,
-    local_update,
-    statistics,
-    statistics_kept,
-    update_from_kept,
-)
 from dcco.config import LossConfig
 from dcco.config.toml import from_dict
 from dcco.core.aggregation import AGGREGATIONS, ldawa_update
@@ -68,7 +60,14 @@ from dcco.methods.base import Method
 from dcco.methods.predictive import head_mismatch
 from dcco.methods.registry import build_method
 from dcco.models import DualEncoder
-from dcco.models.dual_views import CHUNK
+from dcco.models.dual_views import CHUNK, dual_view
+from dcco.round_parts import (
+    KeptForward,
+    local_update,
+    statistics,
+    statistics_kept,
+    update_from_kept,
+)
 
 KEPT_MODEL, KEPT_ROUND = "dcco.user-model", "dcco.user-round"
 KEPT_VIEWS, KEPT_VIEWS_ROUND = "dcco.user-views", "dcco.user-views-round"

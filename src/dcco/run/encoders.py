@@ -151,7 +151,7 @@ def user_model(run: RunDir) -> dict[str, Any] | None:
 
 def _load_user_encoder(run: RunDir, record: dict[str, Any], module: nn.Module,
                        with_projector: bool) -> Encoder:
-    from dcco.api import dual_encoder
+    from dcco.models.user_encoder import dual_encoder
 
     if not hasattr(module, "feature_dim"):
         module.feature_dim = int(record["feature_dim"])
