@@ -52,7 +52,8 @@ scaled updates as it sums FedAvg's. The numbers are the server's rule exactly; t
 that the server never needs a client's own update, so L-DAWA runs where the server sees only
 sums: a node pooling its hosted clients, torch.distributed's all-reduce and SecAgg+. Not
 with differential privacy: the rule would rescale an update after its clip and void the
-clip's bound, so ``Algorithm`` refuses the two together.
+clip's bound, so ``Algorithm`` refuses the two together. In the simulator its clients run
+one by one (``Algorithm.batched_exact`` is False): each client's own update is needed.
 """
 
 from __future__ import annotations
