@@ -14,6 +14,7 @@ Reads only records; a cell still running or not yet run is listed as such.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -72,12 +73,18 @@ def _fmt(x: float) -> str:
     return f"{x:.2g}" if x < 100 else f"{x:.0f}"
 
 
+@functools.cache
+def _records(cell: Path) -> tuple[dict, list[dict]]:
+    """A finished cell's summary and metrics records, read once for both tables."""
+    summary = json.loads((cell / "summary.json").read_text())
+    return summary, [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+
+
 def row(cell: Path, changes: dict[str, list[str]]) -> list[str]:
     """A cell's row: its recipe, the change, the probe, its health at ``ROUNDS`` and its
     last round, its collapse warning."""
     setting, recipe, seed = _split(cell.name)
-    summary = json.loads((cell / "summary.json").read_text())
-    records = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+    summary, records = _records(cell)
     evaluation = summary.get("evaluations", {}).get(EVALUATION)
     last = max((r["round"] for r in records if "corr_diag" in r), default=0)
     probe = f"{100 * evaluation['accuracy']:.1f}" if evaluation else "—"
@@ -101,8 +108,7 @@ def row(cell: Path, changes: dict[str, list[str]]) -> list[str]:
 
 def _seed_record(cell: Path) -> tuple[float | None, bool, float, float]:
     """A finished cell's (probe %, warned, last median variance / ε, last C_ii)."""
-    summary = json.loads((cell / "summary.json").read_text())
-    records = [json.loads(x) for x in (cell / "metrics.jsonl").read_text().splitlines()]
+    summary, records = _records(cell)
     evaluation = summary.get("evaluations", {}).get(EVALUATION)
     warned = bool(summary.get("collapse_warning") or any(
         r.get("warning") == "collapse" for r in records))

@@ -59,7 +59,6 @@ one by one (``Algorithm.batched_exact`` is False): each client's own update is n
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -67,7 +66,6 @@ from torch import Tensor
 from dcco.core.client import ClientUpdate
 from dcco.core.server import pooled_update
 
-Aggregation = Literal["fedavg", "ldawa"]
 AGGREGATIONS: tuple[str, ...] = ("fedavg", "ldawa")
 
 
@@ -79,24 +77,23 @@ def layer_divergence(client: Tensor, global_: Tensor) -> float:
     0.7071067811865476
     """
     w_g = global_.to(torch.float64)
-    return 1.0 - _one_minus_cosine(w_g, client.to(torch.float64) - w_g)
+    return 1.0 - float(_one_minus_cosine(w_g, client.to(torch.float64) - w_g))
 
 
-def _one_minus_cosine(w_g: Tensor, delta: Tensor) -> float:
+def _one_minus_cosine(w_g: Tensor, delta: Tensor) -> Tensor:
     """1 − cos∠(W_g + Δ, W_g), from Δ without the cancellation of 1 − ⟨a, b⟩/(‖a‖‖b‖):
     ½‖a/‖a‖ − b/‖b‖‖², with a/‖a‖ − b/‖b‖ = Δ/‖a‖ + b (‖b‖ − ‖a‖)/(‖a‖‖b‖) and ‖b‖ − ‖a‖ =
     −(2⟨b, Δ⟩ + ‖Δ‖²)/(‖a‖ + ‖b‖) (a = W_g + Δ, b = W_g). A client's step is small beside
     its weights, so δ is near 1 and 1 − δ, which the update holds, is what must be exact;
-    0 for a 0-dimensional tensor or a zero norm."""
+    0 for a 0-dimensional tensor or a zero norm. A 0-dimensional tensor on the device (no
+    host synchronisation per layer)."""
     if w_g.dim() == 0:
-        return 0.0
+        return w_g.new_zeros(())
     b, d = w_g.flatten(), delta.flatten()
-    a_norm, b_norm = float(torch.linalg.vector_norm(b + d)), float(torch.linalg.vector_norm(b))
-    if a_norm == 0.0 or b_norm == 0.0:
-        return 0.0
-    shrink = -float(2 * (b @ d) + d @ d) / (a_norm + b_norm)  # ‖b‖ − ‖a‖
+    a_norm, b_norm = torch.linalg.vector_norm(b + d), torch.linalg.vector_norm(b)
+    shrink = -(2 * (b @ d) + d @ d) / (a_norm + b_norm)  # ‖b‖ − ‖a‖
     diff = d / a_norm + b * (shrink / (a_norm * b_norm))
-    return 0.5 * float(diff @ diff)
+    return torch.where((a_norm > 0) & (b_norm > 0), 0.5 * (diff @ diff), 0.0)
 
 
 def ldawa_update(update: ClientUpdate, params: dict[str, Tensor]) -> ClientUpdate:
@@ -148,5 +145,5 @@ def combine_updates(updates: list[ClientUpdate], params: dict[str, Tensor],
     return pooled_update(updates, params)
 
 
-__all__ = ["AGGREGATIONS", "Aggregation", "combine_updates", "layer_divergence",
+__all__ = ["AGGREGATIONS", "combine_updates", "layer_divergence",
            "ldawa_update"]
