@@ -40,7 +40,7 @@ def main() -> None:
     from grid_cells import cell_config
 
     from dcco.evaluate import labelled_subset, linear_probe
-    from dcco.evaluate.runs import eval_config_for
+    from dcco.run.evaluations import eval_config_for
     from dcco.run.pretraining import Pretraining
     from dcco.run.splits import load_splits
 

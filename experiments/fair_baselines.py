@@ -39,8 +39,8 @@ NORMS = {"gn": "dcco", "bn": "byol_fedavg"}
 
 def baselines(seeds: list[int] | None, threads: int) -> dict:
     from dcco.evaluate import labelled_subset, linear_probe
-    from dcco.evaluate.runs import eval_config_for, evaluate_model
     from dcco.reproduce import load_grid, plan_cells
+    from dcco.run.evaluations import eval_config_for, evaluate_model
     from dcco.run.rundir import code_version
     from dcco.run.setup import build_model
     from dcco.run.splits import load_splits

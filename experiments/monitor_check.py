@@ -37,9 +37,9 @@ from scipy.stats import kendalltau, spearmanr
 from dcco.config import load_config
 from dcco.core.seeding import generator
 from dcco.evaluate import KNN_FEATURES, extract_features, knn_predict
-from dcco.evaluate.runs import eval_config_for, evaluate_model, pretrained_model
 from dcco.run.checkpoint import atomic_write_text
 from dcco.run.device_plan import resolve_device
+from dcco.run.evaluations import eval_config_for, evaluate_model, pretrained_model
 from dcco.run.loop import run_pretraining
 from dcco.run.rundir import RunDir, code_version
 from dcco.run.splits import load_splits

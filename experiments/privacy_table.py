@@ -41,8 +41,8 @@ def random_init_rows(grid_file: str = "table1_fmnist.toml", scale: str = "small"
     """Linear-probe accuracies (%) of random encoders, seeds 0-2, computed once and kept in
     ``results/<folder>``: the encoder of ``cell_name``'s config in ``grid_file`` at ``scale``,
     untrained."""
-    from dcco.evaluate.runs import random_encoder_run
     from dcco.reproduce import load_grid, plan_cells, select_cells
+    from dcco.run.evaluations import random_encoder_run
     from dcco.run.rundir import RunDir
     from dcco.run.splits import load_splits
 

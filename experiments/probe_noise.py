@@ -28,7 +28,7 @@ def main() -> None:
     from dcco.evaluate import labelled_subset
     from dcco.evaluate.features import extract_features
     from dcco.evaluate.probe import linear_probe_features
-    from dcco.evaluate.runs import eval_config_for, pretrained_model
+    from dcco.run.evaluations import eval_config_for, pretrained_model
     from dcco.run.splits import load_splits
 
     record = {"command": "python experiments/probe_noise.py " + " ".join(sys.argv[1:]),

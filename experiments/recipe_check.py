@@ -108,8 +108,8 @@ def check_config(path: Path, work: Path, margin: float) -> list[dict]:
 
     from dcco.config import load_config
     from dcco.data.datasets import DataError
-    from dcco.evaluate.runs import evaluate_model, pretrained_model
     from dcco.run.device_plan import resolve_device
+    from dcco.run.evaluations import evaluate_model, pretrained_model
     from dcco.run.loop import run_pretraining
     from dcco.run.rundir import RunDir
     from dcco.run.setup import build_model

@@ -55,7 +55,7 @@ from grid_cells import cell_config
 from dcco.core.algorithm import Algorithm
 from dcco.core.client import client_update
 from dcco.core.simulator import run_round
-from dcco.evaluate.runs import evaluate_model
+from dcco.run.evaluations import evaluate_model
 from dcco.run.planning import plan_round
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import code_version, cpu_name

@@ -68,9 +68,9 @@ def untrained() -> dict[str, list[dict]]:
     kept in ``UNTRAINED`` the first time)."""
     from dataclasses import asdict
 
-    from dcco.evaluate.runs import eval_config_for, evaluate_model
     from dcco.reproduce import load_grid, plan_cells, select_cells
     from dcco.run.device_plan import resolve_device
+    from dcco.run.evaluations import eval_config_for, evaluate_model
     from dcco.run.rundir import RunDir
     from dcco.run.setup import build_model
     from dcco.run.splits import load_splits

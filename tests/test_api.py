@@ -103,7 +103,7 @@ def test_public_round__the_papers_lambda_and_eps_through_dcco_method():
     assert _rel(step.pseudo_gradient, default.pseudo_gradient) > 1e-3
     with pytest.raises(dcco.ConfigError, match="unknown loss setting 'lamda'"):
         dcco.method("dcco", lamda=20.0)
-    with pytest.raises(dcco.ConfigError, match="loss.eps must be > 0"):
+    with pytest.raises(dcco.ConfigError, match="method: eps must be > 0"):
         dcco.method("dcco", eps=0.0)
 
 

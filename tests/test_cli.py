@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.counting import count_the_runs_work
 from safetensors.torch import load_file
 
 from dcco.cli import main
@@ -371,38 +372,6 @@ def test_cli__progress_lines_in_a_log_agree_with_the_summary(tiny_config, tmp_pa
     assert "probe step 30/30 (100%)" in done.stderr and "feature batch" in done.stderr
 
 
-def _count_the_runs_work(monkeypatch) -> dict[str, int]:
-    """Counters of what checking a run costs, wherever in dcco it happens: passes over the
-    data's values (``refuse_non_finite``), partitions drawn (``build_partition``), the
-    config's models built (``build_dual_encoder``) and differential privacy's accounting
-    (``Privacy.of``). Each function is wrapped in every dcco module that holds it under its
-    name, so that a second scan through another module counts as well."""
-    import sys
-
-    from dcco.data.samples import refuse_non_finite
-    from dcco.models import build_dual_encoder
-    from dcco.run.planning import build_partition
-    from dcco.run.privacy_plan import Privacy
-
-    counts = {"scans": 0, "partitions": 0, "models": 0, "privacy": 0}
-
-    def counting(real, key):
-        def wrapper(*args, **kwargs):
-            counts[key] += 1
-            return real(*args, **kwargs)
-        return wrapper
-
-    for real, key in ((refuse_non_finite, "scans"), (build_partition, "partitions"),
-                      (build_dual_encoder, "models")):
-        wrapper = counting(real, key)
-        for name, module in list(sys.modules.items()):
-            if (name == "dcco" or name.startswith("dcco.")) and getattr(
-                    module, real.__name__, None) is real:
-                monkeypatch.setattr(module, real.__name__, wrapper)
-    monkeypatch.setattr(Privacy, "of", classmethod(counting(Privacy.of.__func__, "privacy")))
-    return counts
-
-
 def test_count_the_runs_work__counts_a_scan_through_any_module(monkeypatch, tiny_fmnist):
     """The counters see a pass over the data wherever it is made: ``check_run``'s (through
     ``dcco.run.setup``) and one through ``dcco.data.samples`` itself."""
@@ -410,7 +379,7 @@ def test_count_the_runs_work__counts_a_scan_through_any_module(monkeypatch, tiny
 
     from dcco.data import samples
 
-    counts = _count_the_runs_work(monkeypatch)
+    counts = count_the_runs_work(monkeypatch)
     samples.refuse_non_finite(torch.zeros(2), "x")
     assert counts["scans"] == 1
 
@@ -420,7 +389,7 @@ def test_cli_pretrain__scans_partitions_and_builds_once_on_the_way_to_the_round(
     """``dcco pretrain`` checks its run once (``dcco.run.setup.check_run``) and hands the
     checked run, its partition and model, to the pretraining: one pass over the data, one
     partition, one model; a resumed run is checked once too, by the loop."""
-    counts = _count_the_runs_work(monkeypatch)
+    counts = count_the_runs_work(monkeypatch)
     run = tmp_path / "run"
     assert main(["pretrain", str(tiny_config("dcco")), "--run-dir", str(run),
                  "--no-progress", "--set", "train.rounds=2"]) == 0
@@ -434,7 +403,7 @@ def test_cli_pretrain__a_private_run_makes_its_accounting_once(tiny_config, tmp_
                                                                monkeypatch):
     """Differential privacy's accounting (``Privacy.of``: the noise, the bounds, the
     sampling) is made once by ``check_run`` and taken as it is by the pretraining."""
-    counts = _count_the_runs_work(monkeypatch)
+    counts = count_the_runs_work(monkeypatch)
     assert main(["pretrain", str(tiny_config("dcco")), "--run-dir", str(tmp_path / "run"),
                  "--no-progress", "--set", "train.rounds=2",
                  "--set", "privacy.noise_multiplier=1.5"]) == 0
@@ -450,7 +419,7 @@ def test_fit__scans_and_partitions_once_and_builds_no_model_of_the_config(tmp_pa
 
     import dcco
 
-    counts = _count_the_runs_work(monkeypatch)
+    counts = count_the_runs_work(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     clients = {f"c{k}": torch.randn(4, 6, generator=gen) for k in range(8)}
     encoder = nn.Sequential(nn.Linear(6, 8), nn.GroupNorm(2, 8), nn.ReLU())

@@ -11,7 +11,7 @@ import dcco
 from dcco.cli import main
 from dcco.errors import UserError
 from dcco.evaluate import extract_features
-from dcco.evaluate.runs import pretrained_model
+from dcco.run.evaluations import pretrained_model
 from dcco.run.rundir import RunDir
 from dcco.run.splits import load_splits
 

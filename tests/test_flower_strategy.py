@@ -871,13 +871,14 @@ def test_strategy__nodes_failing_alike_stop_the_run_after_two_rounds_with_their_
         DCCOStrategy(min_available_nodes=3, fraction_evaluate=0.0).start(
             grid=InProcessGrid(app, [{}] * 3, {}), initial_arrays=initial, num_rounds=6)
     assert sorted(e.value.result.train_metrics_clientapp) == [1, 2]
-    assert "the nodes' errors: ValueError: node " in str(e.value)
+    assert "the nodes' errors: dcco.errors.ArgumentError: answer: samples: node " in str(e.value)
     assert "look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2)" in str(e.value)
     assert "(3 nodes)" in str(e.value)
     warnings = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()
                 and "skipped" not in r.getMessage()]
-    assert len(warnings) == 2 and all("3 nodes failed alike (1, 2, 3): ValueError: node 1's "
-                                      "model cannot read its views" in w and "\n" not in w
+    assert len(warnings) == 2 and all("3 nodes failed alike (1, 2, 3): dcco.errors.ArgumentError: "
+                                      "answer: samples: node 1's model cannot read its views"
+                                      in w and "\n" not in w
                                       for w in warnings), warnings
 
 

@@ -18,12 +18,11 @@ LAYERS = (
      "core.privacy", "core.precision", "core.statistics_cache", "core.client_state",
      "core.disk_states"),
     ("core.aggregation", "core.algorithm", "core.simulator", "core.distributed"),
-    ("run", "evaluate.runs", "reproduce", "flower", "round_parts", "api", "fitting"),
+    ("run", "reproduce", "flower", "round_parts", "api", "fitting"),
     ("cli", "demo", "__main__", "__init__"),
 )
 """The layers, lowest first: a module may import its own layer and those below, never one
-above (the longest matching name decides a module's layer: ``evaluate.runs`` evaluates run
-directories and sits with the run, above the rest of ``evaluate``)."""
+above (the longest matching name decides a module's layer)."""
 
 
 def _layer(module: str) -> int:
@@ -353,7 +352,7 @@ def test_layers__run_rounds_is_split_by_job_and_its_old_names_warn():
 def test_layers__the_test_sees_an_upward_import():
     """The check above is not vacuous: a core module importing the loop is caught."""
     assert _layer("core.stats") < _layer("run.loop")
-    assert _layer("evaluate.knn") < _layer("evaluate.runs") == _layer("run.rundir")
+    assert _layer("evaluate.knn") < _layer("run.evaluations") == _layer("run.rundir")
     assert _layer("cli.grid") == _layer("cli") > _layer("fitting")
 
 

@@ -1,16 +1,21 @@
-"""One error family at the public entries (issue 100, item 3, begun): a refusal is a
-``dcco.UserError`` that names the argument at fault, and still the builtin error it was
-before (a ``ValueError``, a ``KeyError``, a ``TypeError``), so that old ``except`` clauses
-keep working."""
+"""One error family at the public entries (issue 100, item 3): a refusal is a
+``dcco.UserError`` that names the call and the argument at fault, and still the builtin error
+it was before (a ``ValueError``, a ``KeyError``, a ``TypeError``, a ``RuntimeError``), so that
+old ``except`` clauses keep working. A ``ConfigError`` or ``DataError`` stays one. The
+CLI's refusals (exit status 2, one line naming the key) are tested in test_cli."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
 import dcco
-from dcco.errors import ArgumentError, MissingNameError, UserError
-from dcco.flower import DCCOStrategy
+from dcco.cli import main
+from dcco.errors import ArgumentError, MissingNameError, ModelInputError, UserError
+from dcco.flower import DCCOStrategy, answer, codec, evaluate_encoder
+from dcco.flower.testing.inprocess import InProcessGrid
 
 
 def _encoder() -> torch.nn.Module:
@@ -19,6 +24,36 @@ def _encoder() -> torch.nn.Module:
 
 def _dual() -> torch.nn.Module:
     return dcco.dual_encoder(_encoder(), projector=(8,), sample=torch.zeros(1, 1, 4, 4))
+
+
+def _images(n: int = 8, channels_last: bool = False) -> torch.Tensor:
+    x = torch.randint(0, 255, (n, 1, 8, 8), dtype=torch.uint8)
+    return x.permute(0, 2, 3, 1) if channels_last else x
+
+
+def _message(kind: str, model: torch.nn.Module | None = None) -> tuple[Message, Context]:
+    """A ``kind`` message (round 1's stats message for ``model``, or bare) and a node's
+    context."""
+    InProcessGrid(ClientApp(), [{}], {})  # stamps the run identity a new Message needs
+    content = RecordDict() if model is None else RecordDict({
+        "config": DCCOStrategy().node_config("stats", 1, {}),
+        "arrays": codec.array_record(model.state_dict())})
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    return Message(content, dst_node_id=1, message_type=kind), context
+
+
+def _answer(samples: object, augment: object = None, sent: torch.nn.Module | None = None):
+    """``answer`` to round 1's stats message for ``sent`` (default: the node's own model)."""
+    def call() -> None:
+        model = _encoder()
+        answer(*_message("train", sent or model), model, samples, augment=augment)
+    return call
+
+
+def _nan_samples() -> torch.Tensor:
+    x = torch.rand(4, 16)
+    x[2, 3] = float("nan")
+    return x
 
 
 CASES = [
@@ -59,6 +94,49 @@ CASES = [
      lambda: dcco.linear_probe(_encoder(), (torch.rand(4, 1, 4, 4), torch.tensor([0, 1, 0, 1])),
                                (torch.rand(2, 1, 4, 4), torch.tensor([-1, 0]))), ValueError,
      "linear_probe: test's labels must be classes 0, 1, ..., got -1"),
+    ("statistics of views the model cannot read",
+     lambda: dcco.statistics(_dual(), torch.rand(4, 1, 5, 5), torch.rand(4, 1, 5, 5)),
+     RuntimeError, "statistics: the model failed on the views x1 \\(4, 1, 5, 5\\)"),
+    ("local_update of views the model cannot read",
+     lambda: dcco.local_update(_dual(), torch.rand(4, 1, 5, 5), torch.rand(4, 1, 5, 5), None,
+                               "cco_fedavg"), RuntimeError, "local_update: the model failed"),
+    ("dual_encoder(projector=(0,))",
+     lambda: dcco.dual_encoder(_encoder(), projector=(0,), sample=torch.zeros(1, 1, 4, 4)),
+     TypeError, "dual_encoder: projector widths must be positive"),
+    ("dual_encoder(method='x')",
+     lambda: dcco.dual_encoder(_encoder(), method="x", sample=torch.zeros(1, 1, 4, 4)),
+     TypeError, "method: unknown method 'x'"),
+    ("method(eps=0)", lambda: dcco.method("dcco", eps=0.0), dcco.ConfigError,
+     "method: eps must be > 0"),
+    ("method('x')", lambda: dcco.method("x"), dcco.ConfigError, "method: unknown method 'x'"),
+    ("fit(rounds=0)", lambda: dcco.fit(_encoder(), {0: _images()}, rounds=0, progress=False),
+     dcco.ConfigError, "fit: rounds must be >= 1, got 0"),
+    ("fit(clients_per_round=0)",
+     lambda: dcco.fit(_encoder(), {0: _images()}, rounds=1, clients_per_round=0,
+                      progress=False), dcco.ConfigError, "fit: clients_per_round must be >= 1"),
+    ("fit(settings=optim.lr=-1)",
+     lambda: dcco.fit(_encoder(), {0: _images()}, rounds=1, settings=["optim.lr=-1"],
+                      progress=False), dcco.ConfigError, "fit: optim.lr must be > 0"),
+    ("load_encoder(a missing path)", lambda: dcco.load_encoder("no/such/run"), ValueError,
+     "no/such/run is neither a dcco run directory nor an encoder"),
+    ("answer(a message not the strategy's)",
+     lambda: answer(*_message("train"), _encoder(), torch.rand(4, 16)),
+     TypeError, "answer: msg: not a message of dcco.flower.DCCOStrategy"),
+    ("answer(samples of no kind)", _answer(object()), TypeError,
+     "answer: samples must be a tensor, a torch DataLoader or a Dataset, got object"),
+    ("answer(an empty data set)", _answer([]), ValueError,
+     "answer: samples: this node's data set is empty"),
+    ("answer(augment=None, not images)", _answer(torch.rand(4, 16)), ValueError,
+     "answer: augment=None with samples of shape \\(4, 16\\)"),
+    ("answer(channels-last images)", _answer(_images(channels_last=True)), ValueError,
+     "answer: augment=None with channels-last images"),
+    ("answer(a model other than the server's)",
+     _answer(torch.rand(4, 16), augment=lambda v: v, sent=torch.nn.Linear(16, 8)), ValueError,
+     "answer: model: the server's model lacks its 1.weight"),
+    ("evaluate_encoder(a message without arrays)",
+     lambda: evaluate_encoder(*_message("evaluate"), _encoder(),
+                              torch.rand(4, 16)), TypeError,
+     "evaluate_encoder: msg: an evaluate message without the model's arrays"),
 ]
 
 
@@ -69,6 +147,24 @@ def test_public_entry__refuses_bad_input_as_a_user_error_naming_the_argument(cal
     with pytest.raises(UserError, match=message) as caught:
         call()
     assert isinstance(caught.value, builtin)
+
+
+def test_answer__keeps_a_data_error_a_data_error_naming_the_sample():
+    with pytest.raises(dcco.DataError, match="answer: node 1's samples holds NaN in sample 2"):
+        _answer(_nan_samples(), augment=lambda v: v)()
+
+
+def test_statistics__a_model_failing_on_the_views_keeps_its_own_error_chained():
+    with pytest.raises(ModelInputError) as caught:
+        dcco.statistics(_dual(), torch.rand(4, 1, 5, 5), torch.rand(4, 1, 5, 5))
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert "mat1 and mat2 shapes cannot be multiplied" in str(caught.value.__cause__)
+
+
+def test_cli__a_refusal_is_one_line_and_exit_status_2(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nope" in err and "is not a dcco run directory" in err and "\n" not in err
 
 
 def test_missing_name_error__reads_as_written_and_is_a_key_error():

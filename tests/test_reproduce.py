@@ -7,10 +7,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+from helpers.counting import count_the_runs_work
 
 from dcco.cli import main
 from dcco.config import ConfigError
 from dcco.reproduce import load_grid, plan_cells, run_machines, run_versions
+from dcco.run.rundir import RunDir
 from dcco.run.setup import projector
 
 GRID = """
@@ -240,6 +242,20 @@ def test_claims_table__differences_with_standard_errors_beside_the_paper(tmp_pat
     assert "| centralized_cco − dcco | — (+0.9) |" in text
 
 
+def test_reproduce__checks_each_cell_once_and_trains_what_it_checked(grid_file, tmp_path,
+                                                                    monkeypatch):
+    """``dcco reproduce`` checks every cell before any folder exists and hands each cell's
+    check (its scan of the data, its partition, its model) to its pretraining: in one
+    process, one of each a cell, not two (the other two models are the trained encoders that
+    the cells' linear@20 evaluations load)."""
+    counts = count_the_runs_work(monkeypatch)
+    assert main(["reproduce", str(grid_file), "--scale", "tiny", "--out", str(tmp_path / "o"),
+                 "--no-progress", "--no-table", "--cells", "iid-2-*"]) == 0
+    assert counts == {"scans": 2, "partitions": 2, "models": 2 + 2, "privacy": 0}
+    for cell in ("iid-2-dcco-s0", "iid-2-cco_fedavg-s0"):
+        assert RunDir.open(tmp_path / "o" / cell).summary()["rounds"] == 2
+
+
 def test_reproduce__cells_filter_and_busy_cells_skipped(grid_file, tmp_path, capsys):
     """--cells runs a subset; a cell another process holds (its lock) is skipped, not shared."""
     from dcco.reproduce import select_cells
@@ -279,9 +295,9 @@ def test_claim_checks__paired_by_seed_held_not_held_or_undecided(tmp_path):
     sure (Student's t interval excludes 0), not held where the opposite sign is, undecided
     otherwise (one seed included)."""
     from dcco.evaluate import PROTOCOL_REVISION
-    from dcco.evaluate.runs import eval_key
     from dcco.reproduce import claim_checks, claims_table
     from dcco.reproduce.claims import Paired, paired_difference
+    from dcco.run.evaluations import eval_key
 
     grid = load_grid(Path(__file__).parents[1] / "experiments" / "table1_fmnist.toml", "small")
     cells = plan_cells(grid, tmp_path)

@@ -26,11 +26,11 @@ from dcco.data.augment import modality_view, training_views
 from dcco.data.paired import halves, load_npz_pairs
 from dcco.errors import UserError
 from dcco.evaluate import comparable, retrieval, retrieval_ranks
-from dcco.evaluate.runs import evaluate_model
 from dcco.methods import Segments, build_method
 from dcco.models import MLP, ResNet, build_dual_encoder
 from dcco.run.checkpoint import load_checkpoint, save_checkpoint
 from dcco.run.encoders import load_encoder
+from dcco.run.evaluations import evaluate_model
 from dcco.run.pretraining import Pretraining
 from dcco.run.rundir import RunDir
 from dcco.run.setup import build_model

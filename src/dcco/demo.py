@@ -20,7 +20,9 @@ from dcco.config import RunConfig, load_config
 from dcco.config.recipes import DEMO
 from dcco.errors import UserError
 from dcco.evaluate import StepCallback, is_current
-from dcco.evaluate.runs import (
+from dcco.run.checkpoint import atomic_write_text
+from dcco.run.collapse_response import pretraining_ended
+from dcco.run.evaluations import (
     eval_key,
     evaluate_run,
     random_encoder_run,
@@ -28,8 +30,6 @@ from dcco.evaluate.runs import (
     supervised_run,
     with_method,
 )
-from dcco.run.checkpoint import atomic_write_text
-from dcco.run.collapse_response import pretraining_ended
 from dcco.run.report import (
     family,
     knn_cell,

@@ -34,12 +34,23 @@ class MissingNameError(UserError, KeyError):
     __str__ = Exception.__str__
 
 
+class ModelInputError(ArgumentError, RuntimeError):
+    """A model that a public function was given failed on the inputs it was given (torch's
+    ``RuntimeError`` for a width or shape it cannot take); the message names the inputs and
+    their shapes, with the model's own error chained. A ``RuntimeError`` too, so that old
+    ``except RuntimeError`` clauses keep working."""
+
+
 @contextmanager
-def arguments_of(call: str, keys: Mapping[str, str]) -> Iterator[None]:
+def arguments_of(call: str, keys: Mapping[str, str],
+                 kind: type[UserError] | None = ArgumentError) -> Iterator[None]:
     """The refusals of dcco's config checks inside, as an ``ArgumentError`` of ``call`` that
     names the caller's argument: ``keys`` maps a config key at the start of a message
     (``"optim.lr"``) to the argument (``"lr"``), so ``DCCOStrategy(lr=-1)`` reads
-    "DCCOStrategy: lr must be > 0, got -1" rather than a config file's key.
+    "DCCOStrategy: lr must be > 0, got -1" rather than a config file's key. The refusal is a
+    ``kind``; with ``kind=None`` a ``UserError`` keeps its own class (``dcco.fit`` documents
+    its ``ConfigError`` and ``DataError``) and any other ``ValueError`` becomes an
+    ``ArgumentError``.
 
     >>> with arguments_of("f", {"optim.lr": "lr"}):  # doctest: +ELLIPSIS
     ...     raise ValueError("optim.lr must be > 0, got -1")
@@ -49,15 +60,29 @@ def arguments_of(call: str, keys: Mapping[str, str]) -> Iterator[None]:
     """
     try:
         yield
-    except ArgumentError:
-        raise
     except ValueError as e:
+        if isinstance(e, ArgumentError) and str(e).startswith(f"{call}: "):
+            raise
         message = str(e)
         for key, argument in keys.items():
             if message.startswith(key):
                 message = argument + message[len(key):]
                 break
-        raise ArgumentError(f"{call}: {message}") from None
+        error = kind or (type(e) if isinstance(e, UserError) else ArgumentError)
+        raise error(f"{call}: {message}") from None
+
+
+@contextmanager
+def refusals_of(call: str) -> Iterator[None]:
+    """dcco's own refusals inside (a ``UserError``: bad samples, a bad message) named by the
+    public ``call`` that met them, each of its own class ("answer: samples: ..."); every
+    other error, a user's model's or augmentation's included, is left as it is."""
+    try:
+        yield
+    except UserError as e:
+        if str(e).startswith(f"{call}: "):
+            raise
+        raise type(e)(f"{call}: {e}") from e
 
 
 def shown(path: Path | str) -> str:
@@ -68,4 +93,5 @@ def shown(path: Path | str) -> str:
     return str(path) if str(full) == str(path) else f"{path} (= {full})"
 
 
-__all__ = ["ArgumentError", "MissingNameError", "UserError", "arguments_of", "shown"]
+__all__ = ["ArgumentError", "MissingNameError", "ModelInputError", "UserError", "arguments_of",
+           "refusals_of", "shown"]

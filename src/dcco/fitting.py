@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from dcco.config import USER, ConfigError, RunConfig, from_dict, load_config
 from dcco.data.datasets import DataError
 from dcco.data.samples import Samples, samples_of_clients
-from dcco.errors import ArgumentError, shown
+from dcco.errors import ArgumentError, arguments_of, shown
 from dcco.methods.registry import METHODS
 from dcco.models import DualEncoder
 from dcco.models.user_encoder import dual_encoder
@@ -242,12 +242,13 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     for item in settings:
         key = item.partition("=")[0].strip()
         if key in FIT_ARGUMENTS:
-            raise ConfigError(f"settings: {key} is fit's argument {FIT_ARGUMENTS[key]}=; "
-                              f"give it there")
+            raise ConfigError(f"fit: settings: {key} is fit's argument "
+                              f"{FIT_ARGUMENTS[key]}=; give it there")
     dims = None if projector is None else [int(d) for d in projector]
-    cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
-                     own_augment=augment is not None)
-    validate(cfg)
+    with arguments_of("fit", FIT_ARGUMENTS, kind=None):
+        cfg = fit_config(method, rounds, clients_per_round, dims, seed, settings,
+                         own_augment=augment is not None)
+        validate(cfg)
     # with the method's predictor and target network around your encoder, if it has them
     # (validate has checked model.predictor against the method and the projector)
     model = dual_encoder(encoder, dims, sample=_model_input(data, augment, cfg), seed=seed,

@@ -8,7 +8,8 @@ own Flower app and ``dcco.flower.answer`` import them from here.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from dcco.core.server import (
     validate_update,
 )
 from dcco.core.stats import EncodingStats, Moments, encoding_stats, merge
-from dcco.errors import ArgumentError, MissingNameError, arguments_of
+from dcco.errors import ArgumentError, MissingNameError, ModelInputError, arguments_of
 from dcco.methods.base import Method
 from dcco.methods.registry import METHODS, build_method
 from dcco.models import DualEncoder
@@ -69,16 +70,14 @@ def method(name: str = "dcco", **loss: Any) -> Method:
     from dcco.config import ConfigError
 
     if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
+        raise ConfigError(f"method: unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
     values = {"lambd": USER.lambd} | loss
     known = {f.name for f in fields(LossConfig)}
     if unknown := sorted(set(values) - known):
-        raise ConfigError(f"unknown loss setting {unknown[0]!r}; the [loss] keys are "
+        raise ConfigError(f"method: unknown loss setting {unknown[0]!r}; the [loss] keys are "
                           f"{', '.join(sorted(known))}")
-    try:
+    with arguments_of("method", {f"loss.{k}": k for k in known}, kind=ConfigError):
         return build_method(name, LossConfig(**values))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
 
 
 def _method(given: str | Method, statistics: bool = False) -> Method:
@@ -127,6 +126,22 @@ def _views_checked(model: Model, x1: Tensor, x2: Tensor, call: str) -> None:
                             f"must be alike")
 
 
+@contextmanager
+def _model_reads(call: str, x1: Tensor, x2: Tensor) -> Iterator[None]:
+    """torch's ``RuntimeError`` from the model on the views (a width or shape it cannot
+    take) as a ``ModelInputError`` of ``call`` naming the views, the model's error chained;
+    running out of memory stays what it is."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as e:
+        if isinstance(e, ModelInputError):
+            raise
+        raise ModelInputError(f"{call}: the model failed on the views x1 {tuple(x1.shape)} "
+                              f"and x2 {tuple(x2.shape)}: {str(e).splitlines()[0]}") from e
+
+
 def _phase1_forward(model: Model, x1: Tensor, x2: Tensor, chunk: int | None
                     ) -> tuple[Tensor, Tensor, tuple[nn.Module, Callable[[str], str]]]:
     """A client's encodings of its two views at the global model (its buffers left as they
@@ -137,7 +152,7 @@ def _phase1_forward(model: Model, x1: Tensor, x2: Tensor, chunk: int | None
     if n == 0:
         raise ArgumentError("a client with no samples has no statistics; leave it out of the "
                             "round")
-    with buffers_kept(dual):
+    with buffers_kept(dual), _model_reads("statistics", x1, x2):
         f, g = dual(x1, x2)
     _encodings_checked(f, g, n)
     return f, g, (dual, back)
@@ -232,7 +247,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
     if steps < 1 or (batch is not None and batch < 1):
         raise ArgumentError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = dual_view(model, chunk)
-    with buffers_kept(dual):
+    with buffers_kept(dual), _model_reads("local_update", x1, x2):
         update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
     return replace(update, delta={back(k): v for k, v in update.delta.items()})
 

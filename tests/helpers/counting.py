@@ -32,3 +32,33 @@ def python_lines(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
     finally:
         sys.settrace(previous)
     return result, count
+
+
+def count_the_runs_work(monkeypatch) -> dict[str, int]:
+    """Counters of what checking a run costs, wherever in dcco it happens: passes over the
+    data's values (``refuse_non_finite``), partitions drawn (``build_partition``), the
+    config's models built (``build_dual_encoder``) and differential privacy's accounting
+    (``Privacy.of``). Each function is wrapped in every dcco module that holds it under its
+    name, so that a second scan through another module counts as well."""
+    from dcco.data.samples import refuse_non_finite
+    from dcco.models import build_dual_encoder
+    from dcco.run.planning import build_partition
+    from dcco.run.privacy_plan import Privacy
+
+    counts = {"scans": 0, "partitions": 0, "models": 0, "privacy": 0}
+
+    def counting(real, key):
+        def wrapper(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    for real, key in ((refuse_non_finite, "scans"), (build_partition, "partitions"),
+                      (build_dual_encoder, "models")):
+        wrapper = counting(real, key)
+        for name, module in list(sys.modules.items()):
+            if (name == "dcco" or name.startswith("dcco.")) and getattr(
+                    module, real.__name__, None) is real:
+                monkeypatch.setattr(module, real.__name__, wrapper)
+    monkeypatch.setattr(Privacy, "of", classmethod(counting(Privacy.of.__func__, "privacy")))
+    return counts

@@ -142,7 +142,7 @@ def _pretrain(args: argparse.Namespace, on_run=None) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from dcco.config import load_config
-    from dcco.evaluate.runs import evaluate_run
+    from dcco.run.evaluations import evaluate_run
     from dcco.run.rundir import RunDir
     from dcco.run.splits import load_splits
 
@@ -171,7 +171,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_supervised(args: argparse.Namespace) -> int:
     from dcco.config import load_config
-    from dcco.evaluate.runs import supervised_run
+    from dcco.run.evaluations import supervised_run
     from dcco.run.rundir import RunDir
     from dcco.run.setup import resolved
     from dcco.run.splits import load_splits

@@ -58,11 +58,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
              + (f"; time budget {args.time_budget:g} min" if args.time_budget else ""))
         _resume_with(args, shlex.split(_reproduce_command(args))
                      + [x for c in args.cells for x in ("--cells", c)])
-        _check_cells(grid, todo)
+        from dcco.run.splits import load_splits
+
+        splits = load_splits(grid.base) if todo else None
+        checked = _check_cells(todo, splits)
         if jobs is None and args.deadline is None:
             jobs = _auto_jobs(grid, todo)
         if jobs == 1 or args.deadline is not None:
-            _reproduce_here(args, grid, cells, todo)
+            _reproduce_here(args, grid, cells, todo, splits, checked)
         else:
             _reproduce_pool(args, grid, cells, todo, out, jobs)
     if not args.no_table:
@@ -71,23 +74,35 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 130 if interrupts is not None and interrupts.requested else 0
 
 
-def _check_cells(grid, todo: list) -> None:
+KEPT_CHECKS_BYTES = 1 << 30
+"""How much of the checked cells' models ``_check_cells`` keeps for their pretraining (1
+GiB of parameters and buffers); a cell past it is checked again when it starts."""
+
+
+def _check_cells(todo: list, splits: tuple | None) -> dict[str, object]:
     """Every refusal of the cells to run (``dcco.run.setup.check_run``), before any of their
-    folders is created; a refused cell is named."""
+    folders is created; a refused cell is named. Returns each cell's ``CheckedRun`` by its
+    folder's name, for its pretraining to take as it is (one check a cell), up to
+    ``KEPT_CHECKS_BYTES`` of models."""
     from dcco.config import ConfigError
     from dcco.reproduce import SUPERVISED
     from dcco.run.setup import check_run
-    from dcco.run.splits import load_splits
 
     pretraining = [c for c in todo if c.method != SUPERVISED]
-    if not pretraining:
-        return
-    train = load_splits(grid.base)[0]
+    if not pretraining or splits is None:
+        return {}
+    train = splits[0]
+    kept: dict[str, object] = {}
+    held = 0
     for cell in pretraining:
         try:
-            check_run(cell.cfg, train, run_dir=cell.path)
+            checked = check_run(cell.cfg, train, run_dir=cell.path)
         except ConfigError as e:
             raise ConfigError(f"cell {cell.path.name}: {e}") from None
+        held += sum(t.numel() * t.element_size() for t in checked.model.state_dict().values())
+        if held <= KEPT_CHECKS_BYTES:
+            kept[cell.path.name] = checked
+    return kept
 
 
 def _budget(args: argparse.Namespace):
@@ -98,15 +113,15 @@ def _budget(args: argparse.Namespace):
     return Budget.minutes(args.time_budget, fill=args.fill)
 
 
-def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> None:
-    """The cells one after another in this process, within the budget."""
+def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list,
+                    splits: tuple | None, checked: dict[str, object]) -> None:
+    """The cells one after another in this process, within the budget; a cell's pretraining
+    takes its ``checked`` run (``_check_cells``) as it is."""
     from dcco.reproduce import run_cell
     from dcco.reproduce.pool import reason_not_to_start
     from dcco.run.rundir import RunDirBusy
-    from dcco.run.splits import load_splits
 
     budget = _budget(args)
-    splits = load_splits(grid.base)
     interrupts = getattr(args, "interrupts", None) or Interrupts()
 
     def stop() -> str | None:
@@ -116,7 +131,7 @@ def _reproduce_here(args: argparse.Namespace, grid, cells: list, todo: list) -> 
         from dcco.run.loop import run_with_progress
 
         return run_with_progress(cfg, run, train, test, resume, not args.no_progress,
-                                       stop)
+                                 stop, checked=checked.pop(run.path.name, None))
 
     busy, stopped, diverged = [], [], []
     with _PhaseProgress(not args.no_progress) as progress:

@@ -34,6 +34,7 @@ from dcco.core.stats import encoding_stats
 from dcco.data.datasets import DataError
 from dcco.data.image_views import looks_channels_last, looks_like_images
 from dcco.data.samples import refuse_non_finite
+from dcco.errors import ArgumentError, refusals_of
 from dcco.flower import codec
 from dcco.flower.error_reports import first_line
 from dcco.flower.userapp import LABEL_KEYS, default_augment, load_weights, samples_and_labels
@@ -94,58 +95,61 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
         ``num-examples`` and, with labelled ``train`` and ``test``, ``knn-acc``.
 
     Raises:
-        ValueError: a message without the model's arrays.
-        DataError: samples the encoder cannot be scored on, named by node and split: fewer
+        dcco.ArgumentError: a ``msg`` without the model's arrays; labels of another count
+            than their samples.
+        dcco.DataError: samples the encoder cannot be scored on, named by node and split: fewer
             than 2 test samples, a sample holding NaN or an infinity, samples that are not
             images (N, C, H, W) with 1 or 3 channels when ``augment`` is None (channels-last
             images are named as such), training samples of another shape than the test
             samples, or samples the model cannot read (its error follows).
     """
-    config = msg.content.config_records.get("config")
-    arrays = next(iter(msg.content.array_records.values()), None)
-    if arrays is None:
-        raise ValueError("an evaluate message without the model's arrays: evaluate_encoder "
-                         "answers dcco.flower.DCCOStrategy's configure_evaluate")
-    load_weights(model, codec.tensors_of(arrays))
-    node = f"node {context.node_id}"
-    x, test_y = samples_and_labels(test)
-    if x.shape[0] < 2:
-        raise DataError(f"{node} holds {x.shape[0]} test sample(s); the loss and the collapse "
-                        f"figures need at least 2")
-    check_samples(x, f"{node}'s test samples", augment is None)
-    train_x = train_y = None
-    if train is not None and test_y is not None:
-        train_x, train_y = samples_and_labels(train)
-        check_samples(train_x, f"{node}'s training samples", augment is None)
-        if train_x.shape[1:] != x.shape[1:]:
-            raise DataError(f"{node}'s training samples are {tuple(train_x.shape[1:])} each "
-                            f"and its test samples {tuple(x.shape[1:])}: the k-NN compares "
-                            f"samples of one shape")
-    lambd = float(config[LAMBDA]) if config is not None and LAMBDA in config else USER.lambd
-    key = context.node_id if views_key is None else int(views_key)
-    views = augment if augment is not None else default_augment(x)
-    dtype = next(model.parameters()).dtype
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(0, "evaluate-views", key) % (1 << 62))
-        x1, x2 = views(x).to(dtype), views(x).to(dtype)
-    model.eval()
-    encode = model.encode if isinstance(model, DualEncoder) else model  # not its predictor's
-    with torch.no_grad():
-        try:
-            f, g = encode(x1), encode(x2)
-        except (RuntimeError, ValueError) as e:  # torch's own: a layer that cannot read them
-            raise DataError(f"the model cannot read {node}'s test samples, "
-                            f"{tuple(x1.shape)} {x1.dtype} as views: {first_line(e)}") from e
-        metrics: dict[str, float] = {
-            "cco-loss": float(cco_loss(encoding_stats(f, g).moments(), lambd)),
-            "num-examples": int(x.shape[0]),
-        }
-        figures = encoding_figures(f, g)
-        metrics |= {"eff-rank": float(figures["eff_rank"]),
-                    "dead-dims": float(figures["dead_dims"])}
-        if train_x is not None and train_y is not None:
-            metrics["knn-acc"] = _knn_accuracy(encode, train_x, x, train_y, test_y, dtype)
-    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+    with refusals_of("evaluate_encoder"):
+        config = msg.content.config_records.get("config")
+        arrays = next(iter(msg.content.array_records.values()), None)
+        if arrays is None:
+            raise ArgumentError("msg: an evaluate message without the model's arrays: "
+                                "evaluate_encoder answers dcco.flower.DCCOStrategy's "
+                                "configure_evaluate")
+        load_weights(model, codec.tensors_of(arrays))
+        node = f"node {context.node_id}"
+        x, test_y = samples_and_labels(test)
+        if x.shape[0] < 2:
+            raise DataError(f"{node} holds {x.shape[0]} test sample(s); the loss and the collapse "
+                            f"figures need at least 2")
+        check_samples(x, f"{node}'s test samples", augment is None)
+        train_x = train_y = None
+        if train is not None and test_y is not None:
+            train_x, train_y = samples_and_labels(train)
+            check_samples(train_x, f"{node}'s training samples", augment is None)
+            if train_x.shape[1:] != x.shape[1:]:
+                raise DataError(f"{node}'s training samples are {tuple(train_x.shape[1:])} each "
+                                f"and its test samples {tuple(x.shape[1:])}: the k-NN compares "
+                                f"samples of one shape")
+        lambd = float(config[LAMBDA]) if config is not None and LAMBDA in config else USER.lambd
+        key = context.node_id if views_key is None else int(views_key)
+        views = augment if augment is not None else default_augment(x)
+        dtype = next(model.parameters()).dtype
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(0, "evaluate-views", key) % (1 << 62))
+            x1, x2 = views(x).to(dtype), views(x).to(dtype)
+        model.eval()
+        encode = model.encode if isinstance(model, DualEncoder) else model  # not its predictor's
+        with torch.no_grad():
+            try:
+                f, g = encode(x1), encode(x2)
+            except (RuntimeError, ValueError) as e:  # torch's own: a layer that cannot read them
+                raise DataError(f"the model cannot read {node}'s test samples, "
+                                f"{tuple(x1.shape)} {x1.dtype} as views: {first_line(e)}") from e
+            metrics: dict[str, float] = {
+                "cco-loss": float(cco_loss(encoding_stats(f, g).moments(), lambd)),
+                "num-examples": int(x.shape[0]),
+            }
+            figures = encoding_figures(f, g)
+            metrics |= {"eff-rank": float(figures["eff_rank"]),
+                        "dead-dims": float(figures["dead_dims"])}
+            if train_x is not None and train_y is not None:
+                metrics["knn-acc"] = _knn_accuracy(encode, train_x, x, train_y, test_y, dtype)
+        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 def _knn_accuracy(encode: Callable[[Tensor], Tensor], train_x: Tensor, test_x: Tensor,
@@ -156,9 +160,9 @@ def _knn_accuracy(encode: Callable[[Tensor], Tensor], train_x: Tensor, test_x: T
 
     bank, queries = encode(_as_views(train_x, dtype)), encode(_as_views(test_x, dtype))
     if bank.shape[0] != train_y.shape[0] or queries.shape[0] != test_y.shape[0]:
-        raise ValueError(f"labels do not match the samples: {train_y.shape[0]} labels for "
-                         f"{bank.shape[0]} training samples, {test_y.shape[0]} for "
-                         f"{queries.shape[0]} test samples")
+        raise ArgumentError(f"train, test: labels do not match the samples: {train_y.shape[0]} "
+                            f"labels for {bank.shape[0]} training samples, {test_y.shape[0]} "
+                            f"for {queries.shape[0]} test samples")
     classes = int(max(train_y.max(), test_y.max())) + 1
     predicted = knn_predict(bank.float(), train_y, queries.float(), classes, KNN_K,
                             KNN_TEMPERATURE)

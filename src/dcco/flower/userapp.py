@@ -36,9 +36,9 @@ from dcco.core.client import ClientUpdate
 from dcco.core.client_state import kept_by_clients, restored, stored, with_kept
 from dcco.core.seeding import derive_seed
 from dcco.core.stats import Moments
-from dcco.data.datasets import DataError
 from dcco.data.image_views import looks_channels_last
 from dcco.data.samples import refuse_non_finite
+from dcco.errors import ArgumentError, ModelInputError, refusals_of
 from dcco.flower import codec, secagg
 from dcco.flower.error_reports import first_line
 from dcco.flower.forward_cache import KEPT_BYTES, ForwardCache
@@ -153,33 +153,38 @@ def answer(msg: Message, context: Context, model: nn.Module,
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
 
     Raises:
-        ValueError: a message without the strategy's config, a phase ``update`` whose
-            model this node did not receive in phase ``stats``, a sample holding NaN or an
-            infinity (named: which of the node's samples, and the value), or (SecAgg+) more
-            samples than the strategy's ``SecAgg.max_samples`` (Flower reports the error to
-            the server, which counts the node as failed).
+        dcco.ArgumentError: a ``msg`` without the strategy's config, a phase ``update``
+            whose model this node did not receive in phase ``stats``, a ``model`` without
+            the head the method trains or with weights the server's lack, ``samples`` of
+            no kind it reads, or (SecAgg+) more of them than the strategy's
+            ``SecAgg.max_samples``; ``augment=None`` for samples that are not images.
+        dcco.DataError: a sample holding NaN or an infinity (named: which of the node's
+            samples, and the value). Each is a ``dcco.UserError`` (a ``ValueError``) whose
+            message starts "answer: " and names the argument; Flower reports it to the
+            server, which counts the node as failed.
     """
-    ask = _asked(msg.content, model)
-    _check_head(ask.method, model)
-    _check_secure_limit(ask, samples)
-    weights = _round_model(ask, context)
-    # FedU's, FedEMA's and MoCo's clients are not sent the target network they keep
-    load_weights(model, with_kept(model, weights, kept_by_clients(model, ask.method)))
-    x1, x2 = _round_views(ask, context, samples, augment, views_key, model)
-    if ask.phase == "stats":
-        return _statistics_reply(msg, context, ask, model, x1, x2, reuse_forward, chunk)
-    update = _node_update(ask, context, model, x1, x2, chunk, state_dir)
-    if ask.aggregation == "ldawa":  # the server's rule, on the model this node was sent
-        update = ldawa_update(update, weights)
-    _forget_round(context)
-    return _update_reply(msg, ask, model, x1, x2, update)
+    with refusals_of("answer"):
+        ask = _asked(msg.content, model)
+        _check_head(ask.method, model)
+        _check_secure_limit(ask, samples)
+        weights = _round_model(ask, context)
+        # FedU's, FedEMA's and MoCo's clients are not sent the target network they keep
+        load_weights(model, with_kept(model, weights, kept_by_clients(model, ask.method)))
+        x1, x2 = _round_views(ask, context, samples, augment, views_key, model)
+        if ask.phase == "stats":
+            return _statistics_reply(msg, context, ask, model, x1, x2, reuse_forward, chunk)
+        update = _node_update(ask, context, model, x1, x2, chunk, state_dir)
+        if ask.aggregation == "ldawa":  # the server's rule, on the model this node was sent
+            update = ldawa_update(update, weights)
+        _forget_round(context)
+        return _update_reply(msg, ask, model, x1, x2, update)
 
 
 def _check_secure_limit(ask: _Asked, samples: Tensor | DataLoader | TorchDataset) -> None:
     """Under SecAgg+, a node over ``max_weight`` samples refuses: its masked sums would
     overflow."""
     if ask.secure is not None and (held := _count(samples)) > ask.secure.max_weight:
-        raise ValueError(f"this node holds {held} samples, more than the "
+        raise ArgumentError(f"samples: this node holds {held}, more than the "
                          f"strategy's SecAgg.max_samples = {ask.secure.max_weight:g}; raise it")
 
 
@@ -191,9 +196,13 @@ def _round_model(ask: _Asked, context: Context) -> dict[str, Tensor]:
             context.state[KEPT_MODEL] = codec.array_record(ask.model)
             context.state[KEPT_ROUND] = ConfigRecord({"round": ask.round})
         return ask.model
+    if ask.phase == "stats":
+        raise ArgumentError(f"msg: phase 'stats' of round {ask.round} carries no model (its "
+                            f"'arrays' record)")
     kept = context.state.config_records.get(KEPT_ROUND)
     if kept is None or int(kept["round"]) != ask.round:
-        raise ValueError(f"phase 'update' of round {ask.round} needs the model of its phase "
+        raise ArgumentError(f"msg: phase 'update' of round {ask.round} needs the model of its "
+                            f"phase "
                          f"'stats', but this node holds "
                          f"{'none' if kept is None else 'round ' + str(kept['round'])}")
     return codec.tensors_of(context.state.array_records[KEPT_MODEL])
@@ -211,10 +220,7 @@ def _round_views(ask: _Asked, context: Context, samples: Tensor | DataLoader | T
         views = codec.tensors_of(context.state.array_records[KEPT_VIEWS])
         return views["x1"], views["x2"]
     samples = node_samples(samples)
-    try:
-        refuse_non_finite(samples, f"node {context.node_id}'s samples")
-    except DataError as e:  # Flower reports a handler's error to the server
-        raise ValueError(str(e)) from None
+    refuse_non_finite(samples, f"node {context.node_id}'s samples")
     x1, x2 = _views(samples, augment if augment is not None else default_augment(samples),
                     ask.seed, context.node_id if views_key is None else int(views_key),
                     next(model.parameters()).dtype)
@@ -333,7 +339,7 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     keys = ("phase", "round") if secure else (PHASE, ROUND)
     missing = [k for k in (*keys, METHOD, VIEWS_SEED) if config is None or k not in config]
     if missing:
-        raise ValueError(f"not a message of dcco.flower.DCCOStrategy (its config record "
+        raise ArgumentError(f"msg: not a message of dcco.flower.DCCOStrategy (its config record "
                          f"lacks {', '.join(missing)})")
     loss = LossConfig(lambd=float(config.get(LAMBDA, LossConfig().lambd)))
     if LOSS in config:  # the method's other settings, which the strategy was given
@@ -341,7 +347,7 @@ def _asked(content: RecordDict, model: nn.Module) -> _Asked:
     method = build_method(str(config[METHOD]), loss)
     aggregation = str(config.get(AGGREGATION, "fedavg"))
     if aggregation not in AGGREGATIONS:
-        raise ValueError(f"the strategy asks for aggregation {aggregation!r}, which this "
+        raise ArgumentError(f"msg: the strategy asks for aggregation {aggregation!r}, which this "
                          f"node's dcco does not know (it knows {', '.join(AGGREGATIONS)})")
     head = (str(config[keys[0]]), int(config[keys[1]]), method,
             float(config.get(LOCAL_LR, 1.0)), int(config[VIEWS_SEED]))
@@ -365,7 +371,7 @@ def _check_head(method: Method, model: nn.Module) -> None:
                           getattr(model, "target", None) is not None)
     if wrong is not None:
         what, needed = wrong
-        raise ValueError(f"this node's model {'has no' if needed else 'holds a'} {what}, "
+        raise ArgumentError(f"model: {'has no' if needed else 'holds a'} {what}, "
                          f"which {method.name} {'trains with' if needed else 'has not'}: "
                          f"build it with dcco.dual_encoder(encoder, projector, "
                          f"method={method.name!r})")
@@ -456,10 +462,10 @@ def _items(samples: DataLoader | TorchDataset) -> tuple[list, Callable[[list], T
     elif hasattr(samples, "__getitem__") and hasattr(samples, "__len__"):
         items, join = [samples[i] for i in range(len(samples))], torch.stack
     else:
-        raise TypeError(f"samples must be a tensor, a torch DataLoader or a Dataset, got "
+        raise ArgumentError(f"samples must be a tensor, a torch DataLoader or a Dataset, got "
                         f"{type(samples).__name__}")
     if not items:
-        raise ValueError("this node's data set is empty: a node needs samples")
+        raise ArgumentError("samples: this node's data set is empty; a node needs samples")
     return items, join
 
 
@@ -494,13 +500,15 @@ def _input_of(item: object) -> Tensor:
                    and v.is_floating_point()]
         if len(tensors) == 1:
             return tensors[0]
-        raise TypeError(f"a data item of keys {sorted(item)}: its input is not under one of "
+        raise ArgumentError(f"samples: a data item of keys {sorted(item)}: its input is not "
+                            f"under one of "
                         f"{', '.join(INPUT_KEYS)}; pass the input tensor as samples")
     if hasattr(item, "__array__"):  # a numpy array or a PIL image
         import numpy as np
 
         return torch.from_numpy(np.asarray(item))
-    raise TypeError(f"a data item of type {type(item).__name__} has no tensor input; pass "
+    raise ArgumentError(f"samples: a data item of type {type(item).__name__} has no tensor "
+                        f"input; pass "
                     f"the input tensor as samples")
 
 
@@ -511,10 +519,10 @@ def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
     if looks_like_images(samples):
         return ImageViews()
     if looks_channels_last(samples):
-        raise ValueError(f"answer(augment=None) with channels-last images "
+        raise ArgumentError(f"augment=None with channels-last images "
                          f"{tuple(samples.shape)} (N, H, W, C); dcco's views take (N, C, H, W): "
                          f"pass x.permute(0, 3, 1, 2)")
-    raise ValueError(f"answer(augment=None) with samples of shape {tuple(samples.shape)} "
+    raise ArgumentError(f"augment=None with samples of shape {tuple(samples.shape)} "
                      f"({samples.dtype}): the two views would be identical, and identical "
                      f"views teach the encoder nothing; pass augment=your_function (one view "
                      f"of a batch of samples)")
@@ -530,7 +538,10 @@ def _model_reads(views: Tensor, node: int) -> Iterator[None]:
     except RuntimeError as e:
         if not looks_channels_last(views):
             raise
-        raise ValueError(f"node {node}'s model cannot read its views {tuple(views.shape)}, "
+        if isinstance(e, ModelInputError) and e.__cause__ is not None:
+            e = e.__cause__  # the model's own error, which statistics or local_update named
+        raise ArgumentError(f"samples: node {node}'s model cannot read its views "
+                            f"{tuple(views.shape)}, "
                          f"which look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2) "
                          f"as samples (the model's error: {first_line(e)})") from e
 
@@ -553,7 +564,7 @@ def load_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
     own = model.state_dict()
     missing = [k for k in own if k not in weights]
     if missing:
-        raise ValueError(f"the server's model lacks {missing[0]} of this node's model; do "
+        raise ArgumentError(f"model: the server's model lacks its {missing[0]}; do "
                          f"server and nodes build one model?")
     model.load_state_dict({k: weights[k].to(own[k].dtype) for k in own})
 

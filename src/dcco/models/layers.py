@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcco.config.model_config import PROJECTOR_MIN_GROUP, WS_EPS, Norm
+from dcco.errors import ArgumentError
 
 
 def standardised_weight(weight: Tensor, eps: float = WS_EPS) -> Tensor:
@@ -114,7 +115,7 @@ class Projector(nn.Sequential):
     def __init__(self, in_dim: int, dims: tuple[int, ...], gn_groups: int = 32,
                  ws_eps: float = WS_EPS, norm: Norm = "gn") -> None:
         if len(dims) == 0 or min(dims) < 1 or min(dims[:-1], default=2) < 2:
-            raise ValueError(f"Projector dims must be positive, hidden ones >= 2 (a 1-wide "
+            raise ArgumentError(f"projector widths must be positive, hidden ones >= 2 (a 1-wide "
                              f"group norm outputs a constant), got {dims}")
         layers: list[nn.Module] = []
         width_in = in_dim

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from dcco.config import USER
-from dcco.errors import ArgumentError
+from dcco.errors import ArgumentError, arguments_of
 from dcco.methods.predictive import PredictiveMethod
 from dcco.methods.registry import METHODS
 from dcco.models.build import build_projector, head_modules
@@ -100,8 +100,9 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = USER.proj
         width = feature_dim(module, x)
         if not hasattr(module, "feature_dim"):
             module.feature_dim = width
-        heads.append(IdentityProjector(width) if dims is None else
-                     build_projector(ModelConfig(), width, dims, seed, tower))
+        with arguments_of("dual_encoder", {}):
+            heads.append(IdentityProjector(width) if dims is None else
+                         build_projector(ModelConfig(), width, dims, seed, tower))
     if len(heads) == 2 and heads[0].out_dim != heads[1].out_dim:
         raise ArgumentError(f"the two towers must encode to one width: {heads[0].out_dim} and "
                             f"{heads[1].out_dim} (give projector widths, or encoders of equal "
@@ -125,7 +126,7 @@ def _head(method: str | None, predictor: Iterable[int] | None,
             raise ArgumentError("predictor= sizes a method's predictor: give method= too")
         return None
     if method not in METHODS:
-        raise ArgumentError(f"unknown method {method!r}; choose from {', '.join(sorted(METHODS))}")
+        raise ArgumentError(f"method: unknown method {method!r}; choose from {', '.join(sorted(METHODS))}")
     cls = METHODS[method]
     if not issubclass(cls, PredictiveMethod):
         if predictor is not None:

@@ -9,10 +9,10 @@ from dataclasses import asdict
 from dcco.data.paired import Dataset
 from dcco.errors import UserError
 from dcco.evaluate import StepCallback
-from dcco.evaluate.runs import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.reproduce.grid import SUPERVISED, Grid
 from dcco.reproduce.plan import Cell
 from dcco.run.collapse_response import pretraining_ended
+from dcco.run.evaluations import eval_config_for, eval_key, evaluate_model, pretrained_model
 from dcco.run.rundir import RunDir, record_split
 
 Stop = Callable[[], "str | None"]

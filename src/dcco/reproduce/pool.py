@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcco.config import RunConfig
-from dcco.evaluate.runs import eval_key
 from dcco.reproduce.cell import cell_accuracy, pretrained
 from dcco.reproduce.grid import SUPERVISED
 from dcco.reproduce.plan import Cell
+from dcco.run.evaluations import eval_key
 from dcco.run.rundir import RunDir, RunDirBusy, code_version
 
 TIME_BUDGET = "time budget"
