@@ -350,3 +350,47 @@ def test_changelog__names_only_paths_that_import_or_that_it_says_are_gone():
     missing = sorted(p for p in named if p not in GONE_FROM_THE_CHANGELOG and not _resolves(p))
     assert not missing, f"CHANGELOG.md names paths that do not import: {missing}"
     assert _resolves("dcco.config.model_config") and not _resolves("dcco.config.model")
+
+
+def _public_entries() -> list[tuple[str, object]]:
+    import inspect
+
+    import dcco
+    import dcco.flower
+
+    out = []
+    for module in (dcco, dcco.flower):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isfunction(obj) or (inspect.isclass(obj) and not issubclass(
+                    obj, BaseException)):
+                out.append((f"{module.__name__}.{name}", obj))
+    return out
+
+
+@pytest.mark.parametrize("name,obj", _public_entries(), ids=[n for n, _ in _public_entries()])
+def test_public_entry__documents_every_parameter_in_numpy_style(name, obj):
+    """Every public function and class of ``dcco`` and ``dcco.flower`` lists each parameter of
+    its signature on one line with its type (and default), numpy style, as Flower's
+    strategies do: ``name : type (default: value)`` under "Parameters" (a result that dcco
+    builds, ``FitResult`` say, under "Attributes")."""
+    import inspect
+    import re
+
+    doc = inspect.getdoc(obj) or ""
+    params = [p for p in inspect.signature(obj).parameters.values() if p.name != "self"]
+    assert "Args:" not in doc and "Raises:" not in doc, f"{name}: Google-style sections left"
+    if not params:
+        return
+    assert "\nParameters\n----------\n" in doc or "\nAttributes\n----------\n" in doc, \
+        f"{name} has no numpy 'Parameters' (or 'Attributes') section"
+    entries = {n.strip().lstrip("*") for line in doc.splitlines()
+               if (m := re.match(r"^([\w*]+(?:, [\w*]+)*) : \S", line))
+               for n in m.group(1).split(",")}
+    missing = [p.name for p in params if p.name not in entries]
+    assert not missing, f"{name}'s docstring lists no 'name : type' line for {missing}"
+    for p in params:
+        if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD:
+            line = next(x for x in doc.splitlines() if re.match(
+                rf"^(?:[\w*]+, )*{p.name}(?:, [\w*]+)* : ", x))
+            assert "default" in line, f"{name}: {p.name}'s line does not give its default"

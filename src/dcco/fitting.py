@@ -69,15 +69,23 @@ def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[T
     ...                   steps=200) > 0.95
     True
 
-    Args:
-        encoder: maps a batch of inputs to (N, d) features; left as it was.
-        train, test: (inputs, labels), labels int (N,) in [0, classes).
-        transform: applied to each batch of inputs first (e.g. uint8 images to floats, no
-            augmentation); None: floating inputs are cast to the encoder's dtype.
-        steps: the classifier's LARS steps.
-        seed: the classifier's batch order.
+    Parameters
+    ----------
+    encoder : nn.Module
+        Maps a batch of inputs to (N, d) features; left as it was.
+    train, test : tuple[Tensor, Tensor]
+        (inputs, labels), labels int (N,) in [0, classes).
+    transform : Callable[[Tensor], Tensor] | None (default: None)
+        Applied to each batch of inputs first (e.g. uint8 images to floats, no
+        augmentation); None: floating inputs are cast to the encoder's dtype.
+    steps : int (default: 1000)
+        The classifier's LARS steps.
+    seed : int (default: 0)
+        The classifier's batch order.
 
-    Returns:
+    Returns
+    -------
+    float
         Accuracy on ``test``, in [0, 1].
     """
     from dcco.config import EvalConfig
@@ -106,18 +114,24 @@ def linear_probe(encoder: nn.Module, train: tuple[Tensor, Tensor], test: tuple[T
 class FitResult:
     """What ``fit`` returns.
 
-    Attributes:
-        model: the trained ``DualEncoder`` (your encoder is ``model.backbone``; it is the very
-            module you passed, trained in place).
-        run_dir: the run directory (``config.toml``, ``metrics.jsonl``, checkpoints,
-            ``summary.json``), which ``dcco.load_encoder(run_dir, model=your_encoder)`` reads.
-        summary: the run's summary (rounds, final loss, the collapse figures, ...).
-        history: the run's records by round, as logged every ``train.log_every`` rounds:
-            ``round``, ``loss`` (the mean over the rounds since the last record), ``lr``, and
-            for a method that shares statistics the collapse figures of the round's pooled
-            statistics (``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var``,
-            ``median_var``); a run that was continued holds its earlier rounds' records too.
-        collapse, collapse_warning: see the properties.
+    Attributes
+    ----------
+    model : DualEncoder
+        The trained ``DualEncoder`` (your encoder is ``model.backbone``; it is the very
+        module you passed, trained in place).
+    run_dir : Path
+        The run directory (``config.toml``, ``metrics.jsonl``, checkpoints,
+        ``summary.json``), which ``dcco.load_encoder(run_dir, model=your_encoder)`` reads.
+    summary : dict[str, Any]
+        The run's summary (rounds, final loss, the collapse figures, ...).
+    history : tuple[dict[str, Any], ...] (default: ())
+        The run's records by round, as logged every ``train.log_every`` rounds:
+        ``round``, ``loss`` (the mean over the rounds since the last record), ``lr``, and
+        for a method that shares statistics the collapse figures of the round's pooled
+        statistics (``dead_dims``, ``corr_diag``, ``eff_rank``, ``max_var``,
+        ``median_var``); a run that was continued holds its earlier rounds' records too.
+    collapse, collapse_warning
+        See the properties.
     """
 
     model: DualEncoder
@@ -184,55 +198,76 @@ def fit(encoder: nn.Module, clients: Mapping[Hashable, Tensor] | Samples, *, rou
     >>> [r["round"] for r in longer.history], sorted(longer.collapse)[:2]
     ([2, 4, 6], ['corr_diag', 'dead_dims'])
 
-    Returns:
+    Parameters
+    ----------
+    encoder : nn.Module
+        Your module, from a batch of views to (N, d) features (trained in place).
+    clients : Mapping[Hashable, Tensor] | Samples
+        Client id → that client's samples (a tensor (n_k, ...) each: images, float
+        vectors, token ids, anything ``encoder`` and ``augment`` take), or
+        ``dcco.data.Samples``.
+    rounds : int
+        Server rounds.
+    augment : Callable[[Tensor], Tensor] | None (default: None)
+        One view of a batch of stored samples (``dcco.run.pretraining.Pretraining``'s
+        ``augment``), called twice a round, for samples of any kind (dcco's own
+        augmentation then stays off: ``augment.enabled = false``); None: dcco's BYOL
+        augmentation, which needs uint8 (N, C, H, W) images with C = 1 or 3.
+    method : str (default: 'dcco')
+        Any federated method (``dcco``, ``dvicreg``, ``cco_fedavg``,
+        ``contrastive_fedavg``, ...). BYOL's, SimSiam's and MoCo's (``byol_fedavg``,
+        ``fedu``, ``fedema``, ``simsiam_fedavg``, ``moco_fedavg``) train your encoder
+        with their predictor and target network around it (``dcco.dual_encoder``'s
+        ``method``; the predictor's widths: ``model.predictor`` in ``settings``).
+    clients_per_round : int (default: 32)
+        K (default 32).
+    projector : Iterable[int] | None (default: (512, 512, 512))
+        The projector's widths (default 512, 512, 512), or None for none.
+    run_dir : str | Path | None (default: None)
+        Where the run is written; None: ``runs/fit-<method>-<time>``.
+    seed : int (default: 0)
+        The run's seed (client sampling, augmentation, the projector's initialisation).
+    progress : bool | None (default: None)
+        A progress bar (None: on a terminal).
+    settings : Iterable[str] | Mapping[str, Any] (default: ())
+        Further settings of the run config, as ``section.key=value`` strings
+        (``'optim.lr=0.5'``) or a mapping (``{"optim.lr": 0.5, "train.log_every": 1}``);
+        every key and its default: docs/config.md (``dcco config --list``).
+    on_round : Callable[[int, DualEncoder], None] | None (default: None)
+        Called after every round with the rounds done and the model (your encoder
+        is ``model.backbone``), e.g. to probe the encoder as it trains; what it changes
+        in the model is trained on, and its time counts in the run's.
+
+    Returns
+    -------
+    FitResult
         A ``FitResult``: the trained model (your encoder, trained in place, is its
         ``backbone``), the run directory, the summary, and the loss and collapse figures by
         round (``history``).
 
-    Args:
-        encoder: your module, from a batch of views to (N, d) features (trained in place).
-        clients: client id → that client's samples (a tensor (n_k, ...) each: images, float
-            vectors, token ids, anything ``encoder`` and ``augment`` take), or
-            ``dcco.data.Samples``.
-        rounds: server rounds.
-        augment: one view of a batch of stored samples (``dcco.run.pretraining.Pretraining``'s
-            ``augment``), called twice a round, for samples of any kind (dcco's own
-            augmentation then stays off: ``augment.enabled = false``); None: dcco's BYOL
-            augmentation, which needs uint8 (N, C, H, W) images with C = 1 or 3.
-        method: any federated method (``dcco``, ``dvicreg``, ``cco_fedavg``,
-            ``contrastive_fedavg``, ...). BYOL's, SimSiam's and MoCo's (``byol_fedavg``,
-            ``fedu``, ``fedema``, ``simsiam_fedavg``, ``moco_fedavg``) train your encoder
-            with their predictor and target network around it (``dcco.dual_encoder``'s
-            ``method``; the predictor's widths: ``model.predictor`` in ``settings``).
-        clients_per_round: K (default 32).
-        projector: the projector's widths (default 512, 512, 512), or None for none.
-        run_dir: where the run is written; None: ``runs/fit-<method>-<time>``.
-        seed: the run's seed (client sampling, augmentation, the projector's initialisation).
-        progress: a progress bar (None: on a terminal).
-        settings: further settings of the run config, as ``section.key=value`` strings
-            (``'optim.lr=0.5'``) or a mapping (``{"optim.lr": 0.5, "train.log_every": 1}``);
-            every key and its default: docs/config.md (``dcco config --list``).
-        on_round: called after every round with the rounds done and the model (your encoder
-            is ``model.backbone``), e.g. to probe the encoder as it trains; what it changes
-            in the model is trained on, and its time counts in the run's.
-
-    Raises:
-        dcco.ConfigError: a bad setting (an unknown key or value, a key that is one of fit's
-            own arguments, a centralized method), or a ``run_dir`` holding a run of other
-            settings; named, before any file or folder is written.
-        dcco.DataError: bad samples (no clients, a client of none, samples of different
-            shapes, NaN or an infinity, named by client and sample; samples dcco's own
-            augmentation cannot take); likewise before anything is written. Both are a
-            ``dcco.UserError``, a ``ValueError``.
-        dcco.Diverged: the loss stopped being finite (a ``FloatingPointError``); its message
-            names the round and the likely cause (the augmentation, the inputs or the rate),
-            and no checkpoint holds the diverged model.
-        dcco.ArgumentError: an encoder that is not a module, or whose input width or output
-            shape does not fit the samples ((N, d) encodings); ``settings`` given as one
-            string. A ``dcco.UserError`` and a ``TypeError``.
-        dcco.run.rundir.RunDirError: a ``run_dir`` that is a file or lies under one, a
-            folder that is not a dcco run directory, or one that another process is writing
-            (a ``dcco.UserError``).
+    Raises
+    ------
+    dcco.ConfigError
+        A bad setting (an unknown key or value, a key that is one of fit's
+        own arguments, a centralized method), or a ``run_dir`` holding a run of other
+        settings; named, before any file or folder is written.
+    dcco.DataError
+        Bad samples (no clients, a client of none, samples of different
+        shapes, NaN or an infinity, named by client and sample; samples dcco's own
+        augmentation cannot take); likewise before anything is written. Both are a
+        ``dcco.UserError``, a ``ValueError``.
+    dcco.Diverged
+        The loss stopped being finite (a ``FloatingPointError``); its message
+        names the round and the likely cause (the augmentation, the inputs or the rate),
+        and no checkpoint holds the diverged model.
+    dcco.ArgumentError
+        An encoder that is not a module, or whose input width or output
+        shape does not fit the samples ((N, d) encodings); ``settings`` given as one
+        string. A ``dcco.UserError`` and a ``TypeError``.
+    dcco.run.rundir.RunDirError
+        A ``run_dir`` that is a file or lies under one, a
+        folder that is not a dcco run directory, or one that another process is writing
+        (a ``dcco.UserError``).
     """
     from dcco.run.loop import run_with_progress
     from dcco.run.setup import validate

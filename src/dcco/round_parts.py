@@ -59,13 +59,18 @@ def method(name: str = "dcco", **loss: Any) -> Method:
     A method named by its string alone takes the defaults for a user's model: λ = 5
     (``dcco.config.USER``, as ``dcco.fit``'s and ``dcco.flower.DCCOStrategy``'s) and ε = 1e-5.
 
-    Args:
-        name: the method (``dcco``, ``dvicreg``, ``cco_fedavg``, ...).
-        **loss: any key of the ``[loss]`` section (``lambd``, ``eps``, ``temperature``,
-            ``vicreg``, ...; docs/config.md).
+    Parameters
+    ----------
+    name : str (default: 'dcco')
+        The method (``dcco``, ``dvicreg``, ``cco_fedavg``, ...).
+    **loss : Any, keyword arguments
+        Any key of the ``[loss]`` section (``lambd``, ``eps``, ``temperature``,
+        ``vicreg``, ...; docs/config.md).
 
-    Raises:
-        dcco.ConfigError: an unknown method or loss key, or a bad value.
+    Raises
+    ------
+    dcco.ConfigError
+        An unknown method or loss key, or a bad value.
     """
     from dcco.config import ConfigError
 
@@ -98,13 +103,18 @@ def statistics(model: Model, x1: Tensor, x2: Tensor,
     (float64), e.g. ``count``, ``sum_f``, ``sum_ff``, ``sum_g``, ``sum_gg``, ``sum_fg`` for
     ``dcco``. They are what the client sends; ``dict(result.items())`` gives plain tensors.
 
-    Args:
-        model: the global model the server sent.
-        x1, x2: the two views (or the two modalities) of the client's samples, (N_k, ...).
-        method: a statistics method's name (``dcco``, ``dvicreg``) or object.
-        chunk: forward the samples in chunks of this many (the same encodings, to float
-            rounding, for a model without batch norm, and faster on a CPU); None: in one
-            batch. A model holding batch norm is always forwarded in one batch.
+    Parameters
+    ----------
+    model : Model
+        The global model the server sent.
+    x1, x2 : Tensor
+        The two views (or the two modalities) of the client's samples, (N_k, ...).
+    method : str | Method (default: 'dcco')
+        A statistics method's name (``dcco``, ``dvicreg``) or object.
+    chunk : int | None (default: None)
+        Forward the samples in chunks of this many (the same encodings, to float
+        rounding, for a model without batch norm, and faster on a CPU); None: in one
+        batch. A model holding batch norm is always forwarded in one batch.
     """
     m = _method(method, statistics=True)
     with torch.no_grad():
@@ -226,19 +236,31 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
     (DCCO: L(S_k + stopgrad(S_A − S_k))), returned as a model delta; ``model`` is left
     unchanged.
 
-    Args:
-        model: the global model.
-        x1, x2: the client's two views, as in phase 1.
-        aggregate: S_A, ``merge_statistics(...).aggregate`` (None for methods without
-            statistics, the FedAvg baselines).
-        method: the method's name or object.
-        lr: the client learning rate (paper: 1.0).
-        steps, batch: E local steps on minibatches of ``batch`` samples (None: all), with
-            S_A held fixed (the paper's one step is exact; more are an approximation).
-        chunk: forward the samples in chunks of this many (``statistics``' ``chunk``);
-            None: in one batch.
+    Parameters
+    ----------
+    model : Model
+        The global model.
+    x1, x2 : Tensor
+        The client's two views, as in phase 1.
+    aggregate : Moments | None
+        S_A, ``merge_statistics(...).aggregate`` (None for methods without
+        statistics, the FedAvg baselines).
+    method : str | Method (default: 'dcco')
+        The method's name or object.
+    lr : float (default: 1.0)
+        The client learning rate (paper: 1.0).
+    steps : int (default: 1)
+        E local steps, with S_A held fixed (the paper's one step is exact; more are an
+        approximation).
+    batch : int | None (default: None)
+        The minibatch of each local step, in samples (None: all).
+    chunk : int | None (default: None)
+        Forward the samples in chunks of this many (``statistics``' ``chunk``);
+        None: in one batch.
 
-    Returns:
+    Returns
+    -------
+    ClientUpdate
         ``ClientUpdate``: ``delta`` (parameter name of ``model`` → θ_k − θ), ``num_samples``
         and the client's ``loss`` before its step.
     """
@@ -259,12 +281,17 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
 class Merged:
     """The server's merge of phase 1.
 
-    Attributes:
-        aggregate: S_A, the sample-weighted average of the valid replies (with their total
-            count), to send to every client that gave valid statistics; None if none did.
-        accepted: the positions of the valid replies in the order given.
-        tally: what became of the replies (accepted, rejected by kind).
-        counts: the sample count of each valid reply, in the order of ``accepted``.
+    Attributes
+    ----------
+    aggregate : Moments | None
+        S_A, the sample-weighted average of the valid replies (with their total
+        count), to send to every client that gave valid statistics; None if none did.
+    accepted : tuple[int, ...]
+        The positions of the valid replies in the order given.
+    tally : ReplyTally
+        What became of the replies (accepted, rejected by kind).
+    counts : tuple[int, ...] (default: ())
+        The sample count of each valid reply, in the order of ``accepted``.
     """
 
     aggregate: Moments | None
@@ -291,11 +318,15 @@ def merge_statistics(replies: Iterable[EncodingStats | Mapping[str, Any]], model
     integer count, sums of squares not negative. A malformed reply is left out and counted
     in ``tally.rejected`` by kind; the round goes on with the others.
 
-    Args:
-        replies: what the clients sent (``statistics``' results, or mappings of the same
-            names to tensors or arrays).
-        model: the encoding width d, or the ``DualEncoder`` (its projection width).
-        method: the statistics method.
+    Parameters
+    ----------
+    replies : Iterable[EncodingStats | Mapping[str, Any]]
+        What the clients sent (``statistics``' results, or mappings of the same
+        names to tensors or arrays).
+    model : Model | int
+        The encoding width d, or the ``DualEncoder`` (its projection width).
+    method : str | Method (default: 'dcco')
+        The statistics method.
     """
     m = _method(method, statistics=True)
     d = _width(model)
@@ -336,13 +367,19 @@ def _tensor(value: Any) -> Any:
 class Aggregated:
     """The server's aggregate of phase 2.
 
-    Attributes:
-        pseudo_gradient: −Σ_k (N_k/N)·Δ_k over the valid updates, by parameter name (what
-            ``apply_update`` gives the server optimiser); None if no update was valid.
-        loss: the valid clients' sample-weighted loss.
-        num_samples: N, their samples.
-        accepted: the positions of the valid updates.
-        tally: what became of the updates.
+    Attributes
+    ----------
+    pseudo_gradient : dict[str, Tensor] | None
+        −Σ_k (N_k/N)·Δ_k over the valid updates, by parameter name (what
+        ``apply_update`` gives the server optimiser); None if no update was valid.
+    loss : float
+        The valid clients' sample-weighted loss.
+    num_samples : int
+        N, their samples.
+    accepted : tuple[int, ...]
+        The positions of the valid updates.
+    tally : ReplyTally (default: <factory>)
+        What became of the updates.
     """
 
     pseudo_gradient: dict[str, Tensor] | None
@@ -359,9 +396,12 @@ def aggregate_updates(updates: Iterable[ClientUpdate], model: nn.Module) -> Aggr
     name), of its shape, floating, finite and of sane magnitude, with a positive integer
     count and a finite loss; others are left out and counted by kind.
 
-    Args:
-        updates: ``local_update``'s results (or ``ClientUpdate``s rebuilt from messages).
-        model: the global model (names, shapes, dtypes and device of the result).
+    Parameters
+    ----------
+    updates : Iterable[ClientUpdate]
+        ``local_update``'s results (or ``ClientUpdate``s rebuilt from messages).
+    model : nn.Module
+        The global model (names, shapes, dtypes and device of the result).
     """
     params = dict(trainable_parameters(model))
     shapes = {n: tuple(p.shape) for n, p in params.items()}
@@ -391,7 +431,23 @@ def aggregate_updates(updates: Iterable[ClientUpdate], model: nn.Module) -> Aggr
 def apply_update(model: nn.Module, optimizer: torch.optim.Optimizer,
                  pseudo_gradient: Mapping[str, Tensor]) -> None:
     """One step of the server's optimiser (any ``torch.optim`` optimiser over ``model``'s
-    parameters, e.g. ``dcco.server_optimizer``) with the pseudo-gradient as the gradient."""
+    parameters, e.g. ``dcco.server_optimizer``) with the pseudo-gradient as the gradient.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The global model, stepped in place.
+    optimizer : torch.optim.Optimizer
+        The server's optimiser over ``model``'s parameters.
+    pseudo_gradient : Mapping[str, Tensor]
+        Parameter name → the server's gradient, ``aggregate_updates(...).pseudo_gradient``
+        (minus the clients' mean update); one for every trainable parameter.
+
+    Raises
+    ------
+    dcco.errors.MissingNameError
+        ``pseudo_gradient`` lacks one of ``model``'s trainable parameters (a ``KeyError``).
+    """
     named = trainable_parameters(model)
     missing = [n for n, _ in named if n not in pseudo_gradient]
     if missing:
@@ -408,7 +464,28 @@ def server_optimizer(model: nn.Module, optimizer: str = USER.optim.optimizer,
     """dcco's server optimiser over ``model``: Adam(W) (by default, ``dcco.config.USER``'s rate),
     LARS (1-D parameters excluded from adaptation and weight decay) or SGD, as ``[optim]``
     configures it (``dcco.config.OptimConfig``'s fields as keywords). Its rate stays ``lr``:
-    call ``dcco.core.optim.set_lr`` for a schedule and warm-up."""
+    call ``dcco.core.optim.set_lr`` for a schedule and warm-up.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The global model whose parameters it steps.
+    optimizer : str (default: 'adam')
+        ``adam``, ``lars`` or ``sgd``.
+    lr : float (default: 0.001)
+        The server's rate.
+    weight_decay : float (default: 0.0)
+        Weight decay (decoupled under Adam; LARS leaves 1-D parameters out).
+    **settings : Any, keyword arguments
+        Any other field of ``dcco.config.OptimConfig`` (``momentum``, ``trust_coefficient``,
+        ``vector_lr_scale``, ``betas``, ...).
+
+    Raises
+    ------
+    dcco.ArgumentError
+        An unknown optimiser, a rate not > 0, or a keyword that is not an ``[optim]`` field;
+        the message starts "server_optimizer: " and names the argument.
+    """
     from dcco.config import OptimConfig
     from dcco.core.optim import build_optimizer
 

@@ -45,12 +45,17 @@ class ImageViews(nn.Module):
     back as floats in the input's range, uint8 images as dcco normalises them, (x/255 −
     0.5)/0.5 in [−1, 1].
 
-    Args:
-        crop_scale: the crop's area fraction, low and high.
-        jitter: the brightness, contrast (and saturation) factors' spread.
-        jitter_p: the probability of colour jitter.
-        value_range: (low, high) of floating inputs; None: [−1, 1] when a batch holds a
-            negative value, else [0, 1].
+    Parameters
+    ----------
+    crop_scale : tuple[float, float] (default: (0.2, 1.0))
+        The crop's area fraction, low and high.
+    jitter : float (default: 0.4)
+        The brightness, contrast (and saturation) factors' spread.
+    jitter_p : float (default: 0.8)
+        The probability of colour jitter.
+    value_range : tuple[float, float] | None (default: None)
+        (low, high) of floating inputs; None: [−1, 1] when a batch holds a
+        negative value, else [0, 1].
     """
 
     def __init__(self, crop_scale: tuple[float, float] = (0.2, 1.0), jitter: float = 0.4,

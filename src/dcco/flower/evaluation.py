@@ -77,31 +77,45 @@ def evaluate_encoder(msg: Message, context: Context, model: nn.Module, test: Sam
                      views_key: int | None = None) -> Message:
     """The node's reply to one of the strategy's ``evaluate`` messages (module docstring).
 
-    Args:
-        msg, context: what your ``@app.evaluate()`` handler received.
-        model: a fresh instance of the model the server trains; its weights come from the
-            message. A ``dcco.dual_encoder`` is evaluated on its projections (not on its
-            predictor's outputs, nor its target network's).
-        test: the node's held-out samples, as ``answer`` takes them (a tensor, a
-            ``DataLoader`` or a ``Dataset``).
-        train: the node's training samples, with labels, for ``knn-acc``; None, or samples
-            without labels: no ``knn-acc``.
-        augment: one view of a batch (as ``answer``'s); None: ``dcco.ImageViews()`` for
-            images.
-        views_key: seeds the views (as ``answer``'s); None: the node's Flower id.
+    Parameters
+    ----------
+    msg : Message
+        What your ``@app.evaluate()`` handler received.
+    context : Context
+        Its context (the node's id).
+    model : nn.Module
+        A fresh instance of the model the server trains; its weights come from the
+        message. A ``dcco.dual_encoder`` is evaluated on its projections (not on its
+        predictor's outputs, nor its target network's).
+    test : Samples
+        The node's held-out samples, as ``answer`` takes them (a tensor, a
+        ``DataLoader`` or a ``Dataset``).
+    train : Samples | None (default: None)
+        The node's training samples, with labels, for ``knn-acc``; None, or samples
+        without labels: no ``knn-acc``.
+    augment : Callable[[Tensor], Tensor] | None (default: None)
+        One view of a batch (as ``answer``'s); None: ``dcco.ImageViews()`` for
+        images.
+    views_key : int | None (default: None)
+        Seeds the views (as ``answer``'s); None: the node's Flower id.
 
-    Returns:
+    Returns
+    -------
+    Message
         A reply whose ``MetricRecord`` holds ``cco-loss``, ``eff-rank``, ``dead-dims``,
         ``num-examples`` and, with labelled ``train`` and ``test``, ``knn-acc``.
 
-    Raises:
-        dcco.ArgumentError: a ``msg`` without the model's arrays; labels of another count
-            than their samples.
-        dcco.DataError: samples the encoder cannot be scored on, named by node and split: fewer
-            than 2 test samples, a sample holding NaN or an infinity, samples that are not
-            images (N, C, H, W) with 1 or 3 channels when ``augment`` is None (channels-last
-            images are named as such), training samples of another shape than the test
-            samples, or samples the model cannot read (its error follows).
+    Raises
+    ------
+    dcco.ArgumentError
+        A ``msg`` without the model's arrays; labels of another count
+        than their samples.
+    dcco.DataError
+        Samples the encoder cannot be scored on, named by node and split: fewer
+        than 2 test samples, a sample holding NaN or an infinity, samples that are not
+        images (N, C, H, W) with 1 or 3 channels when ``augment`` is None (channels-last
+        images are named as such), training samples of another shape than the test
+        samples, or samples the model cannot read (its error follows).
     """
     with refusals_of("evaluate_encoder"):
         config = msg.content.config_records.get("config")
@@ -195,15 +209,20 @@ def knn_evaluation(model: nn.Module, train: Samples | tuple[Tensor, Tensor],
     >>> dict(evaluate(0, ArrayRecord(torch.nn.Linear(6, 8).state_dict())))
     {'knn-acc': 1.0, 'num-examples': 10}
 
-    Args:
-        model: a fresh instance of the model the server trains (its weights come from each
-            round's arrays); a ``dcco.dual_encoder`` is scored on its projections.
-        train, test: labelled samples: a ``(samples, labels)`` pair, or a ``DataLoader`` or
-            ``Dataset`` of them (as ``evaluate_encoder`` takes them).
+    Parameters
+    ----------
+    model : nn.Module
+        A fresh instance of the model the server trains (its weights come from each
+        round's arrays); a ``dcco.dual_encoder`` is scored on its projections.
+    train, test : Samples | tuple[Tensor, Tensor]
+        Labelled samples: a ``(samples, labels)`` pair, or a ``DataLoader`` or
+        ``Dataset`` of them (as ``evaluate_encoder`` takes them).
 
-    Raises:
-        DataError: samples without labels, NaN or an infinity, fewer than 2 test samples, or
-            training and test samples of different shapes.
+    Raises
+    ------
+    DataError
+        Samples without labels, NaN or an infinity, fewer than 2 test samples, or
+        training and test samples of different shapes.
     """
     (train_x, train_y), (test_x, test_y) = (
         pair if isinstance(pair, tuple) else samples_and_labels(pair) for pair in (train, test))

@@ -14,7 +14,17 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 def secure_aggregation_mod(msg: Message, context: Context,
                            call_next: ClientAppCallable) -> Message:
     """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ exchange, the others
-    straight to the handler."""
+    straight to the handler.
+
+    Parameters
+    ----------
+    msg : Message
+        The message the ClientApp received.
+    context : Context
+        The node's context.
+    call_next : ClientAppCallable
+        The next mod or the handler (Flower's mod chain).
+    """
     if RECORD_KEY_CONFIGS in msg.content.config_records:
         return secaggplus_mod(msg, context, call_next)
     return call_next(msg, context)

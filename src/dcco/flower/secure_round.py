@@ -35,19 +35,32 @@ class SecAgg:
     The ClientApp's ``train`` handler then needs ``mods=[dcco.flower.secure_aggregation_mod]``
     (Flower's ``secaggplus_mod`` for SecAgg+'s messages).
 
-    Args:
-        model: an instance of the nodes' model (its weights come from each round): the
-            server's calibration step runs it.
-        samples: the server's own samples for that step, (n, ...) with n >= 2 (a few dozen,
-            like the nodes' own: public data, or data the server may hold).
-        augment: the nodes' augmentation (None: the samples as both views).
-        max_samples: the most samples one node holds (SecAgg+'s ``max_weight``); a node
-            with more refuses to answer, naming both.
-        stats_clip, update_clip: the clipping ranges of the statistics (in units of the
-            calibration frame: encodings up to ~8 of its standard deviations pass) and the
-            updates (in units of the calibration step's largest |Δ|).
-        quantization, modulus, shares, threshold: SecAgg+'s settings (Flower's defaults;
-            ``dcco.flower.appconfig.FlowerConfig``'s ``secagg_*`` say what each does).
+    Parameters
+    ----------
+    model : nn.Module
+        An instance of the nodes' model (its weights come from each round): the
+        server's calibration step runs it.
+    samples : Tensor
+        The server's own samples for that step, (n, ...) with n >= 2 (a few dozen,
+        like the nodes' own: public data, or data the server may hold).
+    augment : Callable[[Tensor], Tensor] | None (default: None)
+        The nodes' augmentation (None: the samples as both views).
+    max_samples : int
+        The most samples one node holds (SecAgg+'s ``max_weight``); a node
+        with more refuses to answer, naming both.
+    stats_clip, update_clip : float (default: 64.0)
+        The clipping ranges of the statistics (in units of the
+        calibration frame: encodings up to ~8 of its standard deviations pass) and the
+        updates (in units of the calibration step's largest |Δ|).
+    quantization : int (default: 4194304)
+        SecAgg+'s quantisation range (Flower's default, as the next three;
+        ``dcco.flower.appconfig.FlowerConfig``'s ``secagg_*`` say what each does).
+    modulus : int (default: 4294967296)
+        SecAgg+'s modulus.
+    shares : float (default: 1.0)
+        The fraction of the nodes each node shares its secrets with.
+    threshold : float (default: 0.5)
+        The fraction of those shares that reconstructs a secret.
     """
 
     model: nn.Module

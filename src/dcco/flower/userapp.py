@@ -108,60 +108,75 @@ def answer(msg: Message, context: Context, model: nn.Module,
     >>> result.train_metrics_clientapp[1]["num-examples"]
     24
 
-    Args:
-        msg, context: what your ``@app.train()`` handler received.
-        model: a fresh instance of the model the server trains (your encoder, or a
-            ``dcco.dual_encoder``); its weights come from the message.
-        samples: this node's samples: a tensor (n, ...), one row each, or the
-            ``DataLoader`` or ``Dataset`` your FedAvg handler trained on (``node_samples``
-            takes its inputs, the labels left out).
-        augment: one view of a batch of samples (called twice, for the two views, with
-            torch's random state seeded by the round); None: for images (N, C, H, W),
-            ``dcco.ImageViews()``; other samples need yours (two identical views teach the
-            encoder nothing, so they are refused).
-        views_key: what seeds this node's views, with the round's seed (the strategy's
-            ``seed``). None: the node's Flower id, which a deployment keeps but Flower's
-            simulation draws at random in every run, so no two simulated runs train on the
-            same views. Your partition id (``context.node_config["partition-id"]``) makes a
-            simulated run repeat (at the same CPU and thread count).
-        reuse_forward: keep phase ``stats``' forward, with its graph, in this process's
-            memory until phase ``update``, which is then a backward pass alone (the same
-            update to the bit); it holds both views' activations between the phases (303
-            MiB for the quickstart's 1,600 images of 32 × 32: ``benchmarks/quickstart_speed.py``
-            measures them; at most ``KEPT_BYTES``, 1 GiB, in a process). False, phase
-            ``update`` answered by another process, or a forward over that bound: the views
-            are encoded again.
-        state_dir: for FedU, FedEMA and MoCo, a folder on this node's disk that keeps its
-            state between rounds (``dcco.flower.node_states``: under the run's key, which a
-            resumed run keeps, the state of the last round it trained and of the one before,
-            a file each), so that a run the strategy resumes from its ``checkpoint`` gives
-            the node the state it had there. The folder is this node's alone and the same in
-            every run: name it by something the node keeps, such as its
-            ``context.node_config["partition-id"]``, not its Flower node id, which Flower's
-            simulation draws anew in every run. None: in ``context.state``, which lasts one
-            Flower run. Other methods keep no state.
-        chunk: the model forwards and backpropagates the node's samples in chunks of this
-            many (default ``CHUNK``, 256), faster on a CPU than one batch (each chunk's
-            activations stay cache-sized) and the same update to float rounding, since the
-            loss's gradient in each sample's encodings depends only on the round's S_A.
-            A model holding batch norm goes in one batch whatever ``chunk`` says (its
-            statistics are of the whole batch). None: one batch, for a model with another
-            layer that mixes the samples of a batch. FedU's, FedEMA's and MoCo's steps go
-            in one batch.
-
     Under SecAgg+ (``DCCOStrategy(secagg=SecAgg(...))``) the handler needs
     ``mods=[dcco.flower.secure_aggregation_mod]``; the reply is then the masked form.
 
-    Raises:
-        dcco.ArgumentError: a ``msg`` without the strategy's config, a phase ``update``
-            whose model this node did not receive in phase ``stats``, a ``model`` without
-            the head the method trains or with weights the server's lack, ``samples`` of
-            no kind it reads, or (SecAgg+) more of them than the strategy's
-            ``SecAgg.max_samples``; ``augment=None`` for samples that are not images.
-        dcco.DataError: a sample holding NaN or an infinity (named: which of the node's
-            samples, and the value). Each is a ``dcco.UserError`` (a ``ValueError``) whose
-            message starts "answer: " and names the argument; Flower reports it to the
-            server, which counts the node as failed.
+    Parameters
+    ----------
+    msg : Message
+        What your ``@app.train()`` handler received.
+    context : Context
+        Its context (the node's id and state).
+    model : nn.Module
+        A fresh instance of the model the server trains (your encoder, or a
+        ``dcco.dual_encoder``); its weights come from the message.
+    samples : Tensor | DataLoader | TorchDataset
+        This node's samples: a tensor (n, ...), one row each, or the
+        ``DataLoader`` or ``Dataset`` your FedAvg handler trained on (``node_samples``
+        takes its inputs, the labels left out).
+    augment : Callable[[Tensor], Tensor] | None (default: None)
+        One view of a batch of samples (called twice, for the two views, with
+        torch's random state seeded by the round); None: for images (N, C, H, W),
+        ``dcco.ImageViews()``; other samples need yours (two identical views teach the
+        encoder nothing, so they are refused).
+    views_key : int | None (default: None)
+        What seeds this node's views, with the round's seed (the strategy's
+        ``seed``). None: the node's Flower id, which a deployment keeps but Flower's
+        simulation draws at random in every run, so no two simulated runs train on the
+        same views. Your partition id (``context.node_config["partition-id"]``) makes a
+        simulated run repeat (at the same CPU and thread count).
+    reuse_forward : bool (default: True)
+        Keep phase ``stats``' forward, with its graph, in this process's
+        memory until phase ``update``, which is then a backward pass alone (the same
+        update to the bit); it holds both views' activations between the phases (303
+        MiB for the quickstart's 1,600 images of 32 × 32: ``benchmarks/quickstart_speed.py``
+        measures them; at most ``KEPT_BYTES``, 1 GiB, in a process). False, phase
+        ``update`` answered by another process, or a forward over that bound: the views
+        are encoded again.
+    state_dir : str | Path | None (default: None)
+        For FedU, FedEMA and MoCo, a folder on this node's disk that keeps its
+        state between rounds (``dcco.flower.node_states``: under the run's key, which a
+        resumed run keeps, the state of the last round it trained and of the one before,
+        a file each), so that a run the strategy resumes from its ``checkpoint`` gives
+        the node the state it had there. The folder is this node's alone and the same in
+        every run: name it by something the node keeps, such as its
+        ``context.node_config["partition-id"]``, not its Flower node id, which Flower's
+        simulation draws anew in every run. None: in ``context.state``, which lasts one
+        Flower run. Other methods keep no state.
+    chunk : int | None (default: 256)
+        The model forwards and backpropagates the node's samples in chunks of this
+        many (default ``CHUNK``, 256), faster on a CPU than one batch (each chunk's
+        activations stay cache-sized) and the same update to float rounding, since the
+        loss's gradient in each sample's encodings depends only on the round's S_A.
+        A model holding batch norm goes in one batch whatever ``chunk`` says (its
+        statistics are of the whole batch). None: one batch, for a model with another
+        layer that mixes the samples of a batch. FedU's, FedEMA's and MoCo's steps go
+        in one batch.
+
+    Raises
+    ------
+    dcco.ArgumentError
+        A ``msg`` without the strategy's config, a phase ``update``
+        whose model this node did not receive in phase ``stats``, a ``model`` without
+        the head the method trains or with weights the server's lack, ``samples`` of
+        no kind it reads, or (SecAgg+) more of them than the strategy's
+        ``SecAgg.max_samples``; ``augment=None`` for samples that are not images.
+    dcco.DataError
+        A sample holding NaN or an infinity (named: which of the node's
+        samples, and the value). Each is a ``dcco.UserError`` (a ``ValueError``) whose
+        message starts "answer: " and names the argument; Flower reports it to the
+        server, which counts the node as failed.
+
     """
     with refusals_of("answer"):
         ask = _asked(msg.content, model)

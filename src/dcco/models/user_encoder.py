@@ -71,25 +71,33 @@ def dual_encoder(encoder: nn.Module, projector: Iterable[int] | None = USER.proj
     >>> net.predictor.out_dim, net.target is not None
     (32, True)
 
-    Args:
-        encoder: maps a batch of inputs to (N, feature_dim) features; it keeps its own
-            weights (the projector is initialised from ``seed``).
-        projector: the projector's widths (dcco's MLP with group norm and weight
-            standardisation, paper §4), or None for none (the encoder's output is the
-            encoding). Default: ``dcco.config.USER.projector`` (512³), as ``dcco.fit``'s.
-        second: a second tower for the second input (two modalities); None: ``encoder``
-            encodes both views.
-        sample, sample_y: one input of each tower (no batch dimension), to measure an
-            encoder's output width when it has no ``feature_dim`` attribute.
-        seed: the projectors' (and predictor's) initialisation.
-        method: a method of ``dcco.methods.registry``. BYOL's (``byol_fedavg``, ``fedu``,
-            ``fedema``) adds a predictor and a target network, a copy of your encoder and
-            the projector that the server moves by EMA; SimSiam's adds a predictor;
-            ``moco_fedavg`` adds its key encoder, a target network without a predictor.
-            The other methods, and None, add nothing.
-        predictor: the predictor's widths, ending in the projection width; None: the
-            method's paper default (BYOL: the projector's first width, then d; SimSiam:
-            d/4, then d).
+    Parameters
+    ----------
+    encoder : nn.Module
+        Maps a batch of inputs to (N, feature_dim) features; it keeps its own
+        weights (the projector is initialised from ``seed``).
+    projector : Iterable[int] | None (default: (512, 512, 512))
+        The projector's widths (dcco's MLP with group norm and weight
+        standardisation, paper §4), or None for none (the encoder's output is the
+        encoding). Default: ``dcco.config.USER.projector`` (512³), as ``dcco.fit``'s.
+    second : nn.Module | None (default: None)
+        A second tower for the second input (two modalities); None: ``encoder``
+        encodes both views.
+    sample, sample_y : Tensor | None (default: None)
+        One input of each tower (no batch dimension), to measure an
+        encoder's output width when it has no ``feature_dim`` attribute.
+    seed : int (default: 0)
+        The projectors' (and predictor's) initialisation.
+    method : str | None (default: None)
+        A method of ``dcco.methods.registry``. BYOL's (``byol_fedavg``, ``fedu``,
+        ``fedema``) adds a predictor and a target network, a copy of your encoder and
+        the projector that the server moves by EMA; SimSiam's adds a predictor;
+        ``moco_fedavg`` adds its key encoder, a target network without a predictor.
+        The other methods, and None, add nothing.
+    predictor : Iterable[int] | None (default: None)
+        The predictor's widths, ending in the projection width; None: the
+        method's paper default (BYOL: the projector's first width, then d; SimSiam:
+        d/4, then d).
     """
     from dcco.config import ModelConfig
 

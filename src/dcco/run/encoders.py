@@ -54,14 +54,24 @@ class Encoder(nn.Module):
     """One tower of a trained dual encoder: images (or a second modality's samples) → backbone
     features (or projections).
 
-    Attributes:
-        input_shape: (C, H, W) of the images it was trained on (other sizes run too: the
-            network ends in global average pooling), or the shape of one sample of another
-            modality (paired data's second tower).
-        normalisation: what it expects of an input (``NORMALISATION`` for images,
-            ``FEATURES`` otherwise); ``preprocess`` does it.
-        output_dim: the width of what ``forward`` returns.
-        info: where it came from (method, data set, run, round).
+    Attributes
+    ----------
+    backbone : nn.Module
+        The trained encoder (its features are the evaluations' inputs).
+    projector : nn.Module | None
+        The trained projector, applied after it when the encoder was loaded
+        ``with_projector``; None otherwise.
+    input_shape : tuple[int, ...]
+        (C, H, W) of the images it was trained on (other sizes run too: the
+        network ends in global average pooling), or the shape of one sample of another
+        modality (paired data's second tower).
+    normalisation : str (default: ``NORMALISATION``)
+        What it expects of an input (``NORMALISATION`` for images,
+        ``FEATURES`` otherwise); ``preprocess`` does it.
+    output_dim : int
+        The width of what ``forward`` returns.
+    info : dict[str, Any]
+        Where it came from (method, data set, run, round).
     """
 
     def __init__(self, backbone: nn.Module, projector: nn.Module | None,
@@ -190,20 +200,27 @@ def load_encoder(path: str | Path, tower: int = 0, with_projector: bool = False,
     >>> torch.allclose(encoder(clients[0]), trained(clients[0]))
     True
 
-    Args:
-        path: a run directory (its ``checkpoint.safetensors``), or a file written by
-            ``export_encoder`` / ``dcco export`` (its ``.json`` beside it).
-        tower: which tower of a two-tower run (0: the one for the first input); a shared
-            encoder has one.
-        with_projector: also apply the projector (the encodings F the loss saw); by default
-            the backbone's features, which the evaluations use.
-        model: for a run of your own encoder (``dcco.fit``), a fresh instance of it, into
-            which the trained weights are loaded (it becomes the returned encoder's
-            ``backbone``); runs of dcco's towers rebuild them and take none.
+    Parameters
+    ----------
+    path : str | Path
+        A run directory (its ``checkpoint.safetensors``), or a file written by
+        ``export_encoder`` / ``dcco export`` (its ``.json`` beside it).
+    tower : int (default: 0)
+        Which tower of a two-tower run (0: the one for the first input); a shared
+        encoder has one.
+    with_projector : bool (default: False)
+        Also apply the projector (the encodings F the loss saw); by default
+        the backbone's features, which the evaluations use.
+    model : nn.Module | None (default: None)
+        For a run of your own encoder (``dcco.fit``), a fresh instance of it, into
+        which the trained weights are loaded (it becomes the returned encoder's
+        ``backbone``); runs of dcco's towers rebuild them and take none.
 
-    Raises:
-        UserError: no run directory or exported encoder at ``path``, a corrupt file, or a
-            tower the run does not have.
+    Raises
+    ------
+    UserError
+        No run directory or exported encoder at ``path``, a corrupt file, or a
+        tower the run does not have.
     """
     path = Path(path)
     if path.is_dir():
@@ -259,8 +276,22 @@ def export_encoder(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
     """Write a run's trained dual encoder as ``out`` (safetensors; add the suffix if it is
     missing) and its architecture as ``out`` with ``.json``, atomically; returns both paths.
 
-    Raises:
-        UserError: not a run directory, or it has no checkpoint yet, or ``out`` exists.
+    Parameters
+    ----------
+    run_dir : str | Path
+        The run directory whose checkpoint is exported.
+    out : str | Path
+        The file to write (``.safetensors`` added if missing); its ``.json`` goes beside it.
+
+    Returns
+    -------
+    tuple[Path, Path]
+        The weights' file and the architecture's.
+
+    Raises
+    ------
+    UserError
+        Not a run directory, or it has no checkpoint yet, or ``out`` exists.
     """
     run = RunDir.open(run_dir)
     if not run.checkpoint_path.is_file():

@@ -66,7 +66,7 @@ class DCCOStrategy(Strategy):
         The key of the model in the evaluation messages (training uses ``answer``'s layout).
     configrecord_key : str (default: "config")
         The key of the config in the evaluation messages.
-    train_metrics_aggr_fn : None
+    train_metrics_aggr_fn : None (default: None)
         Refused: DCCO's training metrics are its own.
     evaluate_metrics_aggr_fn : callable or None (default: None)
         Combines the evaluation replies' metrics, as ``FedAvg``'s.
