@@ -114,13 +114,13 @@ def _state_figures(path: Path) -> dict[str, float]:
 
 
 def _estimate(values: dict[int, float], collapsed: int = 0) -> str:
-    """``71.2 ± 0.4 (3)``: mean ± sd (seeds), with how many of them collapsed."""
+    """``71.2 ± 0.4 (3)``: mean ± sd (seeds), with how many of them the watch warned."""
     if not values:
         return "—"
     xs = [values[s] for s in sorted(values)]
     sd = f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else ""
     return (f"{statistics.fmean(xs):.1f}{sd} ({len(xs)}"
-            + (f"; {collapsed} collapsed" if collapsed else "") + ")")
+            + (f"; {collapsed} warned" if collapsed else "") + ")")
 
 
 def _row(cells: list[str]) -> str:
@@ -169,19 +169,53 @@ def _accuracy_lines(view: _View) -> list[str]:
     return lines
 
 
-def _verdict_lines(view: _View) -> list[str]:
-    """Each method against DCCO, paired by seed, with the verdict's word."""
+def _against_dcco(view: _View) -> dict[tuple[str, str], object]:
+    """Each method − DCCO by setting, paired by seed (``Paired``, or None without a seed
+    in common)."""
     from dcco.reproduce.verdicts import paired
 
+    return {(m, s): paired(view.score(m, s), view.score("dcco", s))
+            for m in view.data["methods"] if m != "dcco" for s in view.settings}
+
+
+def _strength(d) -> str:
+    """``t 4.1, p 0.06``: the paired t and its two-sided p."""
+    t = "∞" if abs(d.t) == float("inf") else f"{abs(d.t):.1f}"
+    return f"t {'−' if d.t < 0 else ''}{t}, p {d.p:.2g}"
+
+
+def _verdict_lines(view: _View) -> list[str]:
+    """Each method against DCCO, paired by seed, with the verdict's word, its paired t and
+    two-sided p."""
+    diffs = _against_dcco(view)
     lines = _head(["method", *(f"{s}: − DCCO" for s in view.settings),
-                   *(f"{s}: verdict" for s in view.settings)])
+                   *(f"{s}: verdict (t, p)" for s in view.settings)])
     for method in view.data["methods"]:
         if method != "dcco":
-            diffs = [paired(view.score(method, s), view.score("dcco", s))
-                     for s in view.settings]
-            lines.append(_row([NAMES[method], *(str(d) if d else "—" for d in diffs),
-                               *(f"**{d.word}**" if d and d.word else "—" for d in diffs)]))
+            ds = [diffs[method, s] for s in view.settings]
+            lines.append(_row([NAMES[method], *(str(d) if d else "—" for d in ds),
+                               *(f"**{d.word}** ({_strength(d)})" if d and d.word else "—"
+                                 for d in ds)]))
     return lines
+
+
+def _holm_line(view: _View) -> str:
+    """How many comparisons the verdicts make, and which leads and trails survive Holm's
+    correction for them at a family-wise 5 %."""
+    from dcco.reproduce.verdicts import holm
+
+    judged = [(k, d) for k, d in _against_dcco(view).items() if d is not None and d.p is not None]
+    survive = holm([d.p for _, d in judged])
+    decisive = [(k, d, ok) for (k, d), ok in zip(judged, survive) if d.word != "level"]
+    kept = [f"{NAMES[m]} {d.word} DCCO at {s}" for (m, s), d, ok in decisive if ok]
+    return (f"The verdicts make {len(judged)} comparison{'s' * (len(judged) != 1)} against "
+            f"DCCO; at a family-wise 5 % "
+            f"(Holm's correction over all {len(judged)}), "
+            + (f"{len(kept)} of the {len(decisive)} leads and trails survive: "
+               + "; ".join(kept) if kept else
+               f"none of the {len(decisive)} leads and trails survives")
+            + f". The smallest p is {min(d.p for _, d in judged):.2g}, against Holm's first "
+              f"bar of 0.05 / {len(judged)} = {0.05 / len(judged):.2g}.")
 
 
 def _floor_lines(view: _View) -> list[str]:
@@ -231,9 +265,11 @@ def render(data: dict, brief: bool = False) -> str:
     cpus = Counter(v["cpu"] for v in data["versions"])
     text = [
         (f"Fashion-MNIST, `{EVALUATION}` on the 10,000 test photos, in percent: mean ± sd "
-         f"over seeds (how many seeds). {progress} \"Collapsed\": the run's collapse watch "
-         "warned (`collapse_warning` in its summary.json): it counts in the mean like any "
-         "seed. Floors (in italics) are probed alike at the same seeds; the untrained "
+         f"over seeds (how many seeds). {progress} \"Warned\": the run's collapse watch "
+         "warned (`collapse_warning` in its summary.json); the seed counts in the mean like "
+         "any other. A warned run has not necessarily collapsed: \"collapsed\" means its "
+         "encodings ended on about one line, C's effective rank under 2 (fair-fight.md). "
+         "Floors (in italics) are probed alike at the same seeds; the untrained "
          "encoders are the weights each cell of that seed and normalisation starts from. The "
          "paper's numbers are CIFAR-100 at the paper's network: a trend to compare, not a "
          "figure to match."),
@@ -245,8 +281,9 @@ def render(data: dict, brief: bool = False) -> str:
          + ", ".join(f"`{r.relative_to(ROOT)}/`" for _, r in GRIDS) + ")."),
         "",
         ("Against DCCO, paired by seed (method − DCCO, points: mean ± sd, on how many seeds "
-         "ahead) and the verdict in the words defined above:"),
-        "", *_verdict_lines(view), "",
+         "ahead) and the verdict in the words defined above, with the paired t and its "
+         "two-sided p (Student's t, seeds − 1 degrees of freedom):"),
+        "", *_verdict_lines(view), "", _holm_line(view), "",
         ("Against the floors, paired by seed (method − floor; the untrained encoder of the "
          "method's own normalisation):"),
         "", *_floor_lines(view)]

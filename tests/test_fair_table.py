@@ -50,6 +50,30 @@ def test_verdict__pairs_only_shared_seeds_and_one_seed_gives_none() -> None:
     assert paired({0: 1.0}, {1: 1.0}) is None
 
 
+def test_verdict__t_and_two_sided_p_equal_students_t_and_holm_steps_down() -> None:
+    """The paired t is mean / SE and its p is Student's two-sided p with n − 1 degrees of
+    freedom (scipy's, to float rounding, for 1 to 11 degrees of freedom); Holm's correction
+    keeps the i-th smallest p only while every p so far is under alpha / (m − i + 1)."""
+    from scipy import stats
+
+    from dcco.reproduce.verdicts import holm, two_sided_p
+
+    d = paired({0: 70.0, 1: 71.0, 2: 74.0}, {0: 68.0, 1: 68.0, 2: 69.0})
+    assert d.t == pytest.approx(d.mean / d.se) and d.p == pytest.approx(
+        2 * stats.t.sf(d.t, 2), rel=1e-12)
+    for df in range(1, 12):
+        for t in (0.0, 0.3, 1.0, 2.0, 4.303, 12.7, -3.0):
+            assert two_sided_p(t, df) == pytest.approx(2 * stats.t.sf(abs(t), df),
+                                                       rel=1e-10, abs=1e-15)
+    assert Paired((2.0, 2.0)).t == float("inf") and Paired((2.0, 2.0)).p == 0.0
+    assert Paired((3.0,)).t is None and Paired((3.0,)).p is None
+    assert holm([0.01, 0.04, 0.03, 0.2]) == [True, False, False, False]
+    assert holm([0.001, 0.012, 0.02]) == [True, True, True]  # 0.05/3, 0.05/2, 0.05/1
+    assert holm([0.001, 0.03, 0.026]) == [True, False, False]  # 0.026 > 0.05/2: it stops
+    with pytest.raises(ValueError, match="positive integer"):
+        two_sided_p(1.0, 0)
+
+
 def test_fair_table__renders_means_seeds_collapses_and_verdicts() -> None:
     """The table from hand-made records: the mean ± sd with its seed count and collapses,
     a floor row across the settings, and the verdict against DCCO in the defined words."""
@@ -66,9 +90,13 @@ def test_fair_table__renders_means_seeds_collapses_and_verdicts() -> None:
             "norms": {"dcco": "bn", "moco_fedavg": "bn"}, "extras": {},
             "collapsed": {("dcco", "non-IID 16", 0)}}
     text = table.render(data)
-    assert "| DCCO (r1: lr 1.0, bn) | 75.2 ± 0.8 (3) | 58.0 (1; 1 collapsed) |" in text
+    assert "| DCCO (r1: lr 1.0, bn) | 75.2 ± 0.8 (3) | 58.0 (1; 1 warned) |" in text
     assert "| *raw pixels* | 80.3 ± 0.3 (3) | 80.3 ± 0.3 (3) |" in text
-    assert "| MoCo v2 + FedAvg | -3.3 ± 0.3, ahead on 0/3 | — | **trails** | — |" in text
+    assert "| MoCo v2 + FedAvg | -3.3 ± 0.3, ahead on 0/3 | — | **trails** (t −20.0, p 0.0025) " \
+        "| — |" in text
+    assert ("The verdicts make 1 comparison against DCCO; at a family-wise 5 % (Holm's "
+            "correction over all 1), 1 of the 1 leads and trails survive: MoCo v2 + FedAvg "
+            "trails DCCO at non-IID 4.") in text
     assert "7 of the final grids' 12 cells are finished; the rest are under way" in text
     assert "-5.1 ± 0.6, ahead on 0/3, **under**" in text  # DCCO under the raw pixels
 
