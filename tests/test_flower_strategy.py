@@ -563,6 +563,20 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
     given that S_A (in units of the update scale), as dcco's own app is tested; quantised,
     so not exact. L-DAWA too: each node scales its own update, so the server's sum is its
     rule."""
+    m = _secure_round(monkeypatch, (1, 2, 3, 4), method, aggregation)
+    assert (m["stats-accepted"], m["update-accepted"], m["skipped"]) == (4, 4, 0)
+    assert m["stats-clipped"] == 0 and m["update-clipped"] == 0
+    assert m["num-examples"] == sum(SIZES)
+
+
+def _secure_round(monkeypatch, nodes: tuple[int, ...], method: str = "dcco",
+                  aggregation: str = "fedavg", tamper=None):
+    """One SecAgg+ round of four nodes (``tamper`` sees their replies) under FedAvg's server
+    (SGD at rate 1: the weights move by the average update itself), checked against the
+    plain round of ``nodes`` (those the round should have summed): S_A within
+    ``secagg.error_bound`` of their plain merge (in the calibration frame), and the update
+    within the bound of their plain update given that S_A (in units of the update scale);
+    returns round 1's metrics."""
     from dcco.api import aggregate_updates, local_update, merge_statistics, statistics
     from dcco.core.aggregation import ldawa_update
     from dcco.flower import secagg, secure_round
@@ -574,19 +588,16 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
     monkeypatch.setattr(secagg, "secure_moments", lambda *a: seen.setdefault(
         "shared", secure_moments(*a)))
     model, initial = _initial()
-    # FedAvg's server (SGD at rate 1): the weights move by the average update itself
     strategy = DCCOStrategy(method=method, optimizer="sgd", lr=1.0, weight_decay=0.0,
                             warmup_rounds=0, min_available_nodes=4, schedule="constant",
                             secagg=_secagg(), aggregation=aggregation)
-    result = strategy.start(grid=_grid(), initial_arrays=initial, num_rounds=1)
+    result = strategy.start(grid=_grid(tamper=tamper), initial_arrays=initial, num_rounds=1)
     m = result.train_metrics_clientapp[1]
-    assert (m["stats-accepted"], m["update-accepted"], m["skipped"]) == (4, 4, 0)
-    assert m["stats-clipped"] == 0 and m["update-clipped"] == 0
-    assert m["num-examples"] == sum(SIZES)
     scales, spec = seen["scales"], strategy.method.stats
-    bound = secagg.error_bound(max(SIZES), SIZES, 64.0, 1 << 22, 64.0)
+    sizes = [SIZES[n - 1] for n in nodes]
+    bound = secagg.error_bound(max(SIZES), sizes, 64.0, 1 << 22, 64.0)
     seed = int(strategy.node_config("stats", 1, {})["views-seed"])
-    views = {n: _views(_samples(n), _augment, seed, n, torch.float64) for n in (1, 2, 3, 4)}
+    views = {n: _views(_samples(n), _augment, seed, n, torch.float64) for n in nodes}
     plain = merge_statistics([statistics(model, *views[n], method) for n in views], 16,
                              method).aggregate
     for a, b in zip(*(secagg.standardise(x, scales, spec).tensors()
@@ -601,6 +612,7 @@ def test_strategy_under_secagg__equals_the_plain_round_within_the_quantisation_b
                 for k, v in step.pseudo_gradient.items()) / scales.update
     assert 0 < worst <= bound
     assert m["loss"] == pytest.approx(step.loss, rel=1e-3)
+    return m
 
 
 def test_strategy_under_secagg__a_node_over_max_samples_fails_and_the_round_goes_on():
@@ -612,6 +624,63 @@ def test_strategy_under_secagg__a_node_over_max_samples_fails_and_the_round_goes
     # node 4 holds 5 samples: it refuses, SecAgg+ leaves it out, the others' round completes
     assert (m["stats-accepted"], m["stats-failed"], m["update-accepted"]) == (3, 1, 3)
     assert m["skipped"] == 0 and m["num-examples"] == sum(SIZES[:3])
+
+
+def _lost_at(stage: str, node: int = 4):
+    """A tamper that answers ``node``'s SecAgg+ messages from ``stage`` on with Flower's
+    error reply for a node it no longer reaches (unregistered or killed). The stages come in
+    order (setup, share_keys, collect_masked_vectors, unmask), one message each, so the
+    node's k-th message of an exchange is stage k (the mod has taken the stage's name out of
+    the message by the time the tamper sees it)."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Stage
+
+    lost_from = Stage.all().index(stage)
+    count = [0]
+
+    def tamper(n: int, msg: Message, reply: Message) -> Message:
+        if n != node or RECORD_KEY_CONFIGS not in msg.content.config_records:
+            return reply
+        count[0] += 1
+        if count[0] > lost_from:
+            return Message(Error(ErrorCode.NODE_UNAVAILABLE, "node lost"), reply_to=msg)
+        return reply
+    return tamper
+
+
+@pytest.mark.parametrize("stage", ["setup", "share_keys", "collect_masked_vectors"])
+def test_strategy_under_secagg__a_node_lost_at_any_stage_leaves_the_others_round(
+        stage, monkeypatch):
+    """A node lost in the middle of a SecAgg+ exchange, at any stage before the unmasking:
+    the exchange finishes with the other three, the lost node counted as failed, in both
+    exchanges of the round, and the round is the plain round of the other three within
+    SecAgg+'s quantisation bound. Lost at setup or while keys are shared, Flower 1.42's own
+    workflow halts the exchange for every node (the control below); dcco's
+    ``EarlyLossWorkflow`` does not."""
+    m = _secure_round(monkeypatch, (1, 2, 3), tamper=_lost_at(stage))
+    assert (m["stats-accepted"], m["stats-failed"], m["skipped"]) == (3, 1, 0)
+    assert m["update-accepted"] == 3 and m["num-examples"] == sum(SIZES[:3])
+
+
+def test_secagg_control__flowers_own_workflow_halts_when_a_node_is_lost_at_setup(
+        monkeypatch):
+    """The control for the test above: with Flower's ``SecAggPlusWorkflow`` as it is, a node
+    lost at setup halts the statistics exchange for all four (the survivors have no share
+    of the lost node's key to give at the unmasking), so the round is skipped."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    from dcco.flower import secagg
+    from dcco.flower.strategy.round_steps import RoundsSkipped
+
+    monkeypatch.setattr(secagg, "EarlyLossWorkflow", SecAggPlusWorkflow)
+    _, initial = _initial()
+    strategy = DCCOStrategy(optimizer="sgd", lr=1.0, min_available_nodes=4, secagg=_secagg())
+    with pytest.raises(RoundsSkipped) as skipped:
+        strategy.start(grid=_grid(tamper=_lost_at("setup")), initial_arrays=initial,
+                       num_rounds=1)
+    m = skipped.value.result.train_metrics_clientapp[1]
+    assert m["skipped"] == 1 and m["stats-accepted"] == 0
 
 
 def test_strategy_under_secagg__refuses_what_it_cannot_run():

@@ -376,11 +376,38 @@ class _OneExchange:
         return None, {}
 
 
+class EarlyLossWorkflow(SecAggPlusWorkflow):
+    """Flower's SecAgg+ workflow, finishing when a node is lost before its key shares went out.
+
+    flwr 1.42's workflow counts as dropped, at the unmask stage, every node sampled at setup
+    that is no longer active (``sampled_node_ids - active_node_ids``), and asks each survivor
+    for its share of every such node's key. A node lost at setup or while shares are
+    exchanged never sent any shares, so no survivor holds one: the survivors' mod fails on
+    the missing share (``KeyError``) and the exchange halts for all of them, at any number of
+    nodes. In SecAgg+ (Bell et al. 2020) such a node is simply not a participant: no survivor
+    masks with it (a survivor's pairwise masks are with the nodes whose shares reached it,
+    ``secaggplus_mod._collect_masked_vectors``). After the share-keys stage this workflow
+    therefore takes the nodes still active as the participants, and their neighbours among
+    them alone, so that the unmask stage recovers the masks of nodes lost later, as the
+    protocol intends; a node lost at or after the masked-vectors stage is handled by Flower's
+    own code, unchanged.
+    """
+
+    def share_keys_stage(self, grid: Grid, context: Context, state) -> bool:
+        shared = super().share_keys_stage(grid, context, state)
+        participants = set(state.active_node_ids)
+        state.sampled_node_ids = participants
+        state.nid_to_neighbours = {nid: set(nb) & participants
+                                   for nid, nb in state.nid_to_neighbours.items()
+                                   if nid in participants}
+        return shared
+
+
 def secure_average(grid: Grid, instructions: dict[int, FitIns], round_index: int,
                    max_weight: float, clip: float, fcfg: FlowerConfig) -> SecureAverage | None:
-    """Run one SecAgg+ exchange with Flower's workflow; None when the protocol halted
-    (too few nodes left to unmask)."""
-    workflow = SecAggPlusWorkflow(
+    """Run one SecAgg+ exchange with Flower's workflow (``EarlyLossWorkflow``); None when
+    the protocol halted (too few nodes left to unmask)."""
+    workflow = EarlyLossWorkflow(
         num_shares=fcfg.secagg_shares, reconstruction_threshold=fcfg.secagg_threshold,
         max_weight=max_weight, clipping_range=clip, quantization_range=fcfg.secagg_quantization,
         modulus_range=fcfg.secagg_modulus, timeout=fcfg.timeout,
@@ -423,6 +450,7 @@ def secure_exchange(grid: Grid, instructions: dict[int, Instruction], params: Se
 
 
 __all__ = [
+    "EarlyLossWorkflow",
     "SecureAverage",
     "SecureParams",
     "SecureScales",
