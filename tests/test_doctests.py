@@ -35,7 +35,8 @@ LOSSES = ("byol_loss", "cco_loss", "clip_loss", "moco_loss", "nt_xent_loss", "si
           "spectral_loss", "vicreg_loss")
 """``dcco.core.losses``: one loss a file, each with its examples."""
 MODULES = (*(f"dcco.core.losses.{name}" for name in LOSSES), "dcco.core.aggregation",
-           "dcco.errors", "dcco.flower.forward_cache", "dcco.reproduce.verdicts")
+           "dcco.errors", "dcco.flower.forward_cache", "dcco.reproduce.verdicts",
+           "dcco.flower.secagg")
 
 
 @pytest.mark.parametrize("name", MODULES)

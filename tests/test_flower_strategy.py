@@ -683,6 +683,29 @@ def test_secagg_control__flowers_own_workflow_halts_when_a_node_is_lost_at_setup
     assert m["skipped"] == 1 and m["stats-accepted"] == 0
 
 
+def test_strategy_under_secagg__warns_once_of_an_exchange_a_lost_node_would_halt(
+        monkeypatch, caplog):
+    """An exchange of 2 nodes cannot survive one lost node under SecAgg+ (2 shares of each
+    secret, 2 to recover it): the run warns once, naming the fix; an exchange of 3 can
+    (3 shares, 2 recover), and is not warned."""
+    from dcco.flower import secagg
+
+    monkeypatch.setattr(secagg, "_WARNED", set())
+    _, initial = _initial()
+    said = {}
+    for nodes in (2, 3):
+        with caplog.at_level("WARNING", logger="flwr.dcco"):
+            DCCOStrategy(optimizer="sgd", lr=1.0, min_available_nodes=nodes,
+                         fraction_evaluate=0.0, secagg=_secagg()).start(
+                grid=_grid(nodes), initial_arrays=initial, num_rounds=1)
+        said[nodes] = [r.getMessage() for r in caplog.records
+                       if "cannot survive" in r.getMessage()]
+        caplog.clear()
+    assert said[3] == [] and len(said[2]) == 1, said  # two exchanges, one warning
+    assert said[2][0].startswith("SecAgg+ over 2 nodes (2 shares a secret, 2 recover it) "
+                                 "cannot survive a lost node")
+
+
 def test_strategy_under_secagg__refuses_what_it_cannot_run():
     class BN(nn.Module):
         def __init__(self):

@@ -36,6 +36,7 @@ clients that fail to take part. Flower's protocol needs at least 2 nodes per exc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -376,6 +377,51 @@ class _OneExchange:
         return None, {}
 
 
+LOG = logging.getLogger("flwr.dcco")
+
+
+def shares_and_threshold(nodes: int, shares: float, threshold: float) -> tuple[int, int]:
+    """The number of shares of each node's secrets and the threshold that recovers one, as
+    Flower 1.42's ``SecAggPlusWorkflow`` makes them from fractions for ``nodes`` nodes.
+
+    >>> shares_and_threshold(3, 1.0, 0.5), shares_and_threshold(2, 1.0, 0.5)
+    ((3, 2), (2, 2))
+    """
+    k = round(shares * nodes)
+    if k < nodes and k % 2 == 0:  # Flower makes an even count odd
+        k += 1
+    if k <= 2:
+        k = nodes
+    return k, max(round(threshold * k), 2)
+
+
+def survives_a_lost_node(nodes: int, shares: float, threshold: float) -> bool:
+    """Whether a SecAgg+ exchange of ``nodes`` nodes still unmasks with one of them lost:
+    every node keeps at least the threshold of its share holders (itself among them).
+
+    >>> survives_a_lost_node(3, 1.0, 0.5), survives_a_lost_node(2, 1.0, 0.5)
+    (True, False)
+    """
+    k, t = shares_and_threshold(nodes, shares, threshold)
+    return nodes >= 3 and k - 1 >= t
+
+
+_WARNED: set[tuple[int, float, float]] = set()
+
+
+def _warn_if_fragile(nodes: int, fcfg: FlowerConfig) -> None:
+    """Once a run for each exchange size: a SecAgg+ exchange that a single lost node halts."""
+    key = (nodes, fcfg.secagg_shares, fcfg.secagg_threshold)
+    if nodes < 2 or key in _WARNED or survives_a_lost_node(*key):
+        return
+    _WARNED.add(key)
+    k, t = shares_and_threshold(*key)
+    LOG.warning("SecAgg+ over %d nodes (%d shares a secret, %d recover it) cannot survive a "
+                "lost node: one lost node skips the exchange. Sample more nodes a round "
+                "(at least 3), or lower flower.secagg_threshold / DCCOStrategy's "
+                "SecAgg(threshold=)", nodes, k, t)
+
+
 class EarlyLossWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow, finishing when a node is lost before its key shares went out.
 
@@ -407,6 +453,7 @@ def secure_average(grid: Grid, instructions: dict[int, FitIns], round_index: int
                    max_weight: float, clip: float, fcfg: FlowerConfig) -> SecureAverage | None:
     """Run one SecAgg+ exchange with Flower's workflow (``EarlyLossWorkflow``); None when
     the protocol halted (too few nodes left to unmask)."""
+    _warn_if_fragile(len(instructions), fcfg)
     workflow = EarlyLossWorkflow(
         num_shares=fcfg.secagg_shares, reconstruction_threshold=fcfg.secagg_threshold,
         max_weight=max_weight, clipping_range=clip, quantization_range=fcfg.secagg_quantization,
@@ -464,6 +511,8 @@ __all__ = [
     "secure_moments",
     "secure_stats_reply",
     "secure_update_reply",
+    "shares_and_threshold",
     "standardise",
+    "survives_a_lost_node",
     "unstandardise",
 ]
