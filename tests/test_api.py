@@ -724,7 +724,7 @@ def test_package__the_errors_are_importable_from_dcco_and_dir_shows_public_names
     assert [n for n in names if n.startswith("_") and n != "__version__"] == []
     assert "Any" not in names and "annotations" not in names
     assert all(hasattr(dcco, n) for n in names)
-    raises = inspect.getdoc(dcco.fit).split("Raises:")[1]
+    raises = inspect.getdoc(dcco.fit).split("Raises\n------")[1]
     for error in ("dcco.ConfigError", "dcco.DataError", "dcco.UserError", "dcco.Diverged",
                   "TypeError"):
         assert error in raises, error
