@@ -44,3 +44,25 @@ def test_healthy_dcco_doc__shows_the_table_its_records_give():
     assert changes["r1"] == [] and changes["r2"] == ["loss.eps=1e-12"]
     assert changes["r3"] == ["optim.vector_lr_scale=0.024"]
     assert "| non-iid-4 r1 s0 | — (the pick) |" in table.table()
+
+
+def test_eq1_config__is_the_studys_r13_on_the_small_config():
+    """configs/fmnist_small_eq1.toml trains the study's r13 (Adam 1e-3, 120 warm-up rounds,
+    1,200 rounds) on configs/fmnist_small.toml's data, model, augmentation and loss, so that
+    what the study measured is what the file runs."""
+    from dcco.config import load_config
+
+    small = load_config(ROOT / "configs" / "fmnist_small.toml")
+    eq1 = load_config(ROOT / "configs" / "fmnist_small_eq1.toml")
+    study = load_grid(ROOT / "experiments" / "healthy_dcco.toml", "study")
+    r13, = (c.cfg for c in plan_cells(study, Path("out"))
+            if c.path.name == "non-iid-4-dcco-r13-s0")
+    assert (eq1.data, eq1.model, eq1.augment, eq1.loss) == (
+        small.data, small.model, small.augment, small.loss)
+    assert (eq1.model.widths, eq1.model.projector, eq1.model.norm) == (
+        r13.model.widths, r13.model.projector, r13.model.norm)
+    for field in ("optimizer", "lr", "warmup_rounds", "weight_decay", "schedule"):
+        assert getattr(eq1.optim, field) == getattr(r13.optim, field), field
+    assert (eq1.train.rounds, eq1.train.clients_per_round) == (
+        r13.train.rounds, r13.train.clients_per_round) == (1200, 32)
+    assert eq1.loss.eps == r13.loss.eps == 1e-5
