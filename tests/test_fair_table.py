@@ -111,3 +111,47 @@ def test_fair_table__readme_and_results_show_the_table_the_records_give() -> Non
         assert block is not None, f"{path.name} has no fair-table block"
         assert block == table.render(data, brief=name == "readme").rstrip(), path.name
     assert table.main(["--check"]) == 0
+
+
+def _figures_not_in_records(text: str) -> list[str]:
+    """The "a ± b" figures of ``text``'s verdict section that are not a figure of the
+    committed records: a method's (or floor's) mean ± sd over seeds in a setting, or the
+    paired difference of two of them (mean ± sd, signed where the text gives a sign)."""
+    import itertools
+    import re
+    import statistics
+
+    from dcco.reproduce.verdicts import paired
+
+    table = _table_module()
+    data = table.collect()
+    view = table._View(data)
+    signed, unsigned = set(), set()
+    for setting in view.settings:
+        series = {m: view.score(m, setting) for m in data["methods"]} | {
+            f: view.floor(f) for f in table.FLOORS}
+        for a, b in itertools.permutations(series, 2):
+            d = paired(series[a], series[b])
+            if d is not None and d.n > 1:
+                signed.add(f"{d.mean:+.1f} ± {d.sd:.1f}")
+                unsigned.add(f"{abs(d.mean):.1f} ± {d.sd:.1f}")
+        for xs in series.values():
+            if len(xs) > 1:
+                unsigned.add(f"{statistics.fmean(xs.values()):.1f} ± "
+                             f"{statistics.stdev(xs.values()):.1f}")
+    verdicts = text[text.index("## What the fair fight says"):]
+    quoted = re.findall(r"([−+-]?)(\d+\.\d) ± (\d+\.\d)", verdicts)
+    assert len(quoted) >= 8  # it reads the section it should
+    return [f"{sign}{value} ± {sd}" for sign, value, sd in quoted
+            if (f"{'+' if sign == '+' else '-'}{value} ± {sd}" not in signed if sign
+                else f"{value} ± {sd}" not in unsigned)]
+
+
+def test_fair_fight_prose__quotes_only_figures_the_records_give() -> None:
+    """Every "a ± b" that docs/results/fair-fight.md's verdicts quote is a figure of the
+    committed records, so that a sentence cannot drift from the table it reads; a figure
+    planted in the text is caught."""
+    text = (ROOT / "docs" / "results" / "fair-fight.md").read_text()
+    assert _figures_not_in_records(text) == []
+    planted = text.replace("(+1.7 ± 0.9, ahead on all 3 seeds", "(+1.9 ± 0.9, ahead on all 3 seeds")
+    assert planted != text and _figures_not_in_records(planted) == ["+1.9 ± 0.9"]
