@@ -92,8 +92,8 @@ def test_fair_table__renders_means_seeds_collapses_and_verdicts() -> None:
     text = table.render(data)
     assert "| DCCO (r1: lr 1.0, bn) | 75.2 ± 0.8 (3) | 58.0 (1; 1 warned) |" in text
     assert "| *raw pixels* | 80.3 ± 0.3 (3) | 80.3 ± 0.3 (3) |" in text
-    assert "| MoCo v2 + FedAvg | -3.3 ± 0.3, ahead on 0/3 | — | **trails** (t −20.0, p 0.0025) " \
-        "| — |" in text
+    assert ("| MoCo v2 + FedAvg | -3.3 ± 0.3, ahead on 0/3 | — | **trails** "
+            "(t −20.0, p 0.0025) | — |") in text
     assert ("The verdicts make 1 comparison against DCCO; at a family-wise 5 % (Holm's "
             "correction over all 1), 1 of the 1 leads and trails survive: MoCo v2 + FedAvg "
             "trails DCCO at non-IID 4.") in text
@@ -153,5 +153,6 @@ def test_fair_fight_prose__quotes_only_figures_the_records_give() -> None:
     planted in the text is caught."""
     text = (ROOT / "docs" / "results" / "fair-fight.md").read_text()
     assert _figures_not_in_records(text) == []
-    planted = text.replace("(+1.7 ± 0.9, ahead on all 3 seeds", "(+1.9 ± 0.9, ahead on all 3 seeds")
+    planted = text.replace("(+1.7 ± 0.9, ahead on all 3 seeds",
+                           "(+1.9 ± 0.9, ahead on all 3 seeds")
     assert planted != text and _figures_not_in_records(planted) == ["+1.9 ± 0.9"]
