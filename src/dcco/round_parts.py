@@ -75,7 +75,8 @@ def method(name: str = "dcco", **loss: Any) -> Method:
     from dcco.config import ConfigError
 
     if name not in METHODS:
-        raise ConfigError(f"method: unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
+        raise ConfigError(f"method: unknown method {name!r}; choose one of "
+                          f"{', '.join(sorted(METHODS))}")
     values = {"lambd": USER.lambd} | loss
     known = {f.name for f in fields(LossConfig)}
     if unknown := sorted(set(values) - known):
