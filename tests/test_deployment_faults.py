@@ -1,5 +1,5 @@
-"""Real deployments that lose processes: SuperNodes killed in phase 1 and between the phases
-of a round (each message's ClientApp through the node's worker, the default in a deployment),
+"""Real deployments over TLS that lose processes: SuperNodes killed in phase 1 and between the
+phases of a round, each started again under its registered key (each message's ClientApp through the node's worker, the default in a deployment),
 then the whole deployment killed and a new one started with resume, in one test: the faults
 share the first deployment, and the second is the resumed run's.
 
@@ -57,8 +57,9 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
     workers = Path(tempfile.mkdtemp(prefix="dccow-"))  # flower.worker = "auto"; a short path
 
     def deployment_at(folder: Path) -> Loopback:
-        # plaintext: a SuperNode restarted under its registered key is not yet tested here
-        deployment = Loopback(NODES, folder, secure=False)
+        # TLS, every SuperNode signing in with its registered key: a killed node starts again
+        # under the same key (_rejoin)
+        deployment = Loopback(NODES, folder)
         deployment.env["DCCO_TIMING"] = str(stamps)  # the ServerApp stamps each exchange
         deployment.env["DCCO_WORKER_DIR"] = str(workers)  # (a Unix socket's is at most 107
         return deployment  # bytes)
@@ -92,7 +93,7 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
         # its replacement starts once round 2's phase 1 is over, so it cannot answer it
         wait_for(lambda: any(e["round"] == lost_in_phase_1 - 1 for e in exchanges()),
                  "round 2's statistics", first)
-        first.start_node(2)  # a new SuperNode for partition 2
+        rejoined = [_rejoin(first, 2, patience)]  # a new SuperNode for partition 2
         wait_for(lambda: any(r["round"] > lost_in_phase_1 and all(
             t["accepted"] == NODES for t in r["replies"].values()) for r in records()),
             "the restarted node in a round", first)
@@ -101,7 +102,8 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
                  f"round {used_again + 1}'s statistics", first)
         first.kill_node(1)  # between the phases of round used_again + 1
         between = used_again + 1
-        first.start_node(1)  # takes partition 1 over; later rounds need not wait for it
+        rejoined.append(_rejoin(first, 1, patience))  # takes partition 1 over; later
+        # rounds need not wait for it
         wait_for(lambda: _checkpoint_round(run) >= between, f"round {between}'s checkpoint",
                  first)
     assert first.alive() == []  # the whole deployment killed mid-run
@@ -116,6 +118,9 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
         (run / "STOP").touch()
         assert second.wait(run_id, timeout=patience) == "finished:completed", second.details
     assert second.alive() == []
+    # how long a node killed while online waited before the SuperLink admitted it again
+    print(f"rejoined after (seconds, refused starts): {rejoined}")
+    assert first.secure and all(refused >= 0 for _, refused in rejoined)
     # the default (auto) answered from node workers: SuperNodes start one process a message
     assert len(list(workers.glob("*.log"))) >= NODES
     shutil.rmtree(workers, ignore_errors=True)
@@ -154,6 +159,31 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
              zip(trainable_parameters(initial), trainable_parameters(trained), strict=True)]
     assert sum(moved) > len(moved) // 2
     assert (tmp_path / "deploy" / "logs" / "superlink.log").stat().st_size > 0
+
+
+def _rejoin(deployment: Loopback, index: int, patience: float) -> tuple[float, int]:
+    """Start the killed SuperNode ``index`` again under its registered key until the
+    SuperLink admits it: Flower activates a node only from the registered or offline status,
+    so one killed while online may be refused (the process ends) until its missed heartbeats
+    mark it offline. Returns the seconds from the first start to the admission ("SuperNode
+    ID" in its log) and the number of refused starts."""
+    log = deployment.logs / f"supernode-{index}.log"
+    began, refused = time.monotonic(), 0
+    while True:
+        seen = log.stat().st_size if log.exists() else 0
+        deployment.start_node(index)
+        proc = deployment.procs[f"supernode-{index}"]
+        while True:
+            if "SuperNode ID:" in log.read_bytes()[seen:].decode(errors="replace"):
+                return time.monotonic() - began, refused
+            if proc.poll() is not None:
+                break
+            assert time.monotonic() - began < patience, \
+                f"SuperNode {index} not admitted again" + deployment.log_tails()
+            time.sleep(0.2)
+        refused += 1  # it ended, refused: start it again a little later
+        deployment.procs.pop(f"supernode-{index}")
+        time.sleep(1.0)
 
 
 def _checkpoint_round(run: Path) -> int:
