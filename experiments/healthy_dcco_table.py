@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from dcco.reproduce.verdicts import Paired
+
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "experiments" / "healthy_dcco.toml"
 RESULTS = ROOT / "experiments" / "results" / "healthy_dcco"
@@ -117,10 +119,20 @@ def _seed_record(cell: Path) -> tuple[float | None, bool, float, float]:
             last["median_var"] / EPS, last["corr_diag"])
 
 
+COMPARISONS = (
+    (("non-iid-4", "r13"), ("non-iid-4", "r1"), "eq. 1's recipe against the braked pick"),
+    (("non-iid-16", "r13"), ("non-iid-16", "r1"), "eq. 1's recipe against the braked pick"),
+    (("non-iid-4", "r15"), ("non-iid-4", "r13"), "eq. 1 as written (ε 1e-12) against r13"),
+    (("centralized", "r13"), ("non-iid-4", "r13"),
+     "the bound: centralized CCO against DCCO, one recipe"),
+)
+"""The paired comparisons the study reads, each (A, B, what it asks): A − B by seed."""
+
+
 def seeds_table() -> str:
     """Each (setting, recipe) run on several seeds: its probe by seed, their mean, the seeds
-    warned, the smallest last median variance and C_ii; and, where r13 and the pick (r1)
-    both ran a seed, r13's probe minus the pick's, paired by seed."""
+    warned, the smallest last median variance and C_ii; then ``COMPARISONS``, paired by seed,
+    with the verdict's word, t and two-sided p (``dcco.reproduce.verdicts``) from 2 seeds."""
     groups: dict[tuple[str, str], dict[str, tuple]] = {}
     for cell in _cells():
         setting, recipe, seed = _split(cell.name)
@@ -139,17 +151,17 @@ def seeds_table() -> str:
             f"{_fmt(min(v[2] for v in by_seed.values()))} | "
             f"{min(v[3] for v in by_seed.values()):.2f} |")
     paired = []
-    for (setting, recipe), by_seed in groups.items():
-        pick = groups.get((setting, "r1"), {})
-        if recipe != "r13":
+    for (a_setting, a_recipe), (b_setting, b_recipe), what in COMPARISONS:
+        mine, theirs = groups.get((a_setting, a_recipe), {}), groups.get((b_setting, b_recipe), {})
+        diffs = [(seed, mine[seed][0] - theirs[seed][0]) for seed in sorted(mine)
+                 if seed in theirs and None not in (mine[seed][0], theirs[seed][0])]
+        if not diffs:
             continue
-        diffs = [(seed, by_seed[seed][0] - pick[seed][0]) for seed in sorted(by_seed)
-                 if seed in pick and by_seed[seed][0] is not None and pick[seed][0] is not None]
-        if diffs:
-            mean = sum(d for _, d in diffs) / len(diffs)
-            paired.append(f"- {setting}: r13 − r1 by seed "
-                          f"{', '.join(f'{s} {d:+.1f}' for s, d in diffs)} (mean {mean:+.1f} "
-                          f"points over {len(diffs)} seeds)")
+        d = Paired(tuple(x for _, x in diffs))
+        strength = (f"; {d.word}, t {d.t:.1f}, two-sided p {d.p:.2g}" if d.word else "")
+        paired.append(f"- {what}: {a_setting} {a_recipe} − {b_setting} {b_recipe} by seed "
+                      f"{', '.join(f'{s} {x:+.1f}' for s, x in diffs)} (mean {d.mean:+.1f} "
+                      f"points over {d.n} seed{'s' * (d.n > 1)}{strength})")
     return "\n".join([*lines, "", *paired])
 
 
