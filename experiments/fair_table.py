@@ -205,6 +205,8 @@ def _holm_line(view: _View) -> str:
     from dcco.reproduce.verdicts import holm
 
     judged = [(k, d) for k, d in _against_dcco(view).items() if d is not None and d.p is not None]
+    if not judged:
+        return "No comparison against DCCO has two seeds yet."
     survive = holm([d.p for _, d in judged])
     decisive = [(k, d, ok) for (k, d), ok in zip(judged, survive) if d.word != "level"]
     kept = [f"{NAMES[m]} {d.word} DCCO at {s}" for (m, s), d, ok in decisive if ok]

@@ -1,7 +1,8 @@
 """Real deployments over TLS that lose processes: SuperNodes killed in phase 1 and between the
-phases of a round, each started again under its registered key (each message's ClientApp through the node's worker, the default in a deployment),
-then the whole deployment killed and a new one started with resume, in one test: the faults
-share the first deployment, and the second is the resumed run's.
+phases of a round (each message's ClientApp through the node's worker, the default in a
+deployment), each started again under its registered key, then the whole deployment killed
+and a new one started with resume, in one test: the faults share the first deployment, and
+the second is the resumed run's.
 
 Slow (minutes: Flower notices a lost node only by its missed heartbeats and each wait scales
 with the machine's speed); pytest-xdist (``--dist worksteal``) runs it on a worker of its own
@@ -119,8 +120,9 @@ def test_supernodes_killed_in_a_round_and_the_whole_deployment_killed_then_resum
         assert second.wait(run_id, timeout=patience) == "finished:completed", second.details
     assert second.alive() == []
     # how long a node killed while online waited before the SuperLink admitted it again
+    # (docs/flower.md quotes a run's figures: pytest -s prints them)
     print(f"rejoined after (seconds, refused starts): {rejoined}")
-    assert first.secure and all(refused >= 0 for _, refused in rejoined)
+    assert first.secure and len(rejoined) == 2
     # the default (auto) answered from node workers: SuperNodes start one process a message
     assert len(list(workers.glob("*.log"))) >= NODES
     shutil.rmtree(workers, ignore_errors=True)
@@ -170,6 +172,8 @@ def _rejoin(deployment: Loopback, index: int, patience: float) -> tuple[float, i
     log = deployment.logs / f"supernode-{index}.log"
     began, refused = time.monotonic(), 0
     while True:
+        assert time.monotonic() - began < patience, \
+            f"SuperNode {index} not admitted again" + deployment.log_tails()
         seen = log.stat().st_size if log.exists() else 0
         deployment.start_node(index)
         proc = deployment.procs[f"supernode-{index}"]
@@ -182,7 +186,7 @@ def _rejoin(deployment: Loopback, index: int, patience: float) -> tuple[float, i
                 f"SuperNode {index} not admitted again" + deployment.log_tails()
             time.sleep(0.2)
         refused += 1  # it ended, refused: start it again a little later
-        deployment.procs.pop(f"supernode-{index}")
+        deployment.kill_node(index)  # (ended already: this keeps its group for the clean-up)
         time.sleep(1.0)
 
 

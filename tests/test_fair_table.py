@@ -149,8 +149,9 @@ def _figures_not_in_records(text: str) -> list[str]:
 
 def test_fair_fight_prose__quotes_only_figures_the_records_give() -> None:
     """Every "a ± b" that docs/results/fair-fight.md's verdicts quote is a figure of the
-    committed records, so that a sentence cannot drift from the table it reads; a figure
-    planted in the text is caught."""
+    committed records (some setting's mean ± sd or paired difference: a figure that changes
+    with the records, or a typo, is caught; one swapped for another real figure is not); a
+    figure planted in the text is caught."""
     text = (ROOT / "docs" / "results" / "fair-fight.md").read_text()
     assert _figures_not_in_records(text) == []
     planted = text.replace("(+1.7 ± 0.9, ahead on all 3 seeds",

@@ -626,9 +626,10 @@ def test_strategy_under_secagg__a_node_over_max_samples_fails_and_the_round_goes
     assert m["skipped"] == 0 and m["num-examples"] == sum(SIZES[:3])
 
 
-def _lost_at(stage: str, node: int = 4):
+def _lost_at(stage: str, node: int = 4, also: tuple[str, int] | None = None):
     """A tamper that answers ``node``'s SecAgg+ messages from ``stage`` on with Flower's
-    error reply for a node it no longer reaches (unregistered or killed). The stages come in
+    error reply for a node it no longer reaches (unregistered or killed), and ``also``'s
+    (stage, node) alike. The stages come in
     order (setup, share_keys, collect_masked_vectors, unmask), one message each, so the
     node's k-th message of an exchange is stage k (the mod has taken the stage's name out of
     the message by the time the tamper sees it)."""
@@ -636,14 +637,16 @@ def _lost_at(stage: str, node: int = 4):
     from flwr.common.constant import ErrorCode
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Stage
 
-    lost_from = Stage.all().index(stage)
-    count = [0]
+    lost_from = {node: Stage.all().index(stage)}
+    if also is not None:  # another node, lost at another stage
+        lost_from[also[1]] = Stage.all().index(also[0])
+    count = dict.fromkeys(lost_from, 0)
 
     def tamper(n: int, msg: Message, reply: Message) -> Message:
-        if n != node or RECORD_KEY_CONFIGS not in msg.content.config_records:
+        if n not in lost_from or RECORD_KEY_CONFIGS not in msg.content.config_records:
             return reply
-        count[0] += 1
-        if count[0] > lost_from:
+        count[n] += 1
+        if count[n] > lost_from[n]:
             return Message(Error(ErrorCode.NODE_UNAVAILABLE, "node lost"), reply_to=msg)
         return reply
     return tamper
@@ -653,14 +656,27 @@ def _lost_at(stage: str, node: int = 4):
 def test_strategy_under_secagg__a_node_lost_at_any_stage_leaves_the_others_round(
         stage, monkeypatch):
     """A node lost in the middle of a SecAgg+ exchange, at any stage before the unmasking:
-    the exchange finishes with the other three, the lost node counted as failed, in both
-    exchanges of the round, and the round is the plain round of the other three within
+    the statistics exchange finishes with the other three, the lost node counted as failed,
+    the update exchange asks the three alone, and the round is the plain round of them within
     SecAgg+'s quantisation bound. Lost at setup or while keys are shared, Flower 1.42's own
     workflow halts the exchange for every node (the control below); dcco's
     ``EarlyLossWorkflow`` does not."""
     m = _secure_round(monkeypatch, (1, 2, 3), tamper=_lost_at(stage))
     assert (m["stats-accepted"], m["stats-failed"], m["skipped"]) == (3, 1, 0)
-    assert m["update-accepted"] == 3 and m["num-examples"] == sum(SIZES[:3])
+    assert (m["update-accepted"], m["update-failed"]) == (3, 0)
+    assert m["num-examples"] == sum(SIZES[:3])
+
+
+def test_strategy_under_secagg__one_node_lost_at_setup_and_another_at_the_masked_vectors(
+        monkeypatch):
+    """Both kinds of loss in one exchange: node 4 never takes part (lost at setup), node 3
+    is lost after the key sharing, so the unmasking must cancel node 3's pairwise masks with
+    the survivors and nothing of node 4's. The round is the plain round of nodes 1 and 2
+    within the quantisation bound."""
+    m = _secure_round(monkeypatch, (1, 2), tamper=_lost_at(
+        "setup", 4, also=("collect_masked_vectors", 3)))
+    assert (m["stats-accepted"], m["stats-failed"], m["skipped"]) == (2, 2, 0)
+    assert m["update-accepted"] == 2 and m["num-examples"] == sum(SIZES[:2])
 
 
 def test_secagg_control__flowers_own_workflow_halts_when_a_node_is_lost_at_setup(

@@ -250,7 +250,7 @@ def test_reproduce__checks_each_cell_once_and_trains_what_it_checked(grid_file, 
     the cells' linear@20 evaluations load)."""
     counts = count_the_runs_work(monkeypatch)
     assert main(["reproduce", str(grid_file), "--scale", "tiny", "--out", str(tmp_path / "o"),
-                 "--no-progress", "--no-table", "--cells", "iid-2-*"]) == 0
+                 "--no-progress", "--no-table", "--jobs", "1", "--cells", "iid-2-*"]) == 0
     assert counts == {"scans": 2, "partitions": 2, "models": 2 + 2, "privacy": 0}
     for cell in ("iid-2-dcco-s0", "iid-2-cco_fedavg-s0"):
         assert RunDir.open(tmp_path / "o" / cell).summary()["rounds"] == 2

@@ -68,8 +68,11 @@ def arguments_of(call: str, keys: Mapping[str, str],
             if message.startswith(key):
                 message = argument + message[len(key):]
                 break
-        error = kind or (type(e) if isinstance(e, UserError) else ArgumentError)
-        raise error(f"{call}: {message}") from None
+        # a refusal of the kind asked (or, with kind None, any UserError) keeps its own class,
+        # ModelInputError's or MissingNameError's included, and its cause
+        keep = isinstance(e, kind) if kind is not None else isinstance(e, UserError)
+        error = type(e) if keep else (kind or ArgumentError)
+        raise error(f"{call}: {message}") from e.__cause__
 
 
 @contextmanager

@@ -424,7 +424,8 @@ def fit_config(method: str, rounds: int, clients_per_round: int, projector: list
     base = from_dict(RunConfig, values, "", base=RunConfig(optim=USER.optim))
     cfg = resolved(load_config(None, settings, base=base))
     if not METHODS[cfg.train.method].federated:
-        raise ConfigError(f"fit trains over clients; {cfg.train.method} is centralized")
+        raise ConfigError(f"method: {cfg.train.method} is centralized; fit trains over "
+                          f"clients")
     return cfg
 
 

@@ -270,7 +270,7 @@ def local_update(model: Model, x1: Tensor, x2: Tensor, aggregate: Moments | None
     if steps < 1 or (batch is not None and batch < 1):
         raise ArgumentError(f"steps and batch must be >= 1, got steps = {steps}, batch = {batch}")
     dual, back = dual_view(model, chunk)
-    with buffers_kept(dual), _model_reads("local_update", x1, x2):
+    with buffers_kept(dual):
         update = client_update(dual, m, x1, x2, aggregate, lr, steps, batch)
     return replace(update, delta={back(k): v for k, v in update.delta.items()})
 

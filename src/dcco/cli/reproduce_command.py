@@ -61,10 +61,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         from dcco.run.splits import load_splits
 
         splits = load_splits(grid.base) if todo else None
-        checked = _check_cells(todo, splits)
         if jobs is None and args.deadline is None:
             jobs = _auto_jobs(grid, todo)
-        if jobs == 1 or args.deadline is not None:
+        here = jobs == 1 or args.deadline is not None
+        # every cell checked before any folder exists; kept for the cells run here
+        checked = _check_cells(todo, splits, keep=here)
+        if here:
             _reproduce_here(args, grid, cells, todo, splits, checked)
         else:
             _reproduce_pool(args, grid, cells, todo, out, jobs)
@@ -79,11 +81,12 @@ KEPT_CHECKS_BYTES = 1 << 30
 GiB of parameters and buffers); a cell past it is checked again when it starts."""
 
 
-def _check_cells(todo: list, splits: tuple | None) -> dict[str, object]:
+def _check_cells(todo: list, splits: tuple | None, keep: bool = True) -> dict[str, object]:
     """Every refusal of the cells to run (``dcco.run.setup.check_run``), before any of their
     folders is created; a refused cell is named. Returns each cell's ``CheckedRun`` by its
     folder's name, for its pretraining to take as it is (one check a cell), up to
-    ``KEPT_CHECKS_BYTES`` of models."""
+    ``KEPT_CHECKS_BYTES`` of models; none with ``keep`` False (the cells run in processes of
+    their own, each checking its cell once)."""
     from dcco.config import ConfigError
     from dcco.reproduce import SUPERVISED
     from dcco.run.setup import check_run
@@ -100,7 +103,7 @@ def _check_cells(todo: list, splits: tuple | None) -> dict[str, object]:
         except ConfigError as e:
             raise ConfigError(f"cell {cell.path.name}: {e}") from None
         held += sum(t.numel() * t.element_size() for t in checked.model.state_dict().values())
-        if held <= KEPT_CHECKS_BYTES:
+        if keep and held <= KEPT_CHECKS_BYTES:
             kept[cell.path.name] = checked
     return kept
 

@@ -545,20 +545,23 @@ def default_augment(samples: Tensor) -> Callable[[Tensor], Tensor]:
 
 @contextmanager
 def _model_reads(views: Tensor, node: int) -> Iterator[None]:
-    """Where the model encodes the views: an error of the model's own (torch's ``RuntimeError``)
-    on views that look channels-last (N, H, W, C) says so, with the fix, and the model's
-    error; any other error is left as it is."""
+    """Where the model encodes the views: an error of the model's own (torch's ``RuntimeError``,
+    or ``statistics``' ``ModelInputError`` around it) names the samples and the model's
+    error, with the fix when the views look channels-last (N, H, W, C); any other error is
+    left as it is."""
     try:
         yield
     except RuntimeError as e:
-        if not looks_channels_last(views):
-            raise
+        channels_last = looks_channels_last(views)
         if isinstance(e, ModelInputError) and e.__cause__ is not None:
-            e = e.__cause__  # the model's own error, which statistics or local_update named
+            e = e.__cause__  # the model's own error, which statistics named
+        elif not channels_last:
+            raise
+        fix = (", which look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2) as "
+               "samples" if channels_last else "")
         raise ArgumentError(f"samples: node {node}'s model cannot read its views "
-                            f"{tuple(views.shape)}, "
-                         f"which look channels-last (N, H, W, C): pass x.permute(0, 3, 1, 2) "
-                         f"as samples (the model's error: {first_line(e)})") from e
+                            f"{tuple(views.shape)}{fix} (the model's error: {first_line(e)})"
+                            ) from e
 
 
 def _forward_for_buffers(model: nn.Module, x1: Tensor, x2: Tensor) -> None:
