@@ -94,16 +94,17 @@ def _check_cells(todo: list, splits: tuple | None, keep: bool = True) -> dict[st
     pretraining = [c for c in todo if c.method != SUPERVISED]
     if not pretraining or splits is None:
         return {}
-    train = splits[0]
     kept: dict[str, object] = {}
     held = 0
     for cell in pretraining:
         try:
-            checked = check_run(cell.cfg, train, run_dir=cell.path)
+            checked = check_run(cell.cfg, splits[0], run_dir=cell.path)
         except ConfigError as e:
             raise ConfigError(f"cell {cell.path.name}: {e}") from None
+        if not keep:
+            continue
         held += sum(t.numel() * t.element_size() for t in checked.model.state_dict().values())
-        if keep and held <= KEPT_CHECKS_BYTES:
+        if held <= KEPT_CHECKS_BYTES:
             kept[cell.path.name] = checked
     return kept
 

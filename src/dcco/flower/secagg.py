@@ -410,7 +410,8 @@ _WARNED: set[tuple[int, float, float]] = set()
 
 
 def _warn_if_fragile(nodes: int, fcfg: FlowerConfig) -> None:
-    """Once a run for each exchange size: a SecAgg+ exchange that a single lost node halts."""
+    """Once a process for each exchange size and setting: a SecAgg+ exchange that a single
+    lost node halts."""
     key = (nodes, fcfg.secagg_shares, fcfg.secagg_threshold)
     if nodes < 2 or key in _WARNED or survives_a_lost_node(*key):
         return
