@@ -720,6 +720,8 @@ def test_strategy_under_secagg__warns_once_of_an_exchange_a_lost_node_would_halt
     assert said[3] == [] and len(said[2]) == 1, said  # two exchanges, one warning
     assert said[2][0].startswith("SecAgg+ over 2 nodes (2 shares a secret, 2 recover it) "
                                  "cannot survive a lost node")
+    # its advice fits it: at 2 nodes no threshold helps, only a third node
+    assert said[2][0].endswith("sample more nodes a round (at least 3)")
 
 
 def test_strategy_under_secagg__refuses_what_it_cannot_run():

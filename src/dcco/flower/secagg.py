@@ -417,10 +417,11 @@ def _warn_if_fragile(nodes: int, fcfg: FlowerConfig) -> None:
         return
     _WARNED.add(key)
     k, t = shares_and_threshold(*key)
+    # a lower threshold helps only where a share holder can be spared (3 nodes or more)
+    fix = ("sample more nodes a round (at least 3)" if nodes < 3 else
+           "lower flower.secagg_threshold (DCCOStrategy: SecAgg(threshold=))")
     LOG.warning("SecAgg+ over %d nodes (%d shares a secret, %d recover it) cannot survive a "
-                "lost node: one lost node skips the exchange. Sample more nodes a round "
-                "(at least 3), or lower flower.secagg_threshold / DCCOStrategy's "
-                "SecAgg(threshold=)", nodes, k, t)
+                "lost node: one lost node skips the exchange; %s", nodes, k, t, fix)
 
 
 class EarlyLossWorkflow(SecAggPlusWorkflow):
